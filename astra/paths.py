@@ -1,0 +1,38 @@
+"""Where Astra keeps its files.
+
+Everything Astra writes outside the repository lives under one user directory, `ASTRA_HOME`
+(default `~/.cache/astra`), so tests can point it at a temporary folder and never touch the
+real one.
+
+    $ASTRA_HOME/sglang/<version>/       unpacked SGLang wheels (only the kernel sources)
+    $ASTRA_HOME/snapshots/<name>/<hash>/ source snapshots written by `astra extract`
+    $ASTRA_HOME/builds/                  content-hashed build cache (harness)
+    $ASTRA_HOME/runs/                    optimize runs
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SPECS_DIR = REPO_ROOT / "extracted_kernels"
+
+
+def astra_home() -> Path:
+    root = os.environ.get("ASTRA_HOME")
+    path = Path(root).expanduser() if root else Path.home() / ".cache" / "astra"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sub(name: str) -> Path:
+    path = astra_home() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def specs_dir() -> Path:
+    """Committed, reviewed specs; `ASTRA_SPECS` may point elsewhere (tests, user specs)."""
+    root = os.environ.get("ASTRA_SPECS")
+    return Path(root) if root else SPECS_DIR
