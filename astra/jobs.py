@@ -1,0 +1,83 @@
+"""Resolving a kernel spec into the harness's Job: every shape, dtype, wrapper and flag concrete."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from astra.expr import evaluate, render
+from astra.sglang_tree import SglangTree
+from astra.spec import KernelSpec
+from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant, band_of
+
+
+def _variant(spec: KernelSpec, names: dict) -> Variant:
+    build = spec.raw["build"]
+    wrappers = [[w["export"], render(w["entry"], names)] for w in build.get("wrappers", [])
+                if w.get("lang", "cuda") == "cuda"]
+    cpp = [[w["export"], render(w["entry"], names)] for w in build.get("wrappers", [])
+           if w.get("lang") == "cpp"]
+    flags = [render(str(f), names) for f in build.get("extra_cuda_cflags", [])]
+    key = " | ".join([e for _, e in wrappers + cpp] + flags)
+    return Variant(key=key, cuda_wrappers=wrappers, cpp_wrappers=cpp, extra_cuda_cflags=flags)
+
+
+def _arg(arg, names: dict) -> ArgSpec:
+    if arg.kind != "tensor":
+        return ArgSpec(name=arg.name, kind=arg.kind, role="in", dtype=str(arg.dtype), value=arg.value)
+    init = {k: (evaluate(v, names) if isinstance(v, str) and k not in ("dist",) else v)
+            for k, v in (arg.init or {"dist": "normal"}).items()}
+    return ArgSpec(name=arg.name, kind="tensor", role=arg.role,
+                   shape=[int(evaluate(e, names)) for e in arg.shape],
+                   dtype=render(str(arg.dtype), names), init=init)
+
+
+def cases(spec: KernelSpec, extra_shapes: list[dict] | None = None) -> tuple[list[Case], dict[str, Variant]]:
+    """All cases of the suite (plus `extra_shapes` proposed by a testing agent) and their variants."""
+    variants: dict[str, Variant] = {}
+    out: list[Case] = []
+    shape_cases = spec.shape_cases()
+    for dims in extra_shapes or []:
+        shape_cases.append(replace(shape_cases[0], label="extra", dims=dict(dims), edge=True))
+    for index, dtype in enumerate(spec.dtypes):
+        for sc in shape_cases:
+            names = spec.names_for(sc.dims, dtype)
+            variant = _variant(spec, names)
+            variants.setdefault(variant.key, variant)
+            dims_text = ",".join(f"{k}={v}" for k, v in sc.dims.items())
+            out.append(Case(
+                id=f"{sc.label}/{dtype}/{dims_text}",
+                band=band_of(spec.token_count(sc.dims)),
+                label=sc.label, dtype=dtype, dims=dict(sc.dims), variant=variant.key,
+                bytes=int(evaluate(spec.raw["bytes"], names)),
+                args=[_arg(a, names) for a in spec.arguments],
+                timed=index == 0 and not sc.edge,
+            ))
+    return out, variants
+
+
+def make_job(spec: KernelSpec, tree: SglangTree, *, candidate_source: str | None = None,
+             options: Options | None = None, extra_shapes: list[dict] | None = None,
+             label: str = "candidate") -> Job:
+    build = spec.raw["build"]
+    case_list, variants = cases(spec, extra_shapes)
+    return Job(
+        name=spec.name,
+        entry=spec.entry,
+        kernel_file=spec.kernel_file,
+        build=BuildBase(
+            source_root=str(tree.csrc_dir),
+            include_dirs=[str(tree.include_dir)] + list(build.get("extra_include_paths", [])),
+            cuda_files=list(build.get("cuda_files", [])),
+            cpp_files=list(build.get("cpp_files", [])),
+            extra_cflags=list(build.get("extra_cflags", [])),
+            extra_ldflags=list(build.get("extra_ldflags", [])),
+            header_only=bool(build.get("header_only", True)),
+        ),
+        variants=variants,
+        cases=case_list,
+        tolerance={dt: dict(v) for dt, v in spec.raw["tolerance"].items()},
+        reference=str(spec.reference_path) if spec.reference_path else None,
+        candidate_source=candidate_source,
+        candidate_label=label,
+        options=options or Options(),
+    )

@@ -1,0 +1,111 @@
+"""The job a GPU worker takes (JSON in) and the verdict it gives back (JSON out).
+
+`astra` resolves a kernel spec (YAML, expressions, model configurations) into a `Job` with every
+shape, dtype, wrapper and flag concrete, so the harness needs no YAML and no expression language:
+it runs on a GPU box with only torch, apache-tvm-ffi and nvcc.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+BANDS = ("decode", "middle", "prefill")
+
+
+def band_of(tokens: int) -> str:
+    """decode: up to 256 tokens; prefill: 4096 and more; middle: between."""
+    if tokens <= 256:
+        return "decode"
+    if tokens >= 4096:
+        return "prefill"
+    return "middle"
+
+
+@dataclass
+class ArgSpec:
+    name: str
+    kind: str  # "tensor" | "scalar" | "string"
+    role: str = "in"  # "in" | "out" | "inout"
+    shape: list[int] = field(default_factory=list)
+    dtype: str = "float32"  # torch dtype name
+    init: dict = field(default_factory=lambda: {"dist": "normal", "mean": 0.0, "std": 1.0})
+    value: Any = None  # scalars and strings
+
+
+@dataclass
+class Case:
+    id: str  # stable, e.g. "Llama-3.1-8B/tp1/bfloat16/tokens=128,hidden=4096"
+    band: str
+    label: str  # model/tp or "edge"
+    dtype: str
+    dims: dict[str, int]
+    variant: str  # key into Job.variants
+    bytes: int  # bytes the kernel must move (roofline)
+    args: list[ArgSpec]
+    timed: bool = True  # edge cases and secondary dtypes are checked, not timed
+
+
+@dataclass
+class Variant:
+    key: str
+    cuda_wrappers: list[list[str]]  # [[export, entry], ...] concrete
+    cpp_wrappers: list[list[str]] = field(default_factory=list)
+    extra_cuda_cflags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BuildBase:
+    source_root: str  # csrc/ of the SGLang tree; cuda/cpp files resolve against it
+    include_dirs: list[str]
+    cuda_files: list[str]
+    cpp_files: list[str] = field(default_factory=list)
+    extra_cflags: list[str] = field(default_factory=list)
+    extra_ldflags: list[str] = field(default_factory=list)
+    header_only: bool = True
+    arch: str | None = None  # None: from the device (compute_90a on Hopper)
+
+
+@dataclass
+class Options:
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    modes: list[str] = field(default_factory=lambda: ["graph", "cold"])
+    sanitizer: bool = True
+    sanitizer_max_cases: int = 2  # the smallest cases
+    budget_ms_per_case: float = 400.0  # timing budget per case and side
+    target_rel_stderr: float = 0.01
+    slowdown_threshold: float = 0.02
+    case_timeout_s: float = 60.0
+    cache_dir: str | None = None  # build cache; default $ASTRA_HOME/builds or ~/.cache/astra/builds
+
+
+@dataclass
+class Job:
+    name: str
+    entry: str  # the export the harness calls
+    kernel_file: str  # relative to source_root: the file a candidate replaces
+    build: BuildBase
+    variants: dict[str, Variant]
+    cases: list[Case]
+    tolerance: dict[str, dict[str, float]]  # dtype -> {atol, rtol, floor}
+    reference: str | None = None  # path of reference.py
+    candidate_source: str | None = None  # None: the original checked against itself
+    candidate_label: str = "candidate"
+    options: Options = field(default_factory=Options)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Job":
+        data = dict(data)
+        data["build"] = BuildBase(**data["build"])
+        data["variants"] = {k: Variant(**v) for k, v in data["variants"].items()}
+        data["cases"] = [Case(**{**c, "args": [ArgSpec(**a) for a in c["args"]]}) for c in data["cases"]]
+        data["options"] = Options(**data.get("options", {}))
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Job":
+        return cls.from_dict(json.loads(text))
