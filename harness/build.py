@@ -16,36 +16,41 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 from harness.ptxas import KernelResources, find_demangler, parse_ptxas
+from harness.sources import file_digest, materialise_overlay, override_targets, tree_digest, wrapper_source
+from harness.toolchain import (
+    NVCC_MISSING,
+    BuildFailure,
+    arch_flags,
+    cuda_home,
+    default_arch,
+    host_compiler,
+    nvcc_path,
+    tool_version,
+    tvm_ffi_paths,
+    tvm_ffi_version,
+)
+
+__all__ = [
+    "BuildRequest", "BuildResult", "KernelResources", "BuildFailure", "NVCC_MISSING", "build", "build_many",
+    "build_torch_extension", "load_module", "export_signatures", "trim_errors",
+]
 
 KEY_VERSION = "astra-harness-build-1"
-NVCC_MISSING = "nvcc not found: set CUDA_HOME or install the CUDA toolkit"
-FFI_INCLUDES = (
-    "tvm/ffi/container/tensor.h",
-    "tvm/ffi/dtype.h",
-    "tvm/ffi/error.h",
-    "tvm/ffi/extra/c_env_api.h",
-    "tvm/ffi/function.h",
-)
-SOURCE_SUFFIXES = frozenset({".cuh", ".h", ".cu", ".hpp", ".cpp", ".cc", ".cxx", ".hh", ".inl", ".inc"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-_ARCH_RE = re.compile(r"^(\d+)(\d)([a-z]?)$")
 
 
 @dataclass
@@ -63,7 +68,7 @@ class BuildRequest:
     extra_cflags: list[str] = field(default_factory=list)
     extra_ldflags: list[str] = field(default_factory=list)
     header_only: bool = True
-    arch: str = "90a"
+    arch: str | None = "90a"  # None: the local GPU's target (see toolchain.default_arch)
     overrides: dict[str, str] = field(default_factory=dict)
 
 
@@ -82,10 +87,6 @@ class BuildResult:
     key: str
 
 
-class BuildFailure(Exception):
-    """A reason a build cannot even start; `build` turns it into an ok=False result."""
-
-
 @dataclass
 class _Plan:
     """A request resolved into files to write and commands to run (cwd = the build directory)."""
@@ -99,187 +100,11 @@ class _Plan:
     tree_digest: str
 
 
-# ---------------------------------------------------------------- toolchain
-
-
-def cuda_home() -> str | None:
-    """CUDA_HOME or CUDA_PATH, else /usr/local/cuda if present, else the parent of nvcc on PATH."""
-    configured = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if configured:
-        return configured
-    if os.path.isdir("/usr/local/cuda"):
-        return "/usr/local/cuda"
-    nvcc = shutil.which("nvcc")
-    return os.path.dirname(os.path.dirname(nvcc)) if nvcc else None
-
-
-def nvcc_path() -> str:
-    """The nvcc a build runs, or BuildFailure with a message saying how to fix it."""
-    home = cuda_home()
-    candidate = os.path.join(home, "bin", "nvcc") if home else None
-    if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-        return candidate
-    raise BuildFailure(f"{NVCC_MISSING} (looked for {candidate or 'nvcc on PATH'})")
-
-
-def host_compiler() -> str:
-    """$CXX or c++, resolved on PATH."""
-    found = shutil.which(os.environ.get("CXX", "c++"))
-    if not found:
-        raise BuildFailure("host C++ compiler not found: install g++ or set CXX")
-    return found
-
-
-@lru_cache(maxsize=None)
-def _tool_version_cached(path: str, mtime_ns: int) -> str:
-    done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60, check=False)
-    return done.stdout + done.stderr
-
-
-def tool_version(path: str) -> str:
-    """`<tool> --version` output, memoised per binary and modification time."""
-    return _tool_version_cached(path, os.stat(path).st_mtime_ns)
-
-
-@lru_cache(maxsize=1)
-def tvm_ffi_paths() -> tuple[tuple[str, ...], str, str]:
-    """(include dirs, library dir, library name) of the installed tvm-ffi."""
-    try:
-        from tvm_ffi import libinfo
-        lib = Path(libinfo.find_libtvm_ffi())
-        includes = tuple(dict.fromkeys([libinfo.find_include_path(), libinfo.find_dlpack_include_path()]))
-    except (ImportError, RuntimeError) as error:
-        raise BuildFailure(f"apache-tvm-ffi not usable: {error}") from error
-    return includes, str(lib.parent), lib.stem.removeprefix("lib")
-
-
-def tvm_ffi_version() -> str:
-    """The installed apache-tvm-ffi version (part of every cache key)."""
-    try:
-        return importlib.metadata.version("apache-tvm-ffi")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def arch_for_capability(major: int, minor: int, nvcc_version: tuple[int, int] = (13, 0)) -> str:
-    """SGLang's target for a device: "a" for 9.x and 10.x+, "f" for 12.0 with nvcc >= 12.9, else plain."""
-    if major == 12 and minor == 0 and nvcc_version >= (12, 9):
-        return "120f"
-    return f"{major}{minor}" + ("a" if major >= 9 else "")
-
-
-def arch_flags(arch: str) -> list[str]:
-    """`-gencode=...` and `-DSGL_CUDA_ARCH=...` for an arch like "90a", "100a", "120f", "89"."""
-    match = _ARCH_RE.match(arch)
-    if not match:
-        raise BuildFailure(f"bad arch {arch!r}: expected e.g. '90a', '100a', '120f', '89'")
-    value = int(match.group(1)) * 100 + int(match.group(2)) * 10
-    return [f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-DSGL_CUDA_ARCH={value}"]
-
-
-# ---------------------------------------------------------------- sources, overlay and key
-
-
-def wrapper_source(files: list[str], wrappers: list[tuple[str, str]]) -> str:
-    """The translation unit SGLang generates: tvm-ffi includes, the kernel files, the exports."""
-    lines = [f"#include <{header}>" for header in FFI_INCLUDES]
-    lines += [f'#include "{path}"' for path in files]
-    lines.append("namespace sglang {")
-    lines += [f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({export}, ({entry}));" for export, entry in wrappers]
-    lines.append("}  // namespace sglang")
-    return "\n".join(lines) + "\n"
-
-
-_DIGESTS: dict[tuple[str, int, int], str] = {}
-_DIGESTS_LOCK = threading.Lock()
-
-
-def file_digest(path: str) -> str:
-    """sha256 of a file's bytes, memoised by (path, mtime, size); "missing" if it does not exist."""
-    try:
-        stat = os.stat(path)
-    except FileNotFoundError:
-        return "missing"
-    memo_key = (path, stat.st_mtime_ns, stat.st_size)
-    with _DIGESTS_LOCK:
-        if memo_key in _DIGESTS:
-            return _DIGESTS[memo_key]
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    with _DIGESTS_LOCK:
-        _DIGESTS[memo_key] = digest
-    return digest
-
-
-def tree_digest(roots: list[str]) -> str:
-    """One hash over every C/C++/CUDA source under each root (path relative to its root + content)."""
-    hasher = hashlib.sha256()
-    for index, root in enumerate(roots):
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for filename in sorted(filenames):
-                if Path(filename).suffix in SOURCE_SUFFIXES:
-                    path = os.path.join(dirpath, filename)
-                    hasher.update(f"{index}:{os.path.relpath(path, root)}:{file_digest(path)}\n".encode())
-    return hasher.hexdigest()
-
-
-def _override_targets(req: BuildRequest) -> dict[int, dict[str, str]]:
-    """Group overrides by the root they replace a file in (0 = source_root, i = include_dirs[i-1])."""
-    roots = [os.path.abspath(root) for root in [req.source_root, *req.include_dirs]]
-    targets: dict[int, dict[str, str]] = {}
-    for path, text in sorted(req.overrides.items()):
-        index, rel = 0, path
-        if os.path.isabs(path):
-            owners = [i for i, root in enumerate(roots) if os.path.abspath(path).startswith(root + os.sep)]
-            if not owners:
-                raise BuildFailure(f"override {path} is outside source_root and include_dirs")
-            index, rel = owners[0], os.path.relpath(os.path.abspath(path), roots[owners[0]])
-        elif ".." in Path(path).parts:
-            raise BuildFailure(f"override path {path!r} must not contain '..'")
-        else:
-            index = next((i for i, root in enumerate(roots) if os.path.isfile(os.path.join(root, path))), 0)
-        targets.setdefault(index, {})[rel] = text
-    return targets
-
-
-def _mirror(root: Path, dest: Path, replacements: dict[str, str]) -> None:
-    """Recreate `root` under `dest` as real directories of symlinked files, then write replacements."""
-    for dirpath, _, filenames in os.walk(root):
-        target_dir = dest / os.path.relpath(dirpath, root)
-        target_dir.mkdir(parents=True, exist_ok=True)
-        for filename in filenames:
-            os.symlink(os.path.join(dirpath, filename), target_dir / filename)
-    for rel, text in replacements.items():
-        path = dest / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_symlink():
-            path.unlink()
-        path.write_text(text)
-
-
-def materialise_overlay(plan: _Plan) -> None:
-    """Create the plan's overlay directory once (staged, then renamed into place)."""
-    if plan.overlay is None or (plan.overlay / ".done").exists():
-        return
-    staging = plan.overlay.parent / f".staging-{uuid.uuid4().hex}"
-    try:
-        for index, replacements in plan.targets.items():
-            _mirror(Path(plan.roots[index]).resolve(), staging / f"root{index}", replacements)
-        (staging / ".done").touch()
-        try:
-            os.rename(staging, plan.overlay)
-        except OSError:
-            if not (plan.overlay / ".done").exists():
-                raise  # not a lost race with another builder: a real error
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 def plan_build(req: BuildRequest, cache_dir: Path) -> _Plan:
     """Resolve sources (through an overlay when there are overrides) and write out every command."""
     roots = [req.source_root, *req.include_dirs]
     digest = tree_digest(roots)
-    targets = _override_targets(req)
+    targets = override_targets(req.overrides, roots)
     overlay = None
     if targets:
         seed = json.dumps([digest, [os.path.abspath(r) for r in roots], sorted(req.overrides.items())])
@@ -317,7 +142,7 @@ def _commands(req: BuildRequest, units: list[tuple[str, bool, str | None]], incl
         objects.append(obj)
         if is_cuda:
             ptxas_v = [] if "-Xptxas=-v" in req.extra_cuda_cflags else ["-Xptxas=-v"]
-            flags = ["-Xcompiler", "-fPIC", *arch_flags(req.arch), "-std=c++20", "-O3",
+            flags = ["-Xcompiler", "-fPIC", *arch_flags(req.arch or default_arch()), "-std=c++20", "-O3",
                      "--expt-relaxed-constexpr", *req.extra_cuda_cflags, *ptxas_v]
             commands.append([nvcc, "-MD", "-MF", f"{obj}.d", *flags, *include_flags, "-c", filename, "-o", obj])
         else:
@@ -343,7 +168,255 @@ def build_key(req: BuildRequest, plan: _Plan) -> str:
         "sources": {path: file_digest(path) for path in originals},
         "overrides": sorted(req.overrides.items()),
         "tools": {tool: tool_version(tool) for tool in tools},
-        "arch": req.arch,
+        "arch": req.arch or default_arch(),
         "tvm_ffi": tvm_ffi_version(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- running the compiler
+
+_DIAGNOSTIC_RE = re.compile(
+    r"(\(\d+\): (catastrophic )?error)|(:\d+(:\d+)?: (fatal )?error:)|(^(nvcc|ptxas) (error|fatal))"
+    r"|(undefined reference to)|(^collect2: error)|(^\S*ld: )"
+)
+
+
+def trim_errors(log: str, strip: list[str] = (), max_errors: int = 5, max_lines: int = 40) -> str:
+    """The first few error diagnostics with file:line and their indented context, for a reader.
+
+    Overlay prefixes in `strip` are removed so a candidate's file reads as its tree-relative path.
+    Falls back to the last lines of the log when no diagnostic is recognised.
+    """
+    for prefix in strip:
+        log = log.replace(prefix.rstrip("/") + "/", "")
+    lines = log.splitlines()
+    starts = [i for i, line in enumerate(lines) if _DIAGNOSTIC_RE.search(line)]
+    picked: list[str] = []
+    for start in starts[:max_errors]:
+        picked.append(lines[start])
+        for line in lines[start + 1 : start + 9]:
+            if not line.strip() or not line[0].isspace():
+                break
+            picked.append(line)
+    if not starts:
+        picked = [line for line in lines if line.strip()][-20:]
+    if len(starts) > max_errors:
+        picked.append(f"... and {len(starts) - max_errors} more error lines (see the full log)")
+    return "\n".join(picked[:max_lines])
+
+
+def _run(command: list[str], cwd: Path, timeout: float) -> tuple[int | None, str]:
+    """Run one command in its own process group; on timeout kill the group and return rc None."""
+    if timeout <= 0:
+        return None, ""
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return None, output
+    return proc.returncode, output
+
+
+def _run_all(plan: _Plan, cwd: Path, deadline: float, keep_going: bool) -> tuple[str, str | None, bool]:
+    """Run the compiles then the link. Returns (log, failure reason or None, whether the failure is final).
+
+    A compile error is final (the same inputs fail the same way, so the failure is cached);
+    a timeout or a crash by signal is not.
+    """
+    log, reason, final = [], None, True
+    compiles, link = plan.commands[:-1], plan.commands[-1]
+    for command in compiles + ([] if keep_going else [link]):
+        if reason is not None and not keep_going:
+            break
+        rc, output = _run(command, cwd, deadline - time.monotonic())
+        log.append("$ " + " ".join(command) + "\n" + output)
+        if rc is None:
+            reason, final = f"build timed out (in {Path(command[0]).name})", False
+            break
+        if rc != 0 and reason is None:
+            reason, final = f"{Path(command[0]).name} exited with status {rc}", rc > 0
+    if keep_going and reason is None:
+        rc, output = _run(link, cwd, deadline - time.monotonic())
+        log.append("$ " + " ".join(link) + "\n" + output)
+        if rc != 0:
+            reason, final = ("build timed out (in link)", False) if rc is None else (f"link exited with status {rc}", rc > 0)
+    return "\n".join(log), reason, final
+
+
+# ---------------------------------------------------------------- the cache
+
+
+@contextmanager
+def _flock(path: Path):
+    """Exclusive advisory lock on `path`: one builder per key across threads and processes."""
+    handle = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)
+
+
+def _cached(final: Path, key: str, start: float) -> BuildResult | None:
+    """The published build in `final`, or None when there is none (or it is unreadable)."""
+    if not (final / ".done").exists():
+        return None
+    try:
+        meta = json.loads((final / "result.json").read_text())
+        resources = [KernelResources(**item) for item in json.loads((final / "resources.json").read_text())]
+        log = (final / "build.log").read_text()
+    except (OSError, ValueError, TypeError):
+        return None
+    so_path = str(final / meta["so_name"]) if meta["ok"] else None
+    return BuildResult(meta["ok"], so_path, True, time.monotonic() - start, meta["command"], log,
+                       meta["error"], resources, key)
+
+
+def _failed(reason: str, start: float, key: str = "", command: list[str] | None = None, log: str = "") -> BuildResult:
+    return BuildResult(False, None, False, time.monotonic() - start, command or [], log, reason, [], key)
+
+
+def build(req: BuildRequest, cache_dir: Path, *, timeout_s: float = 300, keep_going: bool = False) -> BuildResult:
+    """Build `req` (or reuse the cached build with the same key). Never raises for a failed build.
+
+    `keep_going` compiles every translation unit even after one fails, so the log holds all errors.
+    """
+    start = time.monotonic()
+    cache_dir = Path(cache_dir)
+    key = ""
+    try:
+        if not _NAME_RE.match(req.name):
+            raise BuildFailure(f"bad module name {req.name!r}: use letters, digits, '_', '.', '-'")
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        plan = plan_build(req, cache_dir)
+        key = build_key(req, plan)
+        final = cache_dir / f"{req.name}-{key[:16]}"
+        if hit := _cached(final, key, start):
+            return hit
+        with _flock(cache_dir / f".{req.name}-{key[:16]}.lock"):
+            if hit := _cached(final, key, start):
+                return hit
+            return _build_locked(plan, key, final, start + timeout_s, keep_going, start)
+    except BuildFailure as failure:
+        return _failed(str(failure), start, key)
+    except (OSError, subprocess.SubprocessError) as error:
+        return _failed(f"build could not run: {error}", start, key)
+
+
+def _nvcc_command(plan: _Plan) -> list[str]:
+    """The device compile command, or the first compile when the module has no CUDA unit."""
+    for (_, is_cuda, _), command in zip(plan.units, plan.commands):
+        if is_cuda:
+            return command
+    return plan.commands[0]
+
+
+def _build_locked(plan: _Plan, key: str, final: Path, deadline: float, keep_going: bool, start: float) -> BuildResult:
+    """Compile in a private staging directory and publish it by rename (done under the key's lock)."""
+    if plan.overlay is not None:
+        materialise_overlay(plan.overlay, plan.roots, plan.targets)
+    staging = final.parent / f".staging-{uuid.uuid4().hex}"
+    staging.mkdir()
+    try:
+        for filename, _, text in plan.units:
+            if text is not None:
+                (staging / filename).write_text(text)
+        log, reason, final_failure = _run_all(plan, staging, deadline, keep_going)
+        resources = parse_ptxas(log, find_demangler(cuda_home()))
+        strip = [str(plan.overlay / f"root{i}") for i in plan.targets] if plan.overlay else []
+        error = None if reason is None else (trim_errors(log, strip) or reason)
+        if reason is not None and "timed out" in reason:
+            error = f"{reason} after {deadline - start:.0f} s\n{error}"
+        command = _nvcc_command(plan)
+        if reason is not None and not final_failure:
+            return _failed(error, start, key, command, log)
+        meta = {"ok": reason is None, "error": error, "reason": reason, "command": command,
+                "commands": plan.commands, "so_name": plan.so_name, "seconds": time.monotonic() - start}
+        (staging / "build.log").write_text(log)
+        (staging / "resources.json").write_text(json.dumps([asdict(r) for r in resources], indent=1))
+        (staging / "result.json").write_text(json.dumps(meta, indent=1))
+        (staging / ".done").touch()
+        if final.exists():
+            shutil.rmtree(final)  # a leftover without .done; we hold the lock
+        os.rename(staging, final)
+        so_path = str(final / plan.so_name) if reason is None else None
+        return BuildResult(reason is None, so_path, False, time.monotonic() - start, command, log, error, resources, key)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def build_many(reqs: list[BuildRequest], cache_dir: Path, jobs: int | None = None, **kwargs) -> list[BuildResult]:
+    """Build several requests in parallel threads (each runs its compiler as a subprocess); order kept."""
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        return list(pool.map(lambda req: build(req, cache_dir, **kwargs), reqs))
+
+
+# ---------------------------------------------------------------- torch extensions and loading
+
+
+def build_torch_extension(name: str, sources: list[str], extra_cuda_cflags: list[str], cache_dir: Path) -> BuildResult:
+    """Build a torch::Tensor/pybind11 kernel with torch.utils.cpp_extension.load (needs CUDA torch).
+
+    The ptxas report is not available here (torch swallows the build output), so `resources` is empty.
+    """
+    start = time.monotonic()
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError as error:
+        return _failed(f"torch not importable: {error}", start)
+    paths = [os.path.abspath(source) for source in sources]
+    seed = {"name": name, "sources": {p: file_digest(p) for p in paths}, "flags": extra_cuda_cflags,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "version": KEY_VERSION}
+    key = hashlib.sha256(json.dumps(seed, sort_keys=True).encode()).hexdigest()
+    module_name = f"{name}_{key[:12]}"
+    build_dir = Path(cache_dir) / f"{name}-{key[:16]}"
+    so_path = build_dir / f"{module_name}.so"
+    hit = so_path.exists()
+    command = ["ninja", "-v", "-C", str(build_dir)]
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(name=module_name, sources=paths, extra_cuda_cflags=list(extra_cuda_cflags),
+                           build_directory=str(build_dir), verbose=False)
+    except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as error:
+        return _failed(trim_errors(str(error)) or str(error), start, key, command, str(error))
+    return BuildResult(True, str(so_path), hit, time.monotonic() - start, command, "", None, [], key)
+
+
+def load_module(so_path: str | Path):
+    """Load a built module with tvm_ffi (imports torch first if installed, as tvm_ffi does)."""
+    import tvm_ffi
+
+    return tvm_ffi.load_module(str(so_path))
+
+
+_SIGNATURE_RE = re.compile(r"`([^`]*\([^`]*\)[^`]*)`")
+_PROBE_ARGS = 255  # no kernel takes this many, so the call is refused before any code runs
+
+
+def export_signatures(module, names: list[str]) -> dict[str, str | None]:
+    """Each export's typed signature, e.g. "scale_f32(0: DLTensor*, 1: float) -> void"; None if absent.
+
+    tvm-ffi 0.1.11 only exports metadata when built with TVM_FFI_DLL_EXPORT_INCLUDE_METADATA (SGLang
+    does not), but a typed function called with the wrong number of arguments raises a TypeError that
+    quotes its signature. We call with 255 Nones rather than none, so a zero-argument export never runs.
+    """
+    signatures: dict[str, str | None] = {}
+    for name in names:
+        try:
+            function = module.get_function(name)
+        except AttributeError:
+            signatures[name] = None
+            continue
+        try:
+            function(*([None] * _PROBE_ARGS))
+        except (TypeError, ValueError, RuntimeError) as error:
+            match = _SIGNATURE_RE.search(str(error))
+            signatures[name] = match.group(1) if match else str(error)
+        else:
+            signatures[name] = "(untyped export: accepted any arguments)"
+    return signatures

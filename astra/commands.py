@@ -1,0 +1,120 @@
+"""The CLI's commands: thin glue between arguments, the library modules and the terminal."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from astra import registry, sglang_tree, spec as spec_mod, table
+from astra.errors import AstraError
+
+
+def _tree(args) -> sglang_tree.SglangTree:
+    return sglang_tree.locate(version=getattr(args, "sglang", None), src=getattr(args, "sglang_src", None))
+
+
+def cmd_list(args) -> int:
+    tree = _tree(args)
+    mods = registry.modules(tree)
+    if args.buildable:
+        mods = [m for m in mods if m.sm90a in ("yes", "built")]
+    if args.json:
+        print(json.dumps({
+            "sglang": {"version": tree.version, "origin": tree.origin, "root": str(tree.root),
+                       "layout": tree.layout},
+            "modules": [{k: v for k, v in asdict(m).items() if k != "call_sites"} for m in mods],
+        }, indent=1))
+        return 0
+    rows = [[m.name, m.category, ", ".join(m.sources), _short(m.exports),
+             m.sm90a if m.sm90a in ("yes", "built") else f"{m.sm90a}: {m.sm90a_reason}"] for m in mods]
+    print(table.render(["module", "category", "source", "exports", "sm_90a"], rows, align="lllll"))
+    counts = {}
+    for m in mods:
+        counts[m.sm90a] = counts.get(m.sm90a, 0) + 1
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    print(f"\n{len(mods)} JIT modules in {tree.describe()}  [{summary}]")
+    return 0
+
+
+def _short(items: list[str], keep: int = 2) -> str:
+    if not items:
+        return "-"
+    return ", ".join(items[:keep]) + (f" (+{len(items) - keep})" if len(items) > keep else "")
+
+
+def cmd_spec_check(args) -> int:
+    names = args.names or spec_mod.available()
+    if not names:
+        raise AstraError(f"no specs under {spec_mod.paths.specs_dir()}; write one with `astra extract NAME`")
+    failed = 0
+    for name in names:
+        try:
+            spec = spec_mod.load(name)
+        except AstraError as err:
+            failed += 1
+            print(f"FAIL {name}: {err}")
+            continue
+        from astra.jobs import cases
+
+        case_list, variants = cases(spec)
+        print(f"ok   {name}: {len(case_list)} cases ({sum(c.timed for c in case_list)} timed), "
+              f"{len(variants)} build variant(s), dtypes {', '.join(spec.dtypes)}")
+    return 1 if failed else 0
+
+
+def cmd_build(args) -> int:
+    from astra import build_cmd
+
+    return build_cmd.run(args, _tree(args))
+
+
+def cmd_extract(args) -> int:
+    from astra import extract
+
+    tree = _tree(args)
+    result = extract.extract(tree, args.name, out_dir=Path(args.out) if args.out else None)
+    print(f"spec draft: {result.draft}")
+    print(f"snapshot:   {result.snapshot} ({len(result.files)} files)")
+    for note in result.notes:
+        print(f"  review: {note}")
+    return 0
+
+
+def cmd_parse_check(args) -> int:
+    from astra import cuda_parse
+
+    tree = _tree(args)
+    mods = [m for m in registry.modules(tree) if m.sm90a in ("yes", "built")]
+    files = sorted({s for m in mods for s in m.sources if not s.startswith("/")})
+    results = cuda_parse.parse_tree_report(tree, files)
+    bad = [r for r in results if not r.ok]
+    if args.json:
+        print(json.dumps([asdict(r) for r in results], indent=1))
+    else:
+        for r in bad:
+            print(f"FAIL {r.path}: {r.first_error}")
+        rate = 100.0 * (len(results) - len(bad)) / max(1, len(results))
+        print(f"{len(results) - len(bad)}/{len(results)} sm_90a-buildable sources of SGLang {tree.version} "
+              f"parse with no errors ({rate:.1f}%)")
+    return 0 if len(bad) <= 0.05 * len(results) else 1
+
+
+def cmd_check(args) -> int:
+    from astra import check_cmd
+
+    return check_cmd.check(args, _tree_for_spec(args))
+
+
+def cmd_bench(args) -> int:
+    from astra import check_cmd
+
+    return check_cmd.bench(args, _tree_for_spec(args))
+
+
+def _tree_for_spec(args) -> sglang_tree.SglangTree:
+    """The spec's own SGLang version unless the user names another tree."""
+    if getattr(args, "sglang", None) or getattr(args, "sglang_src", None):
+        return _tree(args)
+    spec = spec_mod.load(args.name)
+    return sglang_tree.from_wheel(str(spec.raw["source"]["sglang_version"]))
