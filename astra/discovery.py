@@ -33,6 +33,7 @@ class Caller:
     line: int
     params: list[str]
     mutates_args: list[str] | None  # from @register_custom_op(mutates_args=...); None: not registered
+    defaults: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -243,7 +244,8 @@ def _callers(tree: ast.Module, loader: str) -> list[Caller]:
             (isinstance(n.func, ast.Name) and n.func.id == loader)
             or (isinstance(n.func, ast.Attribute) and n.func.attr == loader)) for n in ast.walk(fn))
         if calls:
-            out.append(Caller(fn.name, fn.lineno, _params(fn)[0], _mutates_args(fn)))
+            params, defaults = _params(fn)
+            out.append(Caller(fn.name, fn.lineno, params, _mutates_args(fn), defaults))
     return out
 
 

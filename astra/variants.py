@@ -68,8 +68,11 @@ def guess(site: CallSite, overrides: dict[str, str] | None = None) -> GuessedVar
     guessed: list[str] = []
     unresolved: list[str] = []
 
+    defaults = {k: v for c in site.callers for k, v in c.defaults.items()}
+    defaults.update(site.loader_defaults)
+
     def value_of(symbol: str) -> str:
-        value, was_guessed = _symbol_value(symbol, site.loader_defaults, overrides)
+        value, was_guessed = _symbol_value(symbol, defaults, overrides)
         if value is None:
             unresolved.append(symbol)
             return "{" + symbol + "}"

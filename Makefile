@@ -1,0 +1,25 @@
+# Two commands set up and test Astra on a fresh machine:
+#   make setup   # virtualenv in .venv with Astra and its dependencies (CPU torch unless TORCH= is given)
+#   make test    # the test suite (GPU tests skip cleanly without CUDA)
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+
+.PHONY: setup test test-gpu clean
+
+setup:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(if $(TORCH),$(PY) -m pip install -q "$(TORCH)")
+	$(PY) -m pip install -q -e '.[dev]'
+	$(VENV)/bin/astra --help > /dev/null
+
+test:
+	$(PY) -m pytest -q -ra
+
+test-gpu:
+	$(PY) -m pytest -q -ra -m gpu
+
+clean:
+	rm -rf $(VENV) .astra-test-home .pytest_cache
