@@ -23,7 +23,10 @@ def _variant(spec: KernelSpec, names: dict) -> Variant:
 
 def _arg(arg, names: dict) -> ArgSpec:
     if arg.kind != "tensor":
-        return ArgSpec(name=arg.name, kind=arg.kind, role="in", dtype=str(arg.dtype), value=arg.value)
+        value = arg.value
+        if arg.kind == "scalar" and isinstance(value, str):
+            value = evaluate(value, names)  # a scalar may be an expression over dims
+        return ArgSpec(name=arg.name, kind=arg.kind, role="in", dtype=str(arg.dtype), value=value)
     init = {k: (evaluate(v, names) if isinstance(v, str) and k not in ("dist",) else v)
             for k, v in (arg.init or {"dist": "normal"}).items()}
     return ArgSpec(name=arg.name, kind="tensor", role=arg.role,
