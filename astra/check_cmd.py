@@ -1,0 +1,173 @@
+"""`astra check` and `astra bench`: a spec resolved into a job, run in an isolated GPU worker, and the
+verdict printed per shape. Every number printed comes from the worker's verdict JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from astra import jobs, spec as spec_mod, table
+from astra.errors import AstraError
+from astra.sglang_tree import SglangTree
+
+NO_GPU = 7
+
+
+def require_gpu() -> None:
+    try:
+        import torch
+    except ImportError:
+        raise AstraError("torch is not installed; `astra check`/`bench` need torch with CUDA", exit_code=NO_GPU)
+    if not torch.cuda.is_available():
+        raise AstraError(
+            "no CUDA GPU here: `astra check` and `astra bench` need one. Without a GPU you can still run "
+            "`astra list`, `astra extract`, `astra build` (nvcc + ptxas report) and `astra spec-check`.",
+            exit_code=NO_GPU)
+
+
+def _options(args, *, sanitizer: bool):
+    from harness.job import Options
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("graph", "cold")]
+    if bad:
+        raise AstraError(f"--modes: unknown mode(s) {bad}; use graph, cold or graph,cold")
+    opts = Options(modes=modes, sanitizer=sanitizer)
+    if getattr(args, "quick", False):
+        opts.seeds = [0]
+        opts.budget_ms_per_case = 100.0
+    return opts
+
+
+def _quick_filter(job, quick: bool):
+    if quick:  # the timed dtype's timed shapes plus edges of the first dtype
+        first = job.cases[0].dtype
+        job.cases = [c for c in job.cases if c.dtype == first]
+    return job
+
+
+def check(args, tree: SglangTree) -> int:
+    spec = spec_mod.load(args.name)
+    path = Path(args.candidate)
+    if not path.is_file():
+        raise AstraError(f"--candidate {path}: no such file (give your version of {spec.kernel_file})")
+    require_gpu()
+    from harness.worker import verify_job
+
+    job = jobs.make_job(spec, tree, candidate_source=path.read_text(), label=path.name,
+                        options=_options(args, sanitizer=not args.no_sanitizer))
+    job = _quick_filter(job, args.quick)
+    verdict = verify_job(job, timeout_s=timeout_for(job))
+    _write_json(args.json, verdict)
+    print(format_check(verdict))
+    return 0 if verdict.get("correct") and verdict.get("status") == "correct" else 1
+
+
+def bench(args, tree: SglangTree) -> int:
+    spec = spec_mod.load(args.name)
+    require_gpu()
+    from harness.worker import run_job
+
+    job = jobs.make_job(spec, tree, options=_options(args, sanitizer=False))
+    job.cases = [c for c in job.cases if c.timed]
+    verdict = run_job(job, timeout_s=timeout_for(job))
+    _write_json(args.json, verdict)
+    print(format_bench(verdict))
+    return 0 if verdict.get("status") == "correct" else 1
+
+
+def timeout_for(job) -> float:
+    """Generous: builds, every case's checks and timing, with slack for a cold build cache."""
+    return 300.0 + 10.0 * len(job.cases)
+
+
+def _write_json(path: str | None, verdict: dict) -> None:
+    if path:
+        Path(path).write_text(json.dumps(verdict, indent=1))
+
+
+def _us(stats: dict | None) -> float | None:
+    return None if not stats else stats.get("median_us")
+
+
+def _pct(value: float | None) -> float | None:
+    return None if value is None else round(100.0 * value, 1)
+
+
+def format_check(verdict: dict) -> str:
+    modes = list(verdict.get("band_speedups", {}))
+    headers = ["shape", "band"]
+    for mode in modes:
+        headers += [f"{mode} orig us", f"{mode} cand us", f"{mode} x"]
+    headers += ["% roofline (cand)", "err vs ref cand/orig", "ok"]
+    rows = []
+    for case in verdict.get("cases", []):
+        if not case.get("timed") and case.get("correct"):
+            continue
+        row = [case["id"], case["band"]]
+        for mode in modes:
+            t = case.get("timings", {}).get(mode, {})
+            row += [_us(t.get("orig")), _us(t.get("cand")), t.get("speedup")]
+        roof = case.get("roofline", {}).get(modes[0], {}) if modes else {}
+        row.append(_pct(roof.get("cand_fraction")))
+        errs = [(v.get("cand"), v.get("orig")) for v in case.get("reference", {}).values()]
+        row.append(", ".join(f"{c:.2g}/{o:.2g}" for c, o in errs if c is not None and o is not None) or "-")
+        row.append("yes" if case.get("correct") else "NO: " + "; ".join(case.get("reasons", []))[:60])
+        rows.append(row)
+    out = [table.render(headers, rows, max_width=60)] if rows else []
+    out.append(_bands(verdict))
+    out.append(_environment(verdict))
+    faster = verdict.get("faster")
+    speed = "faster" if faster else ("not faster" if faster is not None else "speed not measured")
+    out.append(f"verdict: {verdict.get('status')} ({verdict.get('reason')}); {speed}")
+    if verdict.get("slower_shapes"):
+        out.append("slower shapes: " + ", ".join(f"{s['id']} ({s['mode']} x{s['speedup']:.3f})"
+                                                 for s in verdict["slower_shapes"][:8]))
+    return "\n".join(o for o in out if o)
+
+
+def format_bench(verdict: dict) -> str:
+    if verdict.get("status") != "correct" and not verdict.get("cases"):
+        return f"bench failed: {verdict.get('status')}: {verdict.get('reason')}"
+    modes = list(verdict.get("band_speedups", {}))
+    headers = ["shape", "band", "bytes"]
+    for mode in modes:
+        headers += [f"{mode} us", f"{mode} p10-p90", f"% roofline {mode}"]
+    headers += ["copy us (graph)", "vs copy", "self-ratio"]
+    rows = []
+    for case in verdict.get("cases", []):
+        row = [case["id"], case["band"], case["bytes"]]
+        for mode in modes:
+            t = case.get("timings", {}).get(mode, {})
+            o = t.get("orig") or {}
+            row += [o.get("median_us"), f"{o.get('p10_us', 0):.2f}-{o.get('p90_us', 0):.2f}" if o else "-",
+                    _pct(case.get("roofline", {}).get(mode, {}).get("orig_fraction"))]
+        graph = case.get("timings", {}).get("graph", {}).get("orig") or {}
+        copy = case.get("copy_us")
+        row += [copy, (graph.get("median_us") / copy) if copy and graph else None,
+                case.get("timings", {}).get(modes[0], {}).get("speedup") if modes else None]
+        rows.append(row)
+    return "\n".join([table.render(headers, rows, max_width=60), _environment(verdict),
+                      "self-ratio: the original timed against itself, interleaved (1.0 = no drift)"])
+
+
+def _bands(verdict: dict) -> str:
+    lines = []
+    for mode, bands in verdict.get("band_speedups", {}).items():
+        parts = [f"{band} x{value:.3f}" for band, value in bands.items() if value and math.isfinite(value)]
+        lines.append(f"speedup ({mode}, geomean): " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def _environment(verdict: dict) -> str:
+    env = verdict.get("env", {})
+    if not env:
+        return ""
+    bw = env.get("copy_bandwidth_Bps") or env.get("copy_bandwidth")
+    bw_text = f", copy {bw / 1e12:.2f} TB/s" if isinstance(bw, (int, float)) else ""
+    phases = verdict.get("phases", {})
+    phase_text = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items() if isinstance(v, (int, float)))
+    return (f"GPU: {env.get('gpu')} (sm {env.get('capability')}), driver {env.get('driver')}, "
+            f"CUDA runtime {env.get('cuda_runtime')}, nvcc {env.get('nvcc')}, "
+            f"torch {env.get('torch')}, tvm-ffi {env.get('tvm_ffi')}{bw_text}" + (f"; time: {phase_text}" if phase_text else ""))
