@@ -64,17 +64,32 @@ def check(args, tree: SglangTree) -> int:
     return 0 if verdict.get("correct") and verdict.get("status") == "correct" else 1
 
 
-def bench(args, tree: SglangTree) -> int:
-    spec = spec_mod.load(args.name)
+def bench(args, tree_for) -> int:
+    """Time each named spec's original over its timed shapes (original against itself)."""
+    specs = [spec_mod.load(name) for name in args.names]
     require_gpu()
     from harness.worker import run_job
 
-    job = jobs.make_job(spec, tree, options=_options(args, sanitizer=False))
-    job.cases = [c for c in job.cases if c.timed]
-    verdict = run_job(job, timeout_s=timeout_for(job))
-    _write_json(args.json, verdict)
-    print(format_bench(verdict))
-    return 0 if verdict.get("status") == "correct" else 1
+    verdicts, ok = {}, True
+    for spec in specs:
+        opts = _options(args, sanitizer=False)
+        if args.budget_ms:
+            opts.budget_ms_per_case = args.budget_ms
+        job = jobs.make_job(spec, tree_for(spec.name), options=opts)
+        job.cases = [c for c in job.cases if c.timed]
+        verdict = run_job(job, timeout_s=timeout_for(job))
+        verdicts[spec.name] = verdict
+        ok = ok and verdict.get("status") == "correct"
+        print(f"== {spec.name}")
+        print(format_bench(verdict))
+    if args.json:
+        Path(args.json).write_text(json.dumps(verdicts, indent=1))
+    if args.report:
+        from astra import report
+
+        for path in report.write(verdicts, Path(args.report)):
+            print(f"wrote {path}")
+    return 0 if ok else 1
 
 
 def timeout_for(job) -> float:

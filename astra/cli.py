@@ -57,10 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="one seed, fewer shapes (for iteration)")
 
     p = sub.add_parser("bench", help="time the original kernel over its shape suite with roofline (GPU)")
-    p.add_argument("name")
+    p.add_argument("names", nargs="+", metavar="NAME")
     _sglang_options(p)
     p.add_argument("--modes", default="graph,cold")
-    p.add_argument("--json", metavar="OUT")
+    p.add_argument("--budget-ms", type=float, default=None, help="timing budget per shape and side")
+    p.add_argument("--json", metavar="OUT", help="write the verdicts as JSON")
+    p.add_argument("--report", metavar="DIR", help="write baseline.md, baseline.json and roofline.svg there")
     return parser
 
 

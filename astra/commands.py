@@ -109,12 +109,12 @@ def cmd_check(args) -> int:
 def cmd_bench(args) -> int:
     from astra import check_cmd
 
-    return check_cmd.bench(args, _tree_for_spec(args))
+    return check_cmd.bench(args, lambda name: _tree_for_spec(args, name))
 
 
-def _tree_for_spec(args) -> sglang_tree.SglangTree:
+def _tree_for_spec(args, name: str | None = None) -> sglang_tree.SglangTree:
     """The spec's own SGLang version unless the user names another tree."""
     if getattr(args, "sglang", None) or getattr(args, "sglang_src", None):
         return _tree(args)
-    spec = spec_mod.load(args.name)
+    spec = spec_mod.load(name or args.name)
     return sglang_tree.from_wheel(str(spec.raw["source"]["sglang_version"]))
