@@ -221,30 +221,25 @@ def _run(command: list[str], cwd: Path, timeout: float) -> tuple[int | None, str
     return proc.returncode, output
 
 
-def _run_all(plan: _Plan, cwd: Path, deadline: float, keep_going: bool) -> tuple[str, str | None, bool]:
-    """Run the compiles then the link. Returns (log, failure reason or None, whether the failure is final).
+def _run_all(plan: _Plan, cwd: Path, deadline: float, keep_going: bool) -> tuple[str, str | None]:
+    """Run the compiles, then the link if they all passed. Returns (log, failure reason or None).
 
-    A compile error is final (the same inputs fail the same way, so the failure is cached);
-    a timeout or a crash by signal is not.
+    Without `keep_going` the first failing compile stops the build; with it every unit is compiled.
     """
-    log, reason, final = [], None, True
+    log: list[str] = []
+    reason = None
     compiles, link = plan.commands[:-1], plan.commands[-1]
-    for command in compiles + ([] if keep_going else [link]):
-        if reason is not None and not keep_going:
+    for command in compiles + [link]:
+        if reason is not None and (command is link or not keep_going):
             break
         rc, output = _run(command, cwd, deadline - time.monotonic())
         log.append("$ " + " ".join(command) + "\n" + output)
+        tool = Path(command[0]).name
         if rc is None:
-            reason, final = f"build timed out (in {Path(command[0]).name})", False
-            break
+            return "\n".join(log), f"build timed out (in {tool})"
         if rc != 0 and reason is None:
-            reason, final = f"{Path(command[0]).name} exited with status {rc}", rc > 0
-    if keep_going and reason is None:
-        rc, output = _run(link, cwd, deadline - time.monotonic())
-        log.append("$ " + " ".join(link) + "\n" + output)
-        if rc != 0:
-            reason, final = ("build timed out (in link)", False) if rc is None else (f"link exited with status {rc}", rc > 0)
-    return "\n".join(log), reason, final
+            reason = f"{tool} exited with status {rc}"
+    return "\n".join(log), reason
 
 
 # ---------------------------------------------------------------- the cache
@@ -271,9 +266,8 @@ def _cached(final: Path, key: str, start: float) -> BuildResult | None:
         log = (final / "build.log").read_text()
     except (OSError, ValueError, TypeError):
         return None
-    so_path = str(final / meta["so_name"]) if meta["ok"] else None
-    return BuildResult(meta["ok"], so_path, True, time.monotonic() - start, meta["command"], log,
-                       meta["error"], resources, key)
+    return BuildResult(True, str(final / meta["so_name"]), True, time.monotonic() - start, meta["command"], log,
+                       None, resources, key)
 
 
 def _failed(reason: str, start: float, key: str = "", command: list[str] | None = None, log: str = "") -> BuildResult:
@@ -300,7 +294,7 @@ def build(req: BuildRequest, cache_dir: Path, *, timeout_s: float = 300, keep_go
         with _flock(cache_dir / f".{req.name}-{key[:16]}.lock"):
             if hit := _cached(final, key, start):
                 return hit
-            return _build_locked(plan, key, final, start + timeout_s, keep_going, start)
+            return _build_locked(plan, key, final, timeout_s, keep_going, start)
     except BuildFailure as failure:
         return _failed(str(failure), start, key)
     except (OSError, subprocess.SubprocessError) as error:
@@ -315,8 +309,11 @@ def _nvcc_command(plan: _Plan) -> list[str]:
     return plan.commands[0]
 
 
-def _build_locked(plan: _Plan, key: str, final: Path, deadline: float, keep_going: bool, start: float) -> BuildResult:
-    """Compile in a private staging directory and publish it by rename (done under the key's lock)."""
+def _build_locked(plan: _Plan, key: str, final: Path, timeout_s: float, keep_going: bool, start: float) -> BuildResult:
+    """Compile in a private staging directory; publish a success by rename (under the key's lock).
+
+    Failures are returned, never cached: a fixed environment (a header installed) must not keep failing.
+    """
     if plan.overlay is not None:
         materialise_overlay(plan.overlay, plan.roots, plan.targets)
     staging = final.parent / f".staging-{uuid.uuid4().hex}"
@@ -325,28 +322,43 @@ def _build_locked(plan: _Plan, key: str, final: Path, deadline: float, keep_goin
         for filename, _, text in plan.units:
             if text is not None:
                 (staging / filename).write_text(text)
-        log, reason, final_failure = _run_all(plan, staging, deadline, keep_going)
+        log, reason = _run_all(plan, staging, time.monotonic() + timeout_s, keep_going)
         resources = parse_ptxas(log, find_demangler(cuda_home()))
-        strip = [str(plan.overlay / f"root{i}") for i in plan.targets] if plan.overlay else []
-        error = None if reason is None else (trim_errors(log, strip) or reason)
-        if reason is not None and "timed out" in reason:
-            error = f"{reason} after {deadline - start:.0f} s\n{error}"
         command = _nvcc_command(plan)
-        if reason is not None and not final_failure:
-            return _failed(error, start, key, command, log)
-        meta = {"ok": reason is None, "error": error, "reason": reason, "command": command,
-                "commands": plan.commands, "so_name": plan.so_name, "seconds": time.monotonic() - start}
+        if reason is not None:
+            strip = [str(plan.overlay / f"root{i}") for i in plan.targets] if plan.overlay else []
+            excerpt = trim_errors(log, strip)
+            if "timed out" in reason:
+                excerpt = f"{reason} after {timeout_s:g} s\n{excerpt}".rstrip()
+            return BuildResult(False, None, False, time.monotonic() - start, command, log,
+                               excerpt or reason, resources, key)
+        meta = {"ok": True, "command": command, "commands": plan.commands,
+                "so_name": plan.so_name, "seconds": time.monotonic() - start}
         (staging / "build.log").write_text(log)
         (staging / "resources.json").write_text(json.dumps([asdict(r) for r in resources], indent=1))
         (staging / "result.json").write_text(json.dumps(meta, indent=1))
+        (staging / "deps.txt").write_text("\n".join(_dependencies(staging)) + "\n")
         (staging / ".done").touch()
         if final.exists():
             shutil.rmtree(final)  # a leftover without .done; we hold the lock
         os.rename(staging, final)
-        so_path = str(final / plan.so_name) if reason is None else None
-        return BuildResult(reason is None, so_path, False, time.monotonic() - start, command, log, error, resources, key)
+        return BuildResult(True, str(final / plan.so_name), False, time.monotonic() - start, command, log,
+                           None, resources, key)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _dependencies(build_dir: Path) -> list[str]:
+    """Every file the compilers read, from the `-MD -MF` depfiles (make syntax) the build left."""
+    found: dict[str, None] = {}
+    for depfile in sorted(build_dir.glob("*.o.d")):
+        text = depfile.read_text(errors="replace").replace("\\\n", " ")
+        for line in text.splitlines():
+            _, _, prerequisites = line.partition(": ")
+            for token in re.split(r"(?<!\\)\s+", prerequisites.strip()):
+                if token:
+                    found[token.replace("\\ ", " ")] = None
+    return list(found)
 
 
 def build_many(reqs: list[BuildRequest], cache_dir: Path, jobs: int | None = None, **kwargs) -> list[BuildResult]:

@@ -7,8 +7,9 @@ nvcc prints the report on stderr when given `-Xptxas=-v`:
         0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
     ptxas info    : Used 10 registers, used 1 barriers, 512 bytes smem, 360 bytes cmem[0]
 
-Older toolkits word the "Used" line slightly differently (no barriers, `cumulative stack size`);
-each field is matched on its own so a missing one reads as 0.
+Toolkits word the "Used" line differently (older ones: no barriers, `cumulative stack size`, and
+`cmem[N]` banks; CUDA 13 omits constant memory); each field is matched on its own, a missing count
+reads as 0, and constant memory as None ("-" in the table) where it is not reported.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class KernelResources:
     spill_loads: int = 0  # bytes
     stack_frame: int = 0  # bytes
     smem: int = 0  # static shared memory, bytes
-    cmem: int = 0  # constant memory over all banks, bytes
+    cmem: int | None = None  # constant memory over all banks, bytes; None where ptxas omits it (CUDA 13)
     barriers: int = 0
 
     @property
@@ -52,12 +53,17 @@ class KernelResources:
 
 
 def find_demangler(cuda_home: str | None = None) -> str | None:
-    """`cu++filt` from the toolkit if present, else `c++filt` on PATH, else None."""
+    """GNU `c++filt` on PATH, else the toolkit's `cu++filt`, else None.
+
+    c++filt comes first so names read the same on every machine (cu++filt writes `float *`,
+    c++filt `float*`); both demangle the Itanium names nvcc emits.
+    """
+    found = shutil.which("c++filt")
+    if found:
+        return found
     if cuda_home:
-        candidate = shutil.which("cu++filt", path=f"{cuda_home}/bin")
-        if candidate:
-            return candidate
-    return shutil.which("cu++filt") or shutil.which("c++filt")
+        found = shutil.which("cu++filt", path=f"{cuda_home}/bin")
+    return found or shutil.which("cu++filt")
 
 
 def demangle(names: list[str], tool: str | None) -> dict[str, str]:
@@ -84,7 +90,8 @@ def _apply_used_line(record: KernelResources, line: str) -> None:
         record.barriers = int(match.group(1))
     if match := _SMEM_RE.search(line):
         record.smem = int(match.group(1))
-    record.cmem = sum(int(value) for value in _CMEM_RE.findall(line))
+    banks = _CMEM_RE.findall(line)
+    record.cmem = sum(int(value) for value in banks) if banks else None
     if (match := _CUMULATIVE_STACK_RE.search(line)) and not record.stack_frame:
         record.stack_frame = int(match.group(1))
 
@@ -141,7 +148,7 @@ def format_table(resources: list[KernelResources]) -> str:
     if not resources:
         return "(no kernels in the ptxas report)"
     rows = [[header for header, _ in _COLUMNS]]
-    rows += [[str(getattr(record, attr)) for _, attr in _COLUMNS] for record in resources]
+    rows += [["-" if getattr(r, attr) is None else str(getattr(r, attr)) for _, attr in _COLUMNS] for r in resources]
     widths = [max(len(row[col]) for row in rows) for col in range(len(_COLUMNS))]
     lines = []
     for index, row in enumerate(rows):

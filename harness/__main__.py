@@ -1,0 +1,161 @@
+"""The GPU worker's command line.
+
+    python -m harness run job.json --out verdict.json    evaluate one job, write its verdict (atomically)
+    python -m harness env [--no-measure]                 GPU, driver, CUDA, torch, tvm-ffi, L2, bandwidth
+    python -m harness sanitize job.json [--out report.json] [--tools memcheck,racecheck]
+
+`run` is what `harness.worker.run_job` starts in a fresh process. Known failures of the evaluation
+(CUDA errors, a lost CUDA context, CUDA out of memory) become a "crashed" verdict written by this
+process; anything else escapes as a traceback and a non-zero exit, which the parent turns into
+"crashed" from stderr. Progress is logged to stderr (INFO), so a timeout's reason names the last step.
+The verdict file is the only result channel: nothing here prints results to stdout except `env`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Callable
+
+from harness.job import Job
+from harness.process import EVALUATE_ENV, clip, write_json_atomic
+from harness.verdict import Verdict
+
+_CUDA_FAILURE = re.compile(r"CUDA error|CUDA driver error|cudaError|illegal memory access|illegal instruction"
+                           r"|unspecified launch failure|launch timed out|misaligned address|device-side assert"
+                           r"|out of memory|CUBLAS_STATUS", re.I)
+
+
+def load_evaluate() -> Callable:
+    """`harness.evaluate.evaluate`, or the function named by $ASTRA_HARNESS_EVALUATE.
+
+    The variable holds `package.module:function` or `path/to/file.py:function` (tests use it to stand
+    in evaluations that crash, hang or raise).
+    """
+    spec = os.environ.get(EVALUATE_ENV)
+    if not spec:
+        from harness.evaluate import evaluate
+
+        return evaluate
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise SystemExit(f"{EVALUATE_ENV}={spec!r}: expected module:function or file.py:function")
+    if target.endswith(".py"):
+        module_spec = importlib.util.spec_from_file_location(Path(target).stem, target)
+        if module_spec is None or module_spec.loader is None:
+            raise SystemExit(f"{EVALUATE_ENV}: cannot load {target}")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    return getattr(module, name)
+
+
+def verdict_to_dict(verdict) -> dict:
+    """A Verdict (its `to_dict`), a dataclass or a plain dict, as a JSON-able dict."""
+    if isinstance(verdict, dict):
+        return verdict
+    if hasattr(verdict, "to_dict"):
+        return verdict.to_dict()
+    if is_dataclass(verdict):
+        return asdict(verdict)
+    raise TypeError(f"evaluate returned {type(verdict).__name__}, not a verdict")
+
+
+def known_failure(error: BaseException) -> str | None:
+    """A one-line reason when `error` is a CUDA failure of the candidate (fault, OOM), else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    from harness.check import ContextLost
+
+    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        return clip(f"CUDA out of memory: {message}")
+    if isinstance(error, ContextLost) or (isinstance(error, RuntimeError) and _CUDA_FAILURE.search(str(error))):
+        return clip(message)
+    return None
+
+
+def crashed_verdict(job: Job, reason: str) -> dict:
+    """The verdict this process writes for a known failure it caught."""
+    return Verdict(status="crashed", reason=reason, correct=False, faster=False, name=job.name,
+                   candidate_label=job.candidate_label).to_dict()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Evaluate one job and write its verdict; exit 0 whenever a verdict was written."""
+    faulthandler.enable()  # a segfault prints the Python stack on stderr before the process dies
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    job = Job.from_json(Path(args.job).read_text())
+    evaluate = load_evaluate()
+    try:
+        verdict = verdict_to_dict(evaluate(job))
+    except RuntimeError as error:
+        reason = known_failure(error)
+        if reason is None:
+            raise
+        verdict = crashed_verdict(job, reason)
+    write_json_atomic(args.out, verdict)
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """Print the environment report as JSON."""
+    from harness.envinfo import collect_env
+
+    json.dump(collect_env(measure=not args.no_measure), sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_sanitize(args: argparse.Namespace) -> int:
+    """Run compute-sanitizer on a job's smallest cases; exit 1 when there are findings."""
+    from harness.sanitizer import sanitize
+
+    job = Job.from_json(Path(args.job).read_text())
+    report = sanitize(job, tools=tuple(t for t in args.tools.split(",") if t), timeout_s=args.timeout)
+    if args.out:
+        write_json_atomic(args.out, report)
+    else:
+        json.dump(report, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    return 1 if report["findings"] else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="evaluate one job (JSON) and write its verdict (JSON)")
+    p.add_argument("job")
+    p.add_argument("--out", required=True, help="where the verdict goes (written atomically)")
+    p.set_defaults(handler=cmd_run)
+    p = sub.add_parser("env", help="print GPU, driver, CUDA, torch and tvm-ffi versions, L2, bandwidth")
+    p.add_argument("--no-measure", action="store_true", help="skip the measurements (copy bandwidth, launch floor)")
+    p.set_defaults(handler=cmd_env)
+    p = sub.add_parser("sanitize", help="compute-sanitizer on a job's smallest cases")
+    p.add_argument("job")
+    p.add_argument("--tools", default="memcheck,racecheck")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per tool")
+    p.add_argument("--out", help="write the report here instead of stdout")
+    p.set_defaults(handler=cmd_sanitize)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""compute-sanitizer over a job's smallest cases: out-of-bounds accesses (memcheck), shared-memory races
+(racecheck), each found by running the real kernels under the tool.
+
+`sanitize(job)` runs, once per tool,
+
+    compute-sanitizer --tool T --error-exitcode 99 --print-limit 20 --log-file LOG ...
+        python -m harness run small-job.json --out verdict.json
+
+in its own process group (killed past `timeout_s`), where the small job keeps the
+`options.sanitizer_max_cases` smallest cases by bytes, one seed, no timing (`modes=[]`) and no nested
+sanitizer. The worker evaluates as usual, so both the candidate and the original (the oracle) run under
+the tool: a finding in a kernel the two share by name cannot be told apart here; run `sanitize` on the
+original's job (`candidate_source=None`) for a baseline. torch's own kernels run under the tool too.
+
+What each tool can see:
+- memcheck: invalid global/shared/local accesses, misaligned accesses, hardware exceptions. torch's
+  caching allocator is switched off (PYTORCH_NO_CUDA_MEMORY_CACHING=1) and every allocation gets
+  `PADDING_BYTES` of guard, so reading one element past a tensor is caught rather than landing in a
+  neighbour inside the same cached block. CUDA API errors are not reported (torch makes some on
+  purpose); a fault still shows as the invalid access that caused it.
+- racecheck: hazards on SHARED memory only (RAW/WAR/WAW between threads of a block without a
+  barrier). Races on global memory, across blocks, or between streams are invisible to it.
+
+Findings come from the tool's log file (its "=========" lines), never from the worker's stdout.
+`ok` means "no findings"; `skipped` says why nothing (or not everything) could be checked:
+compute-sanitizer missing, a tool that ran out of time, or a worker that failed under a tool without
+any access error (each inconclusive, not a finding).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from harness.job import Job
+from harness.process import (
+    ProcessOutcome,
+    clip,
+    describe_exit,
+    harness_env,
+    read_json_object,
+    read_text,
+    run_isolated,
+    tail,
+    telling_line,
+)
+
+ERROR_EXITCODE = 99
+PRINT_LIMIT = 20
+PADDING_BYTES = 256
+DEFAULT_TOOLS = ("memcheck", "racecheck")
+_PREFIX = "========="
+_SKIP_HEADERS = re.compile(r"^(COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Saved host backtrace)")
+_KINDS = (
+    (re.compile(r"Invalid (__\w+__|\w+) (read|write|atomic)", re.I),
+     lambda m: f"invalid_{m.group(1).strip('_').lower()}_{m.group(2).lower()}"),
+    (re.compile(r"^Warning\b.*(Race reported|hazard)", re.I), lambda m: "race_warning"),
+    (re.compile(r"Race reported|hazard", re.I), lambda m: "race"),
+    (re.compile(r"misaligned", re.I), lambda m: "misaligned"),
+    (re.compile(r"Out-of-range", re.I), lambda m: "out_of_range"),
+    (re.compile(r"Uninitialized", re.I), lambda m: "uninitialized_read"),
+    (re.compile(r"barrier", re.I), lambda m: "barrier"),
+    (re.compile(r"Leaked", re.I), lambda m: "leak"),
+    (re.compile(r"Target application returned an error|didn't terminate successfully", re.I),
+     lambda m: "target_error"),
+    (re.compile(r"Program hit (\w+)", re.I), lambda m: "api_error"),
+    (re.compile(r"^(Warning|Note|Info)\b", re.I), lambda m: "note"),
+)
+# Reported under "warnings", never a reason to reject: a worker that fails under the tool without an
+# access error (e.g. the harness itself breaking without torch's caching allocator) is inconclusive.
+NOT_FINDINGS = frozenset({"race_warning", "note", "target_error"})
+_KERNEL_AT = re.compile(r"\bat (.+?)\+0x[0-9a-f]+")
+
+
+def sanitizer_path() -> str | None:
+    """compute-sanitizer on PATH, else under $CUDA_HOME/bin (or /usr/local/cuda/bin), else None."""
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    from harness.toolchain import cuda_home
+
+    home = cuda_home()
+    candidate = os.path.join(home, "bin", "compute-sanitizer") if home else None
+    return candidate if candidate and os.access(candidate, os.X_OK) else None
+
+
+def small_job(job: Job) -> Job:
+    """`job` cut down for the sanitizer: smallest cases by bytes, one seed, no timing, no nested run."""
+    small = copy.deepcopy(job)
+    keep = max(1, job.options.sanitizer_max_cases)
+    small.cases = sorted(small.cases, key=lambda case: (case.bytes, case.id))[:keep]
+    small.options.seeds = small.options.seeds[:1] or [0]
+    small.options.modes = []
+    small.options.sanitizer = False
+    return small
+
+
+def parse_report(text: str, tool: str) -> list[dict]:
+    """The findings in a compute-sanitizer log: one per header line among the "=========" lines.
+
+    Each is {tool, kind, message, kernel}; `message` joins the header with its first detail lines
+    (where, which thread, which address).
+    """
+    findings: list[dict] = []
+    current: dict | None = None
+    for raw in text.splitlines():
+        if not raw.startswith(_PREFIX):
+            continue
+        body = raw[len(_PREFIX):]
+        if not body.strip():
+            current = None
+            continue
+        if body.startswith("  "):  # detail line of the current finding
+            if current is not None:
+                _add_detail(current, body.strip())
+            continue
+        header = body.strip()
+        if _SKIP_HEADERS.match(header):
+            current = None
+            continue
+        current = {"tool": tool, "kind": classify(header), "message": header, "kernel": kernel_name(header),
+                   "_details": 0}
+        findings.append(current)
+    for finding in findings:
+        finding.pop("_details")
+        finding["message"] = clip(finding["message"], 300)
+    return findings
+
+
+def _add_detail(finding: dict, detail: str) -> None:
+    """Append one of the first three detail lines (location, thread, address) to a finding."""
+    if finding["_details"] >= 3 or detail.startswith(("Saved host backtrace", "Host Frame", "#", "Device Frame")):
+        return
+    finding["_details"] += 1
+    finding["message"] += " | " + detail
+    if finding["kernel"] is None:
+        finding["kernel"] = kernel_name(detail)
+
+
+def kernel_name(text: str) -> str | None:
+    """The kernel in "... at <kernel>+0x1c0 ..." (a finding's location), else None."""
+    match = _KERNEL_AT.search(text)
+    return match.group(1) if match else None
+
+
+def classify(header: str) -> str:
+    """A short kind for a finding's header line ("invalid_global_read", "race", ...; "other")."""
+    for pattern, kind in _KINDS:
+        match = pattern.search(header)
+        if match:
+            return kind(match)
+    return "other"
+
+
+def error_count(text: str) -> int | None:
+    """N of the log's "ERROR SUMMARY: N errors" line (None when absent)."""
+    match = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    return int(match.group(1)) if match else None
+
+
+def sanitizer_command(exe: str, tool: str, log: Path, python: str, job_path: Path, out_path: Path) -> list[str]:
+    """The compute-sanitizer command line for one tool."""
+    command = [exe, "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE), "--print-limit", str(PRINT_LIMIT),
+               "--log-file", str(log), "--launch-timeout", "0"]
+    if tool == "memcheck":
+        command += ["--padding", str(PADDING_BYTES), "--report-api-errors", "no"]
+    return command + [python, "-m", "harness", "run", str(job_path), "--out", str(out_path)]
+
+
+def run_tool(exe: str, tool: str, job: Job, *, timeout_s: float, python: str, env: dict[str, str]) -> dict:
+    """One tool over the small job: {tool, returncode, seconds, timed_out, inconclusive, findings, warnings,
+    errors, verdict_status, verdict_reason, stderr_tail}."""
+    with tempfile.TemporaryDirectory(prefix=f"astra-{tool}-") as tmp:
+        job_path, out_path, log = Path(tmp) / "job.json", Path(tmp) / "verdict.json", Path(tmp) / "sanitizer.log"
+        job_path.write_text(job.to_json())
+        command = sanitizer_command(exe, tool, log, python, job_path, out_path)
+        outcome = run_isolated(command, timeout_s=timeout_s, env=env, cwd=tmp)
+        text = read_text(log)
+        verdict = read_json_object(out_path) or {}
+    parsed = parse_report(text, tool)
+    findings = [f for f in parsed if f["kind"] not in NOT_FINDINGS]
+    if outcome.returncode == ERROR_EXITCODE and not parsed:  # errors, but no line we could read
+        findings.append({"tool": tool, "kind": "other", "kernel": None,
+                         "message": f"{tool} reported errors (exit {ERROR_EXITCODE}) that could not be parsed: "
+                                    + clip(tail(text, 5), 200)})
+    return {"tool": tool, "returncode": outcome.returncode, "seconds": round(outcome.seconds, 3),
+            "timed_out": outcome.timed_out, "inconclusive": _inconclusive(tool, findings, verdict, outcome),
+            "findings": findings, "warnings": [f for f in parsed if f["kind"] in NOT_FINDINGS],
+            "errors": error_count(text), "verdict_status": verdict.get("status"),
+            "verdict_reason": verdict.get("reason"), "stderr_tail": tail(outcome.stderr, 10)}
+
+
+def _inconclusive(tool: str, findings: list[dict], verdict: dict, outcome: ProcessOutcome) -> str | None:
+    """Why a run without findings proves nothing: the worker failed under the tool (None otherwise)."""
+    if findings or outcome.timed_out or verdict.get("status") not in (None, "crashed", "timeout"):
+        return None
+    why = verdict.get("reason") or telling_line(outcome.stderr) or describe_exit(outcome.returncode or 0)
+    return f"{tool}: the worker failed under the tool without an access error: {clip(why, 200)}"
+
+
+def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float = 900.0,
+             python: str = sys.executable, env: dict[str, str] | None = None) -> dict:
+    """Run each tool over `small_job(job)`; returns {findings, ok, skipped, runs}.
+
+    `timeout_s` bounds each tool's run (sanitized runs are 10-100x slower than plain ones).
+    Racecheck only checks shared-memory races (see the module docstring).
+    """
+    exe = sanitizer_path()
+    if exe is None:
+        return {"findings": [], "ok": True, "skipped": "compute-sanitizer not found on PATH or in $CUDA_HOME/bin",
+                "runs": []}
+    run_env = harness_env(env)
+    run_env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    small = small_job(job)
+    runs = [run_tool(exe, tool, small, timeout_s=timeout_s, python=python, env=run_env) for tool in tools]
+    findings = [finding for run in runs for finding in run["findings"]]
+    timed_out = [run["tool"] for run in runs if run["timed_out"]]
+    notes = [f"{', '.join(timed_out)} did not finish within {timeout_s:g} s (inconclusive)"] if timed_out else []
+    notes += [run["inconclusive"] for run in runs if run["inconclusive"]]
+    return {"findings": findings, "ok": not findings, "skipped": "; ".join(notes) or None, "runs": runs}

@@ -1,0 +1,120 @@
+"""Jobs for the adversarial suite: the RowScale kernel (kernels/base/rowscale.cuh) and its candidates.
+
+`rowscale_job(candidate)` builds a `harness.job.Job` exactly as `astra` would resolve a spec: the
+original file under `source_root`, one variant per dtype, cases over tokens x widths, tolerances.
+`CANDIDATES` lists every candidate file with the verdict status(es) it must get.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant, band_of
+
+HERE = Path(__file__).resolve().parent
+KERNELS = HERE / "kernels"
+BASE_ROOT = KERNELS / "base"
+CANDIDATE_DIR = KERNELS / "candidates"
+KERNEL_FILE = "rowscale.cuh"
+EXPORT = "rowscale"
+TOKENS = (1, 127, 1025, 4096)
+WIDTHS = (256, 1000, 4096)  # 1000: not a multiple of any vector width
+DTYPES = ("bfloat16", "float32")  # the first is timed, the second only checked
+CPP_TYPE = {"bfloat16": "bf16_t", "float32": "fp32_t"}
+ELEMENT_BYTES = {"bfloat16": 2, "float32": 4}
+TOLERANCE = {
+    "bfloat16": {"atol": 1e-2, "rtol": 1e-2, "floor": 1e-2},
+    "float32": {"atol": 1e-5, "rtol": 1e-5, "floor": 1e-5},
+}
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What one candidate must get: the allowed statuses of `run_job` (after `verify_job` where the
+    sanitizer decides) and, for sanitizer cases, the tool and the finding kind prefix it must report."""
+
+    name: str
+    statuses: tuple[str, ...]
+    sanitizer_tool: str | None = None
+    finding_kind: str | None = None
+    compiles: bool = True
+
+    @property
+    def path(self) -> Path:
+        return CANDIDATE_DIR / f"{self.name}.cuh"
+
+
+CANDIDATES = (
+    Expectation("a_unwritten", ("incorrect",)),
+    Expectation("b_partial_rows", ("incorrect",)),
+    Expectation("c_side_stream", ("suspect", "incorrect")),
+    Expectation("d_writes_input", ("incorrect",)),
+    Expectation("e_cached", ("incorrect",)),
+    Expectation("f_oob_read", ("sanitizer", "crashed"), "memcheck", "invalid_global_read"),
+    Expectation("g_smem_race", ("sanitizer", "incorrect"), "racecheck", "race"),
+    Expectation("h_extra_param", ("signature_mismatch",)),
+    Expectation("i_renamed_export", ("missing_export", "build_failed")),
+    Expectation("j_compile_error", ("build_failed",), compiles=False),
+    Expectation("k_null_write", ("crashed",)),
+    Expectation("l_hang", ("timeout",)),
+    Expectation("m_vectorized", ("correct",)),
+)
+
+
+def tvm_ffi_include_dirs() -> list[str]:
+    """tvm-ffi's include directories (its own headers and dlpack), as the build passes them."""
+    from tvm_ffi import libinfo
+
+    return list(dict.fromkeys([libinfo.find_include_path(), libinfo.find_dlpack_include_path()]))
+
+
+def variant_key(dtype: str) -> str:
+    return f"RowScaleKernel<{CPP_TYPE[dtype]}>::run"
+
+
+def rowscale_case(tokens: int, width: int, dtype: str, timed: bool) -> Case:
+    """One case: x [tokens, width], w [width], out [tokens, width], all of `dtype`."""
+    args = [
+        ArgSpec(name="x", kind="tensor", role="in", shape=[tokens, width], dtype=dtype),
+        ArgSpec(name="w", kind="tensor", role="in", shape=[width], dtype=dtype),
+        ArgSpec(name="out", kind="tensor", role="out", shape=[tokens, width], dtype=dtype),
+    ]
+    return Case(id=f"rowscale/{dtype}/tokens={tokens},width={width}", band=band_of(tokens), label="synthetic",
+                dtype=dtype, dims={"tokens": tokens, "width": width}, variant=variant_key(dtype),
+                bytes=(2 * tokens * width + width) * ELEMENT_BYTES[dtype], args=args, timed=timed)
+
+
+def rowscale_cases(tokens=TOKENS, widths=WIDTHS, dtypes=DTYPES) -> list[Case]:
+    """Every (dtype, tokens, width); only the first dtype's aligned widths are timed."""
+    return [rowscale_case(t, h, dtype, timed=index == 0 and h % 8 == 0)
+            for index, dtype in enumerate(dtypes) for t in tokens for h in widths]
+
+
+def candidate_text(name: str) -> str:
+    """The text of candidates/<name>.cuh."""
+    return (CANDIDATE_DIR / f"{name}.cuh").read_text()
+
+
+def rowscale_job(candidate: str | None = None, *, label: str = "candidate", cases: list[Case] | None = None,
+                 **options) -> Job:
+    """The job checking `candidate` (a candidate's name, or None for the original against itself).
+
+    `options` override `harness.job.Options` fields (e.g. modes=["graph"], cache_dir=...).
+    """
+    cases = rowscale_cases() if cases is None else cases
+    variants = {variant_key(dtype): Variant(key=variant_key(dtype), cuda_wrappers=[[EXPORT, variant_key(dtype)]])
+                for dtype in sorted({case.dtype for case in cases})}
+    return Job(
+        name="rowscale",
+        entry=EXPORT,
+        kernel_file=KERNEL_FILE,
+        build=BuildBase(source_root=str(BASE_ROOT), include_dirs=tvm_ffi_include_dirs(), cuda_files=[KERNEL_FILE]),
+        variants=variants,
+        cases=cases,
+        tolerance={dtype: dict(tol) for dtype, tol in TOLERANCE.items()},
+        reference=str(HERE / "rowscale_reference.py"),
+        candidate_source=None if candidate is None else candidate_text(candidate),
+        candidate_label=label if candidate is None else candidate,
+        options=Options(**options),
+    )

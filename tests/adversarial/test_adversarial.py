@@ -1,0 +1,82 @@
+"""GPU half of the adversarial suite: every candidate in kernels/candidates/ goes through the real worker
+(`harness.worker.run_job`, one process each) and must get the status its `Expectation` names, with a
+reason; the sanitizer cases (f, g) go through `verify_job` with their tool and must show its finding.
+(h, i, j are decided before any kernel runs; test_candidates_compile.py checks them on the CPU too.)"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from harness.sanitizer import sanitize, sanitizer_path  # noqa: E402
+from harness.worker import run_job, run_jobs, verify_job  # noqa: E402
+from rowscale_job import CANDIDATES, Expectation, rowscale_cases, rowscale_job  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+JOB_TIMEOUT_S = 300.0
+HANG_TIMEOUT_S = 60.0
+SANITIZER_TIMEOUT_S = 600.0
+ISOLATION = ("k_null_write", "l_hang", "m_vectorized")  # run back to back in one test
+PLAIN = [e for e in CANDIDATES if e.sanitizer_tool is None and e.name not in ISOLATION]
+SANITIZED = [e for e in CANDIDATES if e.sanitizer_tool is not None]
+BY_NAME = {expect.name: expect for expect in CANDIDATES}
+
+
+def adversarial_job(name: str | None):
+    """Both dtypes, tokens 1, 1025 (past b's 1024 rows) and 4096, every width; two seeds (e needs a
+    second call per shape); both timing modes on short budgets (timing is what exposes c_side_stream)."""
+    cases = rowscale_cases(tokens=(1, 1025, 4096))
+    return rowscale_job(name, cases=cases, seeds=[0, 1], modes=["graph", "cold"], budget_ms_per_case=20.0,
+                        case_timeout_s=30.0)
+
+
+def assert_verdict(verdict: dict, expect: Expectation) -> None:
+    print(f"{expect.name}: {verdict['status']}: {verdict['reason']}")  # shown by -rA: the reasons, for review
+    assert verdict["status"] in expect.statuses, f"{expect.name}: {verdict['status']}: {verdict['reason']}"
+    assert verdict["reason"].strip(), verdict
+    if expect.statuses == ("correct",):
+        assert verdict["correct"] is True
+    elif "suspect" not in expect.statuses:  # a suspect verdict has right outputs but impossible timings
+        assert verdict["correct"] is False
+
+
+def test_original_against_itself_is_correct():
+    verdict = run_job(adversarial_job(None), timeout_s=JOB_TIMEOUT_S)
+    assert verdict["status"] == "correct", verdict["reason"]
+    assert verdict["env"]["gpu"] and verdict["band_speedups"], verdict
+
+
+@pytest.mark.parametrize("expect", PLAIN, ids=[e.name for e in PLAIN])
+def test_candidate_is_rejected(expect):
+    assert_verdict(run_job(adversarial_job(expect.name), timeout_s=JOB_TIMEOUT_S), expect)
+
+
+def test_a_crash_and_a_hang_do_not_touch_the_next_job():
+    verdicts = run_jobs([adversarial_job(name) for name in ISOLATION], timeout_s=HANG_TIMEOUT_S)
+    for name, verdict in zip(ISOLATION, verdicts):
+        assert_verdict(verdict, BY_NAME[name])
+
+
+@pytest.mark.parametrize("expect", SANITIZED, ids=[e.name for e in SANITIZED])
+def test_sanitizer_catches(expect):
+    if sanitizer_path() is None:
+        pytest.skip("compute-sanitizer not found")
+    job = adversarial_job(expect.name)
+    tools = (expect.sanitizer_tool,)
+    verdict = verify_job(job, timeout_s=JOB_TIMEOUT_S, sanitizer_timeout_s=SANITIZER_TIMEOUT_S, tools=tools)
+    assert_verdict(verdict, expect)
+    report = verdict.get("sanitizer") or sanitize(job, tools=tools, timeout_s=SANITIZER_TIMEOUT_S)
+    kinds = [(f["tool"], f["kind"]) for f in report["findings"]]
+    assert any(tool == expect.sanitizer_tool and kind.startswith(expect.finding_kind) for tool, kind in kinds), report
+
+
+def test_legitimate_candidate_is_sanitizer_clean():
+    """No false positives from torch's kernels, the original or the harness under either tool."""
+    if sanitizer_path() is None:
+        pytest.skip("compute-sanitizer not found")
+    report = sanitize(adversarial_job("m_vectorized"), timeout_s=SANITIZER_TIMEOUT_S)
+    assert report["ok"] and report["skipped"] is None, report
+    assert [run["verdict_status"] for run in report["runs"]] == ["correct", "correct"], report

@@ -1,0 +1,106 @@
+"""CPU half of the adversarial suite: every candidate compiles with nvcc (except the one that must not),
+and the drop-in checks that need no GPU (build_failed, missing_export, signature_mismatch) give the
+expected status through `harness.evaluate.evaluate` on the CPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.build import BuildRequest, build_many, export_signatures, load_module
+from harness.toolchain import BuildFailure, nvcc_path
+from rowscale_job import (
+    BASE_ROOT,
+    CANDIDATES,
+    CPP_TYPE,
+    KERNEL_FILE,
+    candidate_text,
+    rowscale_cases,
+    rowscale_job,
+    tvm_ffi_include_dirs,
+)
+
+
+def _nvcc_missing() -> bool:
+    try:
+        nvcc_path()
+    except BuildFailure:
+        return True
+    return False
+
+
+pytestmark = pytest.mark.skipif(_nvcc_missing(), reason="nvcc not found (set CUDA_HOME)")
+BY_NAME = {expect.name: expect for expect in CANDIDATES}
+EXPORTS = [(f"rowscale_{CPP_TYPE[dtype]}", f"RowScaleKernel<{CPP_TYPE[dtype]}>::run") for dtype in CPP_TYPE]
+
+
+def cache_dir() -> Path:
+    """The test build cache (content-keyed, so it is safe to keep between runs)."""
+    return Path(os.environ["ASTRA_HOME"]) / "builds"
+
+
+def request(name: str | None) -> BuildRequest:
+    """One module with both dtypes' exports, for the original (None) or a candidate."""
+    overrides = {} if name is None else {KERNEL_FILE: candidate_text(name)}
+    return BuildRequest(name=f"adv_{name or 'base'}", source_root=str(BASE_ROOT), include_dirs=tvm_ffi_include_dirs(),
+                        cuda_files=[KERNEL_FILE], cuda_wrappers=EXPORTS, arch="90a", overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def builds() -> dict:
+    """Every candidate and the original, built in parallel once for the module."""
+    names = [None, *BY_NAME]
+    results = build_many([request(name) for name in names], cache_dir())
+    return dict(zip(names, results))
+
+
+@pytest.mark.parametrize("name", list(BY_NAME))
+def test_candidate_compiles_or_not(builds, name):
+    result = builds[name]
+    if BY_NAME[name].compiles:
+        assert result.ok, result.error
+    else:
+        assert not result.ok
+        assert "error" in (result.error or ""), result.error
+
+
+def test_original_compiles_and_exports_both_dtypes(builds):
+    assert builds[None].ok, builds[None].error
+    signatures = export_signatures(load_module(builds[None].so_path), [e for e, _ in EXPORTS])
+    assert all(sig and sig.count("DLTensor*") == 3 for sig in signatures.values()), signatures
+
+
+def test_extra_parameter_changes_the_signature(builds):
+    names = [e for e, _ in EXPORTS]
+    base = export_signatures(load_module(builds[None].so_path), names)
+    cand = export_signatures(load_module(builds["h_extra_param"].so_path), names)
+    assert all(cand[n] and cand[n] != base[n] for n in names), (base, cand)
+
+
+def test_renamed_export_lacks_the_expected_name(builds):
+    module = load_module(builds["i_renamed_export"].so_path)
+    signatures = export_signatures(module, [e for e, _ in EXPORTS] + [f"{e}_v2" for e, _ in EXPORTS])
+    assert [signatures[e] for e, _ in EXPORTS] == [None, None]
+    assert all(signatures[f"{e}_v2"] for e, _ in EXPORTS)
+
+
+@pytest.mark.parametrize("name", ["h_extra_param", "i_renamed_export", "j_compile_error"])
+def test_drop_in_failures_are_verdicts_without_a_gpu(name):
+    """These are decided before any kernel runs, so `evaluate` reaches them on the CPU too."""
+    from harness.evaluate import evaluate
+
+    job = rowscale_job(name, cases=rowscale_cases(tokens=(1,), widths=(256,), dtypes=("bfloat16",)))
+    verdict = evaluate(job, device="cpu")
+    assert verdict.status in BY_NAME[name].statuses, verdict.reason
+    assert verdict.reason.strip() and not verdict.correct
+
+
+def test_job_round_trips_through_json():
+    from harness.job import Job
+
+    job = rowscale_job("m_vectorized")
+    assert Job.from_json(job.to_json()) == job
+    assert {case.variant for case in job.cases} == set(job.variants)
+    assert job.candidate_source == candidate_text("m_vectorized")
