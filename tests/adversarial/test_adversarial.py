@@ -27,7 +27,8 @@ BY_NAME = {expect.name: expect for expect in CANDIDATES}
 
 def adversarial_job(name: str | None):
     """Both dtypes, tokens 1, 1025 (past b's 1024 rows) and 4096, every width; two seeds (e needs a
-    second call per shape); both timing modes on short budgets (timing is what exposes c_side_stream)."""
+    second call per shape); both timing modes on short budgets. c_side_stream is caught by the
+    stream-ordered correctness check (harness.check.call), before any timing."""
     cases = rowscale_cases(tokens=(1, 1025, 4096))
     return rowscale_job(name, cases=cases, seeds=[0, 1], modes=["graph", "cold"], budget_ms_per_case=20.0,
                         case_timeout_s=30.0)

@@ -1,0 +1,227 @@
+"""Correctness of one case: the candidate against the original (and a float64 reference when given).
+
+Per trial (every seed of the job, plus one `large` trial on a fresh seed when the case has random
+float tensors): fresh inputs, a separate clone for each side, `out` tensors poisoned, one call per
+side with a synchronisation after it. Then
+
+- every `out`/`inout` tensor is compared (compare.compare_outputs with the output's tolerance);
+- every `in` tensor must still hold its exact bytes on the candidate's side (where the original also
+  writes it, the spec's role is wrong: it is noted and compared as an output instead);
+- with a reference, float outputs are judged by the reference rule (plus the NaN/Inf-position rule);
+  the tolerance check against the original is still recorded; integer outputs are always exact.
+
+Determinism (two runs of each side on identical inputs, bitwise) is recorded, never decisive.
+A launch that raises fails the case (or, on the original's side, is noted); if the CUDA context is no
+longer usable afterwards `ContextLost` propagates so the worker reports the job as crashed.
+Works on the CPU with Python callables as launches, which is how the CPU tests drive it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any, Callable, Sequence
+
+import torch
+
+from harness.compare import OutputCheck, compare_outputs, error_vs_reference, reference_verdict, tolerance_for, unchanged
+from harness.inputs import clone_inputs, has_large_trial, make_inputs, poison_outputs, to_call_args
+from harness.job import Case, Job
+from harness.verdict import CaseResult
+
+log = logging.getLogger(__name__)
+Launch = Callable[[Sequence[Any]], Any]
+Reference = Callable[[dict, dict], dict]
+LARGE_SEED_OFFSET = 1000  # the large trial's seed: max(seeds) + this
+
+
+class ContextLost(RuntimeError):
+    """A launch left the CUDA context unusable (sticky error): evaluation cannot go on in-process."""
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device (no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def ensure_usable(device: torch.device, error: BaseException, where: str) -> None:
+    """Raise ContextLost if the CUDA context no longer works after `error` happened at `where`."""
+    if device.type != "cuda":
+        return
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except RuntimeError as sticky:
+        raise ContextLost(f"{where}: {error} (context unusable: {sticky})") from error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+# Cycles the checking stream sleeps before (re)writing the outputs and launching: ~0.5 ms on Hopper.
+_DELAY_CYCLES = 1_000_000
+_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def _check_stream(device: torch.device) -> "torch.cuda.Stream":
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _streams:
+        _streams[index] = torch.cuda.Stream(device=device)
+    return _streams[index]
+
+
+def call(launch: Launch, args: dict[str, Any], case: Case, device: torch.device, where: str) -> str | None:
+    """Run one launch and synchronise; the error's first line if it raised (context checked).
+
+    On a GPU the call is stream-ordered against cheating: on a dedicated stream the harness sleeps,
+    then (re)writes every `out` (poison) and `inout` (pristine input) tensor, launches, and snapshots
+    every tensor argument on that same stream. Work that a candidate hides on a stream of its own
+    runs while the checking stream sleeps, so its writes are overwritten and the snapshot shows that
+    nothing was computed in stream order (what a caller on the current stream would observe).
+    """
+    try:
+        if device.type == "cuda":
+            _ordered_call(launch, args, case, device)
+        else:
+            launch(to_call_args(args, case.args))
+        synchronize(device)
+    except Exception as error:  # the kernel's own failure is a result, not a crash of the harness
+        ensure_usable(device, error, where)
+        return _first_line(error)
+    return None
+
+
+def _ordered_call(launch: Launch, args: dict[str, Any], case: Case, device: torch.device) -> None:
+    tensors = [a for a in case.args if a.kind == "tensor"]
+    pristine = {a.name: args[a.name].clone() for a in tensors if a.role == "inout"}
+    stream = _check_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(_DELAY_CYCLES)
+        poison_outputs(args, case.args)
+        for name, value in pristine.items():
+            args[name].copy_(value)
+        launch(to_call_args(args, case.args))
+        snapshot = {a.name: args[a.name].clone() for a in tensors}
+    synchronize(device)
+    args.update(snapshot)
+
+
+def load_reference(path: str) -> Reference:
+    """`reference(args, dims)` from a reference.py, imported by path."""
+    spec = importlib.util.spec_from_file_location(f"astra_reference_{abs(hash(path))}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "reference", None)):
+        raise ImportError(f"{path} defines no reference(args, dims)")
+    return module.reference
+
+
+def reference_args(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Float64 copies of float tensors; integer/bool tensors cloned in their dtype (they index)."""
+    return {k: (v.to(torch.float64) if v.is_floating_point() else v.clone()) if isinstance(v, torch.Tensor) else v
+            for k, v in inputs.items()}
+
+
+def _trials(case: Case, seeds: list[int]) -> list[tuple[int, bool]]:
+    trials = [(seed, False) for seed in seeds]
+    if has_large_trial(case):
+        trials.append((max(seeds, default=0) + LARGE_SEED_OFFSET, True))
+    return trials
+
+
+def _merge_check(result: CaseResult, name: str, check: OutputCheck) -> None:
+    old = result.checks.get(name)
+    merged = check if old is None else OutputCheck(**old).merge(check)
+    result.checks[name] = merged.to_dict()
+
+
+def _judge_reference(result: CaseResult, name: str, orig: torch.Tensor, cand: torch.Tensor, ref: torch.Tensor,
+                     floor: float, where: str) -> None:
+    err_o, err_c = error_vs_reference(orig, ref), error_vs_reference(cand, ref)
+    ok, why = reference_verdict(err_c["rel_l2"], err_o["rel_l2"], floor)
+    old = result.reference.get(name, {})
+    result.reference[name] = {
+        "orig": max(err_o["rel_l2"], old.get("orig", 0.0)), "cand": max(err_c["rel_l2"], old.get("cand", 0.0)),
+        "orig_max_abs": max(err_o["max_abs"], old.get("orig_max_abs", 0.0)),
+        "cand_max_abs": max(err_c["max_abs"], old.get("cand_max_abs", 0.0)), "floor": floor}
+    if not ok:
+        result.fail(f"{where}: {name}: {why}")
+
+
+def check_case(case: Case, launches: dict[str, Launch], job: Job, device: torch.device | str,
+               reference: Reference | None = None) -> CaseResult:
+    """Correctness of `case` (see the module docstring); `launches` has "orig" and "cand"."""
+    device = torch.device(device)
+    result = CaseResult(id=case.id, band=case.band, label=case.label, dtype=case.dtype, dims=dict(case.dims),
+                        timed=case.timed, bytes=case.bytes)
+    tensors = [a for a in case.args if a.kind == "tensor"]
+    outputs = [a for a in tensors if a.role in ("out", "inout")]
+    read_only = [a for a in tensors if a.role == "in"]
+    orig_raised = False
+    for seed, large in _trials(case, job.options.seeds):
+        where = f"seed {seed}{' (large)' if large else ''}"
+        inputs = make_inputs(case, seed, device, large=large)
+        sides = {side: poison_outputs(clone_inputs(inputs), case.args) for side in ("orig", "cand")}
+        errors = {side: call(launches[side], sides[side], case, device, f"{case.id}: {side} {where}")
+                  for side in ("orig", "cand")}
+        result.trials += 1
+        if errors["orig"] is not None:
+            orig_raised, result.timed = True, False
+            outcome = f"candidate raised too: {errors['cand']}" if errors["cand"] else "candidate did not"
+            result.notes.append(f"{where}: original raised {errors['orig']}; {outcome}")
+            continue
+        if errors["cand"] is not None:
+            result.fail(f"{where}: candidate raised {errors['cand']}")
+            continue
+        orig, cand = sides["orig"], sides["cand"]
+        compared = list(outputs)
+        for arg in read_only:
+            orig_wrote = not unchanged(inputs[arg.name], orig[arg.name])
+            if orig_wrote:
+                result.notes.append(f"{where}: original writes read-only {arg.name}; compared as an output")
+                compared.append(arg)
+            elif not unchanged(inputs[arg.name], cand[arg.name]):
+                result.fail(f"{where}: candidate wrote read-only argument {arg.name}")
+        ref_out: dict[str, Any] = {}
+        if reference is not None:
+            try:
+                ref_out = reference(reference_args(inputs), dict(case.dims))
+            except Exception as error:  # a broken reference is the spec's fault: fall back, say so
+                result.notes.append(f"{where}: reference.py raised {_first_line(error)}; tolerances used instead")
+        for arg in compared:
+            tol = tolerance_for(job.tolerance, arg.dtype, case.dtype)
+            check = compare_outputs(orig[arg.name], cand[arg.name], tol)
+            _merge_check(result, arg.name, check)
+            ref = ref_out.get(arg.name)
+            if ref_out and ref is None and result.trials == 1:
+                result.notes.append(f"reference gives no {arg.name}: compared with the original's tolerances")
+            if ref is not None and orig[arg.name].is_floating_point():
+                if check.nonfinite_mismatches:
+                    result.fail(f"{where}: {arg.name}: {check.reason}")
+                _judge_reference(result, arg.name, orig[arg.name], cand[arg.name], ref, tol["floor"], where)
+            elif not check.ok:
+                result.fail(f"{where}: {arg.name}: {check.reason}")
+    if not orig_raised:
+        seed = job.options.seeds[0] if job.options.seeds else 0
+        result.deterministic_orig = deterministic(launches["orig"], case, seed, device)
+        result.deterministic_cand = deterministic(launches["cand"], case, seed, device)
+    return result
+
+
+def deterministic(launch: Launch, case: Case, seed: int, device: torch.device) -> bool | None:
+    """Two runs on identical inputs give bit-identical outputs (None if a run raised)."""
+    inputs = make_inputs(case, seed, device)
+    runs = []
+    for _ in range(2):
+        args = poison_outputs(clone_inputs(inputs), case.args)
+        if call(launch, args, case, device, f"{case.id}: determinism") is not None:
+            return None
+        runs.append(args)
+    names = [a.name for a in case.args if a.kind == "tensor" and a.role in ("out", "inout")]
+    return all(unchanged(runs[0][n], runs[1][n]) for n in names)

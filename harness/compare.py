@@ -1,0 +1,161 @@
+"""Pure comparison functions: candidate vs original, candidate vs a float64 reference, bitwise checks.
+
+Every float comparison happens in float64 (float8 and bf16 are converted first). Rules:
+
+- Against the original: an element mismatches when |cand - orig| > atol + rtol * |orig|; the
+  non-finite values (NaN, +Inf, -Inf) must sit at exactly the original's positions, each of the same
+  kind. Integer and bool outputs must be equal.
+- Against a reference: the error is the relative L2 norm ||out - ref|| / ||ref|| over positions where
+  both are finite (the non-finite positions are governed by the rule above); the candidate passes when
+  its error <= max(2 x the original's error, floor).
+- Read-only arguments: unchanged bit for bit (bytes compared, so NaN payloads count).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+# Per-dtype tolerances used when a job gives none for a dtype (against the original; floor: reference).
+DEFAULT_TOLERANCE: dict[str, dict[str, float]] = {
+    "float64": {"atol": 1e-10, "rtol": 1e-10, "floor": 1e-12},
+    "float32": {"atol": 1e-5, "rtol": 1e-5, "floor": 1e-5},
+    "float16": {"atol": 1e-3, "rtol": 1e-3, "floor": 1e-3},
+    "bfloat16": {"atol": 1e-2, "rtol": 1e-2, "floor": 1e-2},
+    "float8_e4m3fn": {"atol": 1.25e-1, "rtol": 1.25e-1, "floor": 6e-2},
+    "float8_e4m3fnuz": {"atol": 1.25e-1, "rtol": 1.25e-1, "floor": 6e-2},
+    "float8_e5m2": {"atol": 2.5e-1, "rtol": 2.5e-1, "floor": 1.2e-1},
+    "float8_e5m2fnuz": {"atol": 2.5e-1, "rtol": 2.5e-1, "floor": 1.2e-1},
+}
+EXACT = {"atol": 0.0, "rtol": 0.0, "floor": 0.0}
+
+
+@dataclass
+class OutputCheck:
+    """One output compared with the original's (worst over trials once merged)."""
+
+    ok: bool
+    max_abs: float = 0.0
+    max_rel: float = 0.0  # over positions where the original is non-zero
+    mismatches: int = 0  # finite positions outside atol + rtol * |orig|
+    nonfinite_mismatches: int = 0  # positions whose NaN/Inf status differs from the original's
+    numel: int = 0
+    reason: str = ""
+
+    def merge(self, other: "OutputCheck") -> "OutputCheck":
+        """Worst of two checks (first failure reason kept)."""
+        return OutputCheck(
+            ok=self.ok and other.ok,
+            max_abs=max(self.max_abs, other.max_abs),
+            max_rel=max(self.max_rel, other.max_rel),
+            mismatches=max(self.mismatches, other.mismatches),
+            nonfinite_mismatches=max(self.nonfinite_mismatches, other.nonfinite_mismatches),
+            numel=max(self.numel, other.numel),
+            reason=self.reason or other.reason,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tolerance_for(tolerances: dict[str, dict[str, float]], out_dtype: str, case_dtype: str) -> dict[str, float]:
+    """The tolerance for an output: the job's entry for the output's dtype if any, else the looser
+    (field by field) of the job's entry for the case dtype and the default for the output's dtype.
+    Integer and bool outputs are exact."""
+    name = out_dtype.removeprefix("torch.")
+    dtype = getattr(torch, name, None)
+    if isinstance(dtype, torch.dtype) and not dtype.is_floating_point:
+        return dict(EXACT)
+    if name in tolerances:
+        return {**DEFAULT_TOLERANCE.get(name, {}), **tolerances[name]}
+    base = tolerances.get(case_dtype, {})
+    default = DEFAULT_TOLERANCE.get(name, DEFAULT_TOLERANCE["float32"])
+    return {key: max(float(base.get(key, 0.0)), float(default[key])) for key in ("atol", "rtol", "floor")}
+
+
+def _classes(x: torch.Tensor) -> torch.Tensor:
+    """0 finite, 1 NaN, 2 +Inf, 3 -Inf, per element."""
+    cls = torch.zeros(x.shape, dtype=torch.int8, device=x.device)
+    cls[torch.isnan(x)] = 1
+    cls[x == math.inf] = 2
+    cls[x == -math.inf] = 3
+    return cls
+
+
+def compare_outputs(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float]) -> OutputCheck:
+    """Compare the candidate's output with the original's (see the module docstring)."""
+    if orig.shape != cand.shape or orig.dtype != cand.dtype:
+        return OutputCheck(False, reason=f"shape/dtype {tuple(cand.shape)}/{cand.dtype} != "
+                                         f"{tuple(orig.shape)}/{orig.dtype}")
+    numel = orig.numel()
+    if not orig.dtype.is_floating_point:
+        diff = orig != cand
+        mismatches = int(diff.sum().item())
+        max_abs = 0.0
+        if mismatches:
+            max_abs = float((orig.to(torch.float64) - cand.to(torch.float64)).abs().max().item())
+        reason = f"{mismatches} of {numel} integer elements differ" if mismatches else ""
+        return OutputCheck(mismatches == 0, max_abs, 0.0, mismatches, 0, numel, reason)
+    o, c = orig.to(torch.float64), cand.to(torch.float64)
+    nonfinite = int((_classes(o) != _classes(c)).sum().item())
+    finite = torch.isfinite(o) & torch.isfinite(c)
+    diff = torch.where(finite, (o - c).abs(), torch.zeros((), dtype=torch.float64, device=o.device))
+    max_abs = float(diff.max().item()) if numel else 0.0
+    nonzero = finite & (o != 0)
+    max_rel = float((diff[nonzero] / o[nonzero].abs()).max().item()) if bool(nonzero.any()) else 0.0
+    bound = float(tol.get("atol", 0.0)) + float(tol.get("rtol", 0.0)) * o.abs()
+    mismatches = int((finite & (diff > bound)).sum().item())
+    reasons = []
+    if nonfinite:
+        reasons.append(f"{nonfinite} NaN/Inf positions differ from the original's")
+    if mismatches:
+        reasons.append(f"{mismatches} of {numel} elements outside atol={tol.get('atol')} rtol={tol.get('rtol')} "
+                       f"(max abs {max_abs:.3g}, max rel {max_rel:.3g})")
+    return OutputCheck(not reasons, max_abs, max_rel, mismatches, nonfinite, numel, "; ".join(reasons))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def unchanged(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """True when `after` holds exactly the bytes of `before` (same shape and dtype; NaN-safe)."""
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return False
+    if before.device != after.device:
+        after = after.to(before.device)
+    return bool(torch.equal(_bytes(before), _bytes(after)))
+
+
+def error_vs_reference(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """Error of `out` against a float64 reference: max_abs and rel_l2 over positions where both are
+    finite (rel_l2 falls back to the absolute L2 norm when the reference is all zeros there), and
+    `nonfinite`: positions where `out` is NaN/Inf but the reference is finite."""
+    o = out.to(torch.float64)
+    r = ref.to(device=o.device, dtype=torch.float64)
+    if o.shape != r.shape:
+        raise ValueError(f"reference shape {tuple(r.shape)} != output shape {tuple(o.shape)}")
+    finite = torch.isfinite(o) & torch.isfinite(r)
+    zero = torch.zeros((), dtype=torch.float64, device=o.device)
+    diff = torch.where(finite, o - r, zero)
+    ref_f = torch.where(finite, r, zero)
+    err_norm = float(torch.linalg.vector_norm(diff).item())
+    ref_norm = float(torch.linalg.vector_norm(ref_f).item())
+    return {
+        "max_abs": float(diff.abs().max().item()) if diff.numel() else 0.0,
+        "rel_l2": err_norm / ref_norm if ref_norm > 0.0 else err_norm,
+        "nonfinite": int((~torch.isfinite(o) & torch.isfinite(r)).sum().item()),
+    }
+
+
+def reference_verdict(cand_err: float, orig_err: float, floor: float) -> tuple[bool, str]:
+    """The reference rule: candidate error <= max(2 x original error, floor). Returns (ok, reason)."""
+    limit = max(2.0 * orig_err, floor) if math.isfinite(orig_err) else floor
+    if not math.isfinite(cand_err):
+        return False, f"error vs float64 reference is {cand_err}"
+    if cand_err <= limit:
+        return True, ""
+    return False, (f"error vs float64 reference {cand_err:.3g} > max(2 x original's {orig_err:.3g}, "
+                   f"floor {floor:.3g}) = {limit:.3g}")

@@ -1,0 +1,181 @@
+"""Input generation for one case: fresh random data per seed, clones per side, poisoned outputs.
+
+Each tensor argument is drawn from its `ArgSpec.init` distribution (docs/spec-format.md):
+
+    normal {mean, std}     uniform {low, high}     randint {low, high (exclusive)}
+    perm {high}            arange {start, step}    const {value}
+
+Random draws use a generator seeded from (case id, argument name, seed) through crc32, so the same
+seed gives the same data in every process and different arguments get different data. Floating
+values are drawn in float32 (float64 for float64 tensors) and then cast, which is how float8 tensors
+are made; casts to a float8 type clamp to its finite range first (e4m3fn has no infinity, so an
+out-of-range value would become NaN). The `large` trial multiplies normal and uniform float tensors by
+`init["large"]` (default 64): mixed signs come from the distribution itself.
+
+The harness never fills an input with zeros on its own (zeros hide unwritten outputs and wrong
+indexing); a spec may still ask for `const` 0 explicitly.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import torch
+
+from harness.job import ArgSpec, Case
+
+DEFAULT_LARGE = 64.0
+_RANDOM_FLOAT_DISTS = ("normal", "uniform")
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """torch dtype from its name ("bfloat16", "float8_e4m3fn", "torch.int32", ...)."""
+    attr = name.removeprefix("torch.")
+    dtype = getattr(torch, attr, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown torch dtype {name!r}")
+    return dtype
+
+
+def is_float(dtype: torch.dtype) -> bool:
+    """True for floating dtypes, float8 included."""
+    return dtype.is_floating_point
+
+
+def _seed_for(case: Case, arg: ArgSpec, seed: int) -> int:
+    """A stable 63-bit seed per (case, argument, seed)."""
+    return (zlib.crc32(f"{case.id}\0{arg.name}".encode()) << 20 ^ (seed & 0xFFFFF)) & (2**63 - 1)
+
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+def _cast_float(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast drawn values to `dtype`, clamping to its finite range when it is narrower than float32."""
+    if values.dtype == dtype:
+        return values
+    if dtype.itemsize < 4 and dtype.is_floating_point:
+        limit = torch.finfo(dtype).max
+        values = values.clamp(-limit, limit)
+    return values.to(dtype)
+
+
+def make_tensor(arg: ArgSpec, gen: torch.Generator, device: torch.device, large: bool = False) -> torch.Tensor:
+    """One tensor argument drawn from `arg.init` (see the module docstring)."""
+    dtype = torch_dtype(arg.dtype)
+    shape = tuple(int(d) for d in arg.shape)
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    init = dict(arg.init or {"dist": "normal", "mean": 0.0, "std": 1.0})
+    dist = init.get("dist", "normal")
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    if dist == "normal":
+        values = torch.randn(shape, generator=gen, device=device, dtype=work)
+        values = values * float(init.get("std", 1.0)) + float(init.get("mean", 0.0))
+    elif dist == "uniform":
+        low, high = float(init.get("low", -1.0)), float(init.get("high", 1.0))
+        values = torch.rand(shape, generator=gen, device=device, dtype=work) * (high - low) + low
+    elif dist == "randint":
+        low, high = int(init.get("low", 0)), int(init["high"])
+        if high <= low:
+            raise ValueError(f"{arg.name}: randint needs high > low, got [{low}, {high})")
+        values = torch.randint(low, high, shape, generator=gen, device=device, dtype=torch.int64)
+    elif dist == "perm":
+        high = int(init["high"])
+        if numel > high:
+            raise ValueError(f"{arg.name}: perm needs {numel} distinct values below {high}")
+        values = torch.randperm(high, generator=gen, device=device)[:numel].reshape(shape)
+    elif dist == "arange":
+        start, step = init.get("start", 0), init.get("step", 1)
+        values = (torch.arange(numel, device=device, dtype=torch.int64) * step + start).reshape(shape)
+    elif dist == "const":
+        if "value" not in init:
+            raise ValueError(f"{arg.name}: const needs a value")
+        values = torch.full(shape, init["value"], device=device, dtype=work if is_float(dtype) else torch.int64)
+    else:
+        raise ValueError(f"{arg.name}: unknown init dist {dist!r}")
+    if large and dist in _RANDOM_FLOAT_DISTS and is_float(dtype):
+        values = values * float(init.get("large", DEFAULT_LARGE))
+    if dtype == torch.bool:
+        return (values != 0).contiguous()
+    if is_float(dtype):
+        return _cast_float(values.to(work) if not values.is_floating_point() else values, dtype).contiguous()
+    return values.to(dtype).contiguous()
+
+
+def make_inputs(case: Case, seed: int, device: torch.device | str, large: bool = False) -> dict[str, Any]:
+    """Every argument of `case` by name: tensors drawn for `seed`, scalars and strings as given."""
+    device = torch.device(device)
+    inputs: dict[str, Any] = {}
+    for arg in case.args:
+        if arg.kind == "tensor":
+            inputs[arg.name] = make_tensor(arg, _generator(device, _seed_for(case, arg, seed)), device, large)
+        elif arg.kind in ("scalar", "string"):
+            if arg.value is None:
+                raise ValueError(f"{arg.name}: {arg.kind} argument without a value")
+            inputs[arg.name] = arg.value
+        else:
+            raise ValueError(f"{arg.name}: unknown argument kind {arg.kind!r}")
+    return inputs
+
+
+def has_large_trial(case: Case) -> bool:
+    """Whether a `large` trial changes anything: a normal/uniform float tensor with a factor != 1."""
+    for arg in case.args:
+        if arg.kind != "tensor" or not is_float(torch_dtype(arg.dtype)):
+            continue
+        init = arg.init or {}
+        if init.get("dist", "normal") in _RANDOM_FLOAT_DISTS and float(init.get("large", DEFAULT_LARGE)) != 1.0:
+            return True
+    return False
+
+
+def clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy for one side: tensors cloned (same strides), other values shared."""
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def poison_value(dtype: torch.dtype) -> float | int | bool:
+    """What an output of `dtype` is filled with before a call: NaN for floats, an unlikely integer else."""
+    if is_float(dtype):
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    info = torch.iinfo(dtype)
+    return info.min if info.min < 0 else info.max
+
+
+def poison_(tensor: torch.Tensor) -> torch.Tensor:
+    """Fill `tensor` in place with `poison_value` (bit pattern fill, so float8 works too)."""
+    value = poison_value(tensor.dtype)
+    if is_float(tensor.dtype):
+        nan = torch.tensor([value], dtype=torch.float32).to(tensor.dtype)
+        view_dtype = _INT_VIEW[tensor.element_size()]
+        tensor.view(view_dtype).fill_(int(nan.view(view_dtype).item()))
+    else:
+        tensor.fill_(value)
+    return tensor
+
+
+def poison_outputs(args: dict[str, Any], specs: list[ArgSpec]) -> dict[str, Any]:
+    """Poison every `out` tensor in place; `inout` keeps its input values (they are the input)."""
+    for spec in specs:
+        if spec.kind == "tensor" and spec.role == "out":
+            poison_(args[spec.name])
+    return args
+
+
+def to_call_args(inputs: dict[str, Any], specs: list[ArgSpec]) -> list[Any]:
+    """The positional arguments of the export, in the spec's call order."""
+    return [inputs[spec.name] for spec in specs]
+
+
+def set_bytes(inputs: dict[str, Any]) -> int:
+    """Bytes held by the tensors of one input set (for sizing graph-mode rotation)."""
+    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))

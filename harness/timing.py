@@ -1,0 +1,203 @@
+"""GPU timing in two named modes, original and candidate interleaved in one loop so drift cancels.
+
+`graph`: one CUDA graph per side holding K launches that cycle through N input sets, where N is the
+smallest count whose bytes reach 3 x the L2 size (so no launch finds its inputs in L2 from the last
+time they were used); a sample is one replay timed with CUDA events, divided by K. K is N times
+enough rounds to make a replay last >= 0.5 ms (graph-launch overhead under ~2%), so each sample is a
+per-launch *mean* over K launches and the spread (p10, p90) is that of those means.
+
+`cold`: one launch per sample with CUDA events around it, L2 flushed before each by zeroing a buffer
+of 2 x L2 bytes. This view carries the event floor (about 4 us on an H200) and launch latency.
+
+Both modes: warm-up excluded; samples alternate in ABBA order (o c, c o, o c, ...) in batches, so
+neither side always follows the other or a synchronisation; the loop stops once
+every side has `min_samples` samples and each side's `stats.rel_stderr` is under the target, or when
+the budget (`budget_ms` per side) is spent. `min_samples` is honoured past the budget up to
+`_HARD_BUDGET_FACTOR` x the budget, so a pathologically slow kernel cannot hold the worker forever.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from harness.stats import Stats, rel_stderr
+
+MODES = ("graph", "cold")
+ROTATION_FACTOR = 3  # graph mode: input sets together exceed 3 x L2
+FLUSH_FACTOR = 2  # cold mode: flush buffer of 2 x L2
+MIN_REPLAY_US = 500.0
+MAX_SETS = 16384
+MIN_SAMPLES = 10
+COLD_MIN_SAMPLES = 200  # cold samples are single launches: cheap but clustered; at 14-80 samples A/A medians differed by up to 5%
+MAX_SAMPLES = 20000
+BATCH = 7  # rounds between synchronisations; odd, so batches start with each side in turn
+_HARD_BUDGET_FACTOR = 5.0
+
+Launch = Callable[[Sequence[Any]], Any]  # calls the kernel with positional arguments
+
+
+class CaptureError(RuntimeError):
+    """Capturing one side's launches into a CUDA graph failed (`side` names which)."""
+
+    def __init__(self, side: str, error: BaseException):
+        super().__init__(f"{side}: CUDA graph capture failed: {error}")
+        self.side = side
+
+
+@dataclass
+class Timing:
+    """The result of one mode: a `Stats` per side and how it was measured."""
+
+    mode: str
+    stats: dict[str, Stats]
+    info: dict[str, Any] = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict, repr=False)  # raw, us per launch
+
+
+def l2_bytes(device: torch.device | str | None = None) -> int:
+    """The device's L2 cache size in bytes."""
+    props = torch.cuda.get_device_properties(torch.device(device or "cuda"))
+    return int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+
+
+def sets_needed(bytes_per_set: int, l2: int, factor: int = ROTATION_FACTOR, cap: int = MAX_SETS) -> int:
+    """How many input sets reach `factor` x L2 together (at least 1, at most `cap`)."""
+    if bytes_per_set <= 0:
+        return 1
+    return max(1, min(cap, math.ceil(factor * l2 / bytes_per_set)))
+
+
+def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def _sample_loop(run_one: dict[str, Callable[[], tuple[Any, Any]]], per_sample: float, budget_ms: float,
+                 target: float, min_samples: int, max_samples: int) -> tuple[dict[str, list[float]], str]:
+    """Interleave sides until the stop rule holds. `run_one[side]()` enqueues one sample and returns
+    its (start, end) events; a sample's time in us is elapsed_ms * 1000 / per_sample."""
+    samples: dict[str, list[float]] = {side: [] for side in run_one}
+    budget_s = budget_ms / 1000.0 * len(run_one)
+    start = time.perf_counter()
+    forward = list(run_one.items())
+    rounds = 0
+    while True:
+        pending = []
+        for _ in range(BATCH):
+            order = forward if rounds % 2 == 0 else forward[::-1]  # o c, c o, o c, ...: positions even out
+            rounds += 1
+            for side, run in order:
+                pending.append((side, *run()))
+        torch.cuda.synchronize()
+        for side, begin, end in pending:
+            samples[side].append(begin.elapsed_time(end) * 1000.0 / per_sample)
+        n = min(len(v) for v in samples.values())
+        elapsed = time.perf_counter() - start
+        if n >= min_samples and all(rel_stderr(v) < target for v in samples.values()):
+            return samples, "converged"
+        if n >= max_samples:
+            return samples, "max_samples"
+        if elapsed >= budget_s and (n >= min_samples or elapsed >= _HARD_BUDGET_FACTOR * budget_s):
+            return samples, "budget"
+
+
+def _estimate_us(launch: Launch, args: Sequence[Any]) -> float:
+    """One eager launch timed with events (after one untimed launch): the replay sizing estimate."""
+    launch(args)
+    begin, end = _event_pair()
+    begin.record()
+    launch(args)
+    end.record()
+    end.synchronize()
+    return max(begin.elapsed_time(end) * 1000.0, 0.5)
+
+
+def time_graph(launches: dict[str, Launch], make_args: Callable[[int], Sequence[Any]], bytes_per_set: int, *,
+               budget_ms: float = 400.0, target_rel_stderr: float = 0.01, min_samples: int = MIN_SAMPLES,
+               max_samples: int = MAX_SAMPLES, device: torch.device | str | None = None,
+               warmup_replays: int = 2) -> Timing:
+    """Graph-mode timing of every side on shared rotating input sets (see the module docstring).
+
+    `make_args(i)` returns the positional arguments of input set i (set 0 is used for estimates).
+    Raises `CaptureError` naming the side whose capture failed.
+    """
+    l2 = l2_bytes(device)
+    n_sets = sets_needed(bytes_per_set, l2)
+    sets = [list(make_args(i)) for i in range(n_sets)]
+    estimate = max(_estimate_us(launch, sets[0]) for launch in launches.values())
+    rounds = max(1, math.ceil(MIN_REPLAY_US / (n_sets * estimate)))
+    per_replay = n_sets * rounds
+    torch.cuda.synchronize()
+    graphs: dict[str, torch.cuda.CUDAGraph] = {}
+    for side, launch in launches.items():
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                for _ in range(rounds):
+                    for args in sets:
+                        launch(args)
+        except Exception as error:  # the candidate's code ran during capture: any failure is a result
+            raise CaptureError(side, error) from error
+        graphs[side] = graph
+    for _ in range(warmup_replays):
+        for graph in graphs.values():
+            graph.replay()
+    torch.cuda.synchronize()
+
+    def runner(graph: torch.cuda.CUDAGraph) -> Callable[[], tuple[Any, Any]]:
+        def run() -> tuple[Any, Any]:
+            begin, end = _event_pair()
+            begin.record()
+            graph.replay()
+            end.record()
+            return begin, end
+        return run
+
+    samples, stop = _sample_loop({s: runner(g) for s, g in graphs.items()}, per_replay, budget_ms,
+                                 target_rel_stderr, min_samples, max_samples)
+    info = {"input_sets": n_sets, "launches_per_sample": per_replay, "rotation_bytes": n_sets * bytes_per_set,
+            "l2_bytes": l2, "stop": stop}
+    del graphs
+    return Timing("graph", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
+
+
+def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: float = 400.0,
+              target_rel_stderr: float = 0.01, min_samples: int = COLD_MIN_SAMPLES, max_samples: int = MAX_SAMPLES,
+              device: torch.device | str | None = None, warmup: int = 3) -> Timing:
+    """Cold-mode timing: per sample, flush L2 (zero 2 x L2 bytes), then one launch between events."""
+    l2 = l2_bytes(device)
+    flush = torch.empty(FLUSH_FACTOR * l2, dtype=torch.uint8, device=torch.device(device or "cuda"))
+    args = list(args)
+    for _ in range(warmup):
+        for launch in launches.values():
+            launch(args)
+    torch.cuda.synchronize()
+
+    def runner(launch: Launch) -> Callable[[], tuple[Any, Any]]:
+        def run() -> tuple[Any, Any]:
+            flush.zero_()
+            begin, end = _event_pair()
+            begin.record()
+            launch(args)
+            end.record()
+            return begin, end
+        return run
+
+    samples, stop = _sample_loop({s: runner(f) for s, f in launches.items()}, 1.0, budget_ms,
+                                 target_rel_stderr, min_samples, max_samples)
+    info = {"flush_bytes": FLUSH_FACTOR * l2, "l2_bytes": l2, "stop": stop}
+    return Timing("cold", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
+
+
+def launch_overhead_floor(device: torch.device | str | None = None, *, budget_ms: float = 200.0) -> Stats:
+    """Per-launch time of an almost empty kernel in graph mode (torch's spin kernel with 0 cycles, or a
+    1-element add where torch lacks it): the practical floor under which no launch in a graph can go."""
+    x = torch.zeros(1, dtype=torch.float32, device=torch.device(device or "cuda"))
+    sleep = getattr(torch.cuda, "_sleep", None)
+    empty = (lambda a: sleep(0)) if sleep is not None else (lambda a: a[0].add_(1.0))
+    timing = time_graph({"empty": empty}, lambda i: [x], 0, budget_ms=budget_ms, device=device)
+    return timing.stats["empty"]

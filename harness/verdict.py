@@ -1,0 +1,196 @@
+"""The verdict a worker gives back (JSON out), and the pure aggregation that decides it.
+
+A `Verdict` holds one `CaseResult` per case of the job plus what applies to the whole candidate: a
+status from `STATUSES`, a one-line reason, band speedups per timing mode (never mixed), the slower
+shapes, the environment the numbers were measured in, build summaries and where the time went.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from harness.job import BANDS
+from harness.stats import Stats, geomean
+
+STATUSES = ("correct", "incorrect", "build_failed", "missing_export", "signature_mismatch", "crashed",
+            "timeout", "sanitizer", "suspect")
+
+
+@dataclass
+class CaseResult:
+    """Correctness and timing of one case. `timings[mode]` = {"orig": Stats, "cand": Stats,
+    "speedup": float, "ratio_rel_stderr": float, "info": {...}}; `roofline[mode]` =
+    roofline.roofline_entry(...)."""
+
+    id: str
+    band: str
+    label: str
+    dtype: str
+    dims: dict[str, int]
+    timed: bool
+    bytes: int
+    correct: bool = True
+    reasons: list[str] = field(default_factory=list)  # why the case failed
+    notes: list[str] = field(default_factory=list)  # worth reading, not failures
+    trials: int = 0
+    checks: dict[str, dict] = field(default_factory=dict)  # output -> OutputCheck dict (worst trial)
+    reference: dict[str, dict] = field(default_factory=dict)  # output -> {orig, cand, limit, ...}
+    deterministic_orig: bool | None = None
+    deterministic_cand: bool | None = None
+    timings: dict[str, dict] = field(default_factory=dict)
+    roofline: dict[str, dict] = field(default_factory=dict)
+    copy_us: float | None = None  # torch copy of the same bytes, graph mode
+    suspect: list[str] = field(default_factory=list)
+
+    def fail(self, reason: str) -> None:
+        """Mark the case incorrect with `reason`."""
+        self.correct = False
+        self.reasons.append(reason)
+
+    def speedup(self, mode: str) -> float | None:
+        entry = self.timings.get(mode)
+        return None if entry is None else entry.get("speedup")
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["timings"] = {mode: {k: v.to_dict() if isinstance(v, Stats) else v for k, v in entry.items()}
+                           for mode, entry in self.timings.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CaseResult":
+        data = {k: v for k, v in data.items() if k in _names(cls)}
+        data["timings"] = {mode: {k: Stats.from_dict(v) if k in ("orig", "cand") and isinstance(v, dict) else v
+                                  for k, v in entry.items()} for mode, entry in data.get("timings", {}).items()}
+        return cls(**data)
+
+
+@dataclass
+class Verdict:
+    """What one worker says about one candidate (see the module docstring)."""
+
+    status: str
+    reason: str
+    correct: bool
+    faster: bool | None = None
+    name: str = ""
+    candidate_label: str = ""
+    slower_shapes: list[dict] = field(default_factory=list)  # {id, mode, speedup}
+    band_speedups: dict[str, dict[str, float]] = field(default_factory=dict)  # mode -> band/"all" -> geomean
+    cases: list[CaseResult] = field(default_factory=list)
+    env: dict[str, Any] = field(default_factory=dict)
+    builds: list[dict] = field(default_factory=list)
+    signatures: dict[str, dict] = field(default_factory=dict)  # variant -> export -> {orig, cand}
+    phases: dict[str, float] = field(default_factory=dict)  # build_s, env_s, check_s, time_s, total_s
+    notes: list[str] = field(default_factory=list)
+    worker: dict[str, Any] = field(default_factory=dict)  # filled in by harness.worker
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown verdict status {self.status!r}")
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["cases"] = [case.to_dict() for case in self.cases]
+        return _json_safe(data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Verdict":
+        data = {k: v for k, v in data.items() if k in _names(cls)}
+        data["cases"] = [CaseResult.from_dict(c) for c in data.get("cases", [])]
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Verdict":
+        return cls.from_dict(json.loads(text))
+
+
+def _names(cls: type) -> set[str]:
+    return {f.name for f in fields(cls)}
+
+
+def _json_safe(value: Any) -> Any:
+    """Replace non-finite floats by None (JSON has no inf/NaN), recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------- aggregation (pure)
+
+
+def band_speedups(cases: list[CaseResult], modes: list[str]) -> dict[str, dict[str, float]]:
+    """Geometric mean of per-shape speedups per mode and band, plus "all" over every timed shape."""
+    result: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        by_band: dict[str, list[float]] = {}
+        for case in cases:
+            value = case.speedup(mode)
+            if case.timed and value is not None and value > 0:
+                by_band.setdefault(case.band, []).append(value)
+                by_band.setdefault("all", []).append(value)
+        if by_band:
+            order = [b for b in (*BANDS, "all") if b in by_band] + sorted(set(by_band) - {*BANDS, "all"})
+            result[mode] = {band: geomean(by_band[band]) for band in order}
+    return result
+
+
+SIGNIFICANCE = 3.0  # a slowdown must also exceed this many standard errors of the speedup
+
+
+def slower_shapes(cases: list[CaseResult], threshold: float) -> list[dict]:
+    """Timed shapes slower in any mode: [{id, mode, speedup}]. Slower means speedup < 1 - threshold,
+    and also < 1 - 3 x the speedup's relative standard error (`ratio_rel_stderr`, when recorded), so
+    that noise is not reported as a slowdown: cold-mode decode shapes on an H200 drift by 1-2% between
+    identical kernels (event ticks of 32 ns on ~4.7 us launches, multimodal times)."""
+    slower = []
+    for case in cases:
+        if not case.timed:
+            continue
+        for mode, entry in case.timings.items():
+            value = entry.get("speedup")
+            noise = SIGNIFICANCE * float(entry.get("ratio_rel_stderr") or 0.0)
+            if value is not None and value < 1.0 - max(threshold, noise):
+                slower.append({"id": case.id, "mode": mode, "speedup": value})
+    return slower
+
+
+def is_faster(bands: dict[str, dict[str, float]], slower: list[dict], threshold: float) -> bool | None:
+    """None without timings; True when no shape is slower, every mode's overall geomean is >= 1 and
+    at least one mode's is above 1 + threshold."""
+    overall = [b["all"] for b in bands.values() if "all" in b]
+    if not overall:
+        return None
+    return not slower and min(overall) >= 1.0 and max(overall) > 1.0 + threshold
+
+
+def decide(cases: list[CaseResult], modes: list[str], threshold: float) -> Verdict:
+    """The verdict of a candidate that built and loaded: incorrect, suspect or correct."""
+    bands = band_speedups(cases, modes)
+    slower = slower_shapes(cases, threshold)
+    failing = [c for c in cases if not c.correct]
+    suspects = [c for c in cases if c.suspect]
+    if failing:
+        first = failing[0]
+        more = f" (and {len(failing) - 1} more cases)" if len(failing) > 1 else ""
+        status, reason = "incorrect", f"{first.id}: {first.reasons[0] if first.reasons else 'failed'}{more}"
+    elif suspects:
+        status, reason = "suspect", f"{suspects[0].id}: {suspects[0].suspect[0]}"
+    else:
+        status = "correct"
+        summary = "; ".join(f"{mode} " + ", ".join(f"{band} {value:.3f}x" for band, value in b.items())
+                            for mode, b in bands.items())
+        reason = f"correct on {len(cases)} cases" + (f"; {summary}" if summary else "")
+    return Verdict(status=status, reason=reason, correct=not failing,
+                   faster=False if failing else is_faster(bands, slower, threshold),
+                   slower_shapes=slower, band_speedups=bands, cases=cases)
