@@ -110,8 +110,14 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else round(100.0 * value, 1)
 
 
+def _modes(verdict: dict) -> list[str]:
+    """Timing modes present in the verdict, graph first."""
+    found = {m for case in verdict.get("cases", []) for m in case.get("timings", {})}
+    return [m for m in ("graph", "cold") if m in found] + sorted(found - {"graph", "cold"})
+
+
 def format_check(verdict: dict) -> str:
-    modes = list(verdict.get("band_speedups", {}))
+    modes = _modes(verdict)
     headers = ["shape", "band"]
     for mode in modes:
         headers += [f"{mode} orig us", f"{mode} cand us", f"{mode} x"]
@@ -145,7 +151,7 @@ def format_check(verdict: dict) -> str:
 def format_bench(verdict: dict) -> str:
     if verdict.get("status") != "correct" and not verdict.get("cases"):
         return f"bench failed: {verdict.get('status')}: {verdict.get('reason')}"
-    modes = list(verdict.get("band_speedups", {}))
+    modes = _modes(verdict)
     headers = ["shape", "band", "bytes"]
     for mode in modes:
         headers += [f"{mode} us", f"{mode} p10-p90", f"% roofline {mode}"]

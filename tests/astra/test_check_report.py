@@ -1,0 +1,51 @@
+"""Formatting of verdicts (check/bench tables) and the baseline report, on verdicts built here."""
+
+from harness.stats import Stats
+from harness.verdict import CaseResult, Verdict
+
+from astra import check_cmd, report
+
+
+def _verdict() -> dict:
+    cases = []
+    for tokens, band, o, c in ((1, "decode", 2.0, 1.6), (1024, "middle", 10.0, 9.0), (16384, "prefill", 100.0, 101.0)):
+        case = CaseResult(id=f"Llama-3.1-8B/tp1/bfloat16/tokens={tokens},hidden=4096", band=band,
+                          label="Llama-3.1-8B/tp1", dtype="bfloat16", dims={"tokens": tokens, "hidden": 4096},
+                          timed=True, bytes=tokens * 4096 * 6)
+        for mode in ("graph", "cold"):
+            case.timings[mode] = {"orig": Stats(o, o * 0.9, o * 1.1, 50, 0.005),
+                                  "cand": Stats(c, c * 0.9, c * 1.1, 50, 0.005), "speedup": o / c}
+            case.roofline[mode] = {"floor_us": o * 0.5, "orig_fraction": 0.5, "cand_fraction": 0.5 * o / c,
+                                   "orig_Bps": 1e12, "achieved_Bps": 1e12}
+        case.reference = {"out": {"orig": 2e-3, "cand": 2.5e-3}}
+        case.copy_us = o * 0.8
+        cases.append(case)
+    v = Verdict(status="correct", reason="all 3 cases correct", correct=True, faster=True, name="rmsnorm",
+                cases=cases, band_speedups={"graph": {"decode": 1.25, "middle": 1.11, "prefill": 0.99, "all": 1.11}},
+                env={"gpu": "Test GPU", "capability": "9.0", "driver": "1", "cuda_runtime": "13.0", "nvcc": "13.0",
+                     "torch": "2.11", "tvm_ffi": "0.1.11", "copy_bandwidth_Bps": 4.2e12},
+                phases={"build_s": 1.0, "check_s": 2.0})
+    return v.to_dict()
+
+
+def test_check_table_names_modes_and_speedups():
+    text = check_cmd.format_check(_verdict())
+    assert "graph orig us" in text and "cold cand us" in text
+    assert "speedup (graph, geomean): decode x1.250" in text
+    assert "Test GPU" in text and "4.20 TB/s" in text
+    assert "verdict: correct" in text
+
+
+def test_bench_table_reports_copy_ratio_and_roofline():
+    text = check_cmd.format_bench(_verdict())
+    assert "% roofline graph" in text and "copy us (graph)" in text
+    assert "1.25" in text  # graph us / copy us = 1 / 0.8
+
+
+def test_report_files(tmp_path):
+    files = report.write({"rmsnorm": _verdict()}, tmp_path)
+    md, js, svg = (f.read_text() for f in files)
+    assert "| rmsnorm | Llama-3.1-8B/tp1 tokens=1, hidden=4096 |" in md
+    assert "Test GPU" in md
+    assert '"rmsnorm"' in js
+    assert svg.startswith("<svg") and "polyline" in svg and "rmsnorm" in svg
