@@ -80,16 +80,22 @@ def bench(args, tree_for) -> int:
         verdict = run_job(job, timeout_s=timeout_for(job))
         verdicts[spec.name] = verdict
         ok = ok and verdict.get("status") == "correct"
-        print(f"== {spec.name}")
-        print(format_bench(verdict))
+        print(f"== {spec.name}", flush=True)
+        print(format_bench(verdict), flush=True)
+        _save(args, verdicts, final=False)  # a run cut short keeps what it measured
+    _save(args, verdicts, final=True)
+    return 0 if ok else 1
+
+
+def _save(args, verdicts: dict, *, final: bool) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(verdicts, indent=1))
     if args.report:
         from astra import report
 
         for path in report.write(verdicts, Path(args.report)):
-            print(f"wrote {path}")
-    return 0 if ok else 1
+            if final:
+                print(f"wrote {path}")
 
 
 def timeout_for(job) -> float:

@@ -87,7 +87,13 @@ def guess(site: CallSite, overrides: dict[str, str] | None = None) -> GuessedVar
     def fill(text: str) -> str:
         def hole(m: re.Match) -> str:
             inner = m.group(1)
-            return lists[inner] if inner in lists else value_of(inner)
+            if inner in lists:
+                return lists[inner]
+            cond = re.fullmatch(r"\s*(.+?)\s+if\s+(.+?)\s+else\s+(.+?)\s*", inner)
+            if cond:  # `{0 if is_neox else 1}`: decide the condition like any other argument
+                taken = value_of(cond.group(2)) not in ("false", "0", "False")
+                return value_of(cond.group(1) if taken else cond.group(3))
+            return value_of(inner)
         return re.sub(r"\{([^{}]+)\}", hole, text)
 
     wrappers = [(w.export, fill(w.entry), w.lang) for w in site.wrappers]
