@@ -160,11 +160,11 @@ def _entry_parameters(tree: SglangTree, kernel_path: Path, entry: str):
     parsed = cuda_parse.parse_source(kernel_path, [str(tree.include_dir), str(tree.csrc_dir)])
     if parsed.diagnostics:
         notes.append(f"libclang reported {len(parsed.diagnostics)} error(s): {parsed.diagnostics[0]}")
+    method = re.sub(r"<.*", "", method)
     match = None
     for host in parsed.host_entries:
-        names = (getattr(host, "class_name", "") or "", getattr(host, "name", "") or "")
-        if (cls_name and names[0].split("::")[-1] == cls_name and names[1] == method) or (
-                not cls and names[1].split("::")[-1] == method):
+        host_class = (host.class_name or "").split("::")[-1]
+        if host.name.split("::")[-1] == method and (host_class == cls_name or (not cls and not host_class)):
             match = host
             break
     if match is None:
@@ -173,6 +173,6 @@ def _entry_parameters(tree: SglangTree, kernel_path: Path, entry: str):
     params = [(p.name, p.type) for p in match.params]
     shapes: dict[str, list] = {}
     for tc in parsed.tensor_constraints:
-        if tc.tensor:
-            shapes[tc.tensor] = [d.strip().strip('"') for d in tc.dims]
+        if tc.verify and tc.function == match.qualified_name:
+            shapes[tc.verify] = [str(d).strip().strip('"') for d in tc.dims]
     return params, shapes, notes

@@ -77,10 +77,12 @@ def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
 
 
 def _sample_loop(run_one: dict[str, Callable[[], tuple[Any, Any]]], per_sample: float, budget_ms: float,
-                 target: float, min_samples: int, max_samples: int) -> tuple[dict[str, list[float]], str]:
+                 target: float, min_samples: int, max_samples: int
+                 ) -> tuple[dict[str, list[float]], str, dict[str, list[bool]]]:
     """Interleave sides until the stop rule holds. `run_one[side]()` enqueues one sample and returns
     its (start, end) events; a sample's time in us is elapsed_ms * 1000 / per_sample."""
     samples: dict[str, list[float]] = {side: [] for side in run_one}
+    first: dict[str, list[bool]] = {side: [] for side in run_one}  # sample was its side's first after a sync
     budget_s = budget_ms / 1000.0 * len(run_one)
     start = time.perf_counter()
     forward = list(run_one.items())
@@ -93,16 +95,35 @@ def _sample_loop(run_one: dict[str, Callable[[], tuple[Any, Any]]], per_sample: 
             for side, run in order:
                 pending.append((side, *run()))
         torch.cuda.synchronize()
+        seen: set[str] = set()
         for side, begin, end in pending:
             samples[side].append(begin.elapsed_time(end) * 1000.0 / per_sample)
+            first[side].append(side not in seen)
+            seen.add(side)
         n = min(len(v) for v in samples.values())
         elapsed = time.perf_counter() - start
         if n >= min_samples and all(rel_stderr(v) < target for v in samples.values()):
-            return samples, "converged"
+            return samples, "converged", first
         if n >= max_samples:
-            return samples, "max_samples"
+            return samples, "max_samples", first
         if elapsed >= budget_s and (n >= min_samples or elapsed >= _HARD_BUDGET_FACTOR * budget_s):
-            return samples, "budget"
+            return samples, "budget", first
+
+
+def batch_position_medians(samples: dict[str, list[float]], flags: dict[str, list[bool]]) -> dict[str, dict[str, float]]:
+    """Diagnostics: per side, the median of samples taken first after a synchronisation and of the
+    rest. A large gap means the GPU idled while the host enqueued the first sample of each batch,
+    which inflates the upper percentiles (seen in graph mode on an H200; cause under investigation)."""
+    from harness.stats import median
+
+    out = {}
+    for side, values in samples.items():
+        marks = flags.get(side, [])
+        firsts = [v for v, f in zip(values, marks) if f]
+        rest = [v for v, f in zip(values, marks) if not f]
+        if firsts and rest:
+            out[side] = {"first_after_sync_us": median(firsts), "others_us": median(rest)}
+    return out
 
 
 def _estimate_us(launch: Launch, args: Sequence[Any]) -> float:
@@ -157,10 +178,10 @@ def time_graph(launches: dict[str, Launch], make_args: Callable[[int], Sequence[
             return begin, end
         return run
 
-    samples, stop = _sample_loop({s: runner(g) for s, g in graphs.items()}, per_replay, budget_ms,
+    samples, stop, first = _sample_loop({s: runner(g) for s, g in graphs.items()}, per_replay, budget_ms,
                                  target_rel_stderr, min_samples, max_samples)
     info = {"input_sets": n_sets, "launches_per_sample": per_replay, "rotation_bytes": n_sets * bytes_per_set,
-            "l2_bytes": l2, "stop": stop}
+            "l2_bytes": l2, "stop": stop, "batch_position": batch_position_medians(samples, first)}
     del graphs
     return Timing("graph", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
 
@@ -187,9 +208,10 @@ def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: fl
             return begin, end
         return run
 
-    samples, stop = _sample_loop({s: runner(f) for s, f in launches.items()}, 1.0, budget_ms,
+    samples, stop, first = _sample_loop({s: runner(f) for s, f in launches.items()}, 1.0, budget_ms,
                                  target_rel_stderr, min_samples, max_samples)
-    info = {"flush_bytes": FLUSH_FACTOR * l2, "l2_bytes": l2, "stop": stop}
+    info = {"flush_bytes": FLUSH_FACTOR * l2, "l2_bytes": l2, "stop": stop,
+            "batch_position": batch_position_medians(samples, first)}
     return Timing("cold", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
 
 
