@@ -140,3 +140,78 @@ def _tree_for_spec(args, name: str | None = None) -> sglang_tree.SglangTree:
         return _tree(args)
     spec = spec_mod.load(name or args.name)
     return sglang_tree.from_wheel(str(spec.raw["source"]["sglang_version"]))
+
+
+def cmd_optimize(args) -> int:
+    from astra import optimize_cmd
+
+    return optimize_cmd.optimize(args, _tree_for_spec(args))
+
+
+def cmd_runs(args) -> int:
+    from astra import optimize_cmd
+
+    return optimize_cmd.runs(args)
+
+
+def cmd_show(args) -> int:
+    from astra import optimize_cmd
+
+    return optimize_cmd.show(args)
+
+
+# ---- patches: patch / apply / recheck / diff-versions
+
+
+def cmd_patch(args) -> int:
+    from astra.patch import emit_patch
+
+    spec = spec_mod.load(args.name)
+    candidate, verdict_path = Path(args.candidate), Path(args.verdict)
+    for path, what in ((candidate, "--candidate"), (verdict_path, "--verdict")):
+        if not path.is_file():
+            raise AstraError(f"{what} {path}: no such file")
+    try:
+        verdict = json.loads(verdict_path.read_text())
+    except json.JSONDecodeError as err:
+        raise AstraError(f"--verdict {verdict_path}: not JSON ({err}); write it with `astra check --json OUT`")
+    result = emit_patch(spec, _tree_for_spec(args), candidate.read_text(), verdict, Path(args.out),
+                        slowdown_threshold=args.threshold, why=args.why)
+    if result.refused:
+        print(f"no patch: {result.refused}")
+        return 1
+    print(f"wrote {result.repo_patch}  (SGLang repository: git am / git apply)")
+    print(f"wrote {result.package_patch}  (installed package: astra apply --installed)")
+    return 0
+
+
+def cmd_apply(args) -> int:
+    from astra import apply_cmd
+
+    return apply_cmd.run(args)
+
+
+def cmd_recheck(args) -> int:
+    from astra import recheck, recheck_report
+
+    tree = _tree(args)
+    result = recheck.recheck([Path(p) for p in args.patches], tree)
+    text = recheck_report.markdown(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    print(text, end="")
+    return result["exit_code"]
+
+
+def cmd_diff_versions(args) -> int:
+    from astra import recheck_report, versions
+
+    spec = spec_mod.load(args.name)
+    old, new = sglang_tree.from_wheel(args.from_version), sglang_tree.from_wheel(args.to_version)
+    result = versions.diff_versions(spec, old, new)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    print(recheck_report.diff_versions_markdown(result), end="")
+    return 0

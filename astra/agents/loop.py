@@ -1,0 +1,168 @@
+"""The optimize loop: rounds of propose (plan + code), test, profile; keep only what verified.
+
+Every candidate is judged against the ORIGINAL kernel (never against the moving best), in its own
+worker. A candidate becomes the base for later rounds only when the harness says it is correct, no
+timed shape got slower, and it is faster (overall, or on one band by `band_gain`). A failed or
+slower candidate is recorded and forgotten. The run stops on: rounds, wall time, tokens or cost,
+reaching the roofline target, no progress for `patience` rounds, or an agent with nothing to try.
+Roles differ by agent (offline search or LLM), not by this loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from astra.agents.rundir import RunDir, RunState
+from astra.agents.transforms import Proposal
+
+Evaluator = Callable[[str, str], dict]  # (candidate source, label) -> verdict dict
+Events = Callable[[str, dict], None]  # (kind, data): progress display
+
+
+@dataclass
+class Budget:
+    rounds: int = 5
+    wall_s: float = 3600.0
+    tokens: int | None = None
+    cost_usd: float | None = None
+    roofline_target: float = 0.95  # stop once every timed shape reaches this fraction (graph mode)
+    patience: int = 2  # rounds without an accepted candidate
+    min_gain: float = 0.01  # overall geomean must beat the best by this
+    band_gain: float = 0.02  # ... or one band's geomean must improve by this
+
+
+@dataclass
+class Context:
+    kernel: str
+    round: int
+    base_source: str  # the best verified source so far (the original at first)
+    base_verdict: dict | None  # its verdict against the original (the baseline self-check at first)
+    history: list[dict] = field(default_factory=list)
+
+
+class Agent(Protocol):
+    name: str
+
+    def propose(self, ctx: Context) -> list[Proposal]:
+        """Candidates to try this round (whole files); empty when there is nothing left to try."""
+
+    def usage(self) -> tuple[int, float]:
+        """(tokens, cost in USD) spent so far."""
+
+
+def score(verdict: dict, mode: str = "graph") -> float:
+    """Geomean speedup over every timed shape in `mode`; 0 for anything not verified correct."""
+    if not verdict or verdict.get("status") != "correct" or not verdict.get("correct"):
+        return 0.0
+    return float((verdict.get("band_speedups", {}).get(mode) or {}).get("all") or 0.0)
+
+
+def accepted(verdict: dict, best: dict | None, budget: Budget, mode: str = "graph") -> tuple[bool, str]:
+    s = score(verdict, mode)
+    if s == 0.0:
+        return False, f"not verified: {verdict.get('status')}: {verdict.get('reason', '')}"[:200]
+    if verdict.get("slower_shapes"):
+        worst = min(verdict["slower_shapes"], key=lambda x: x.get("speedup", 1.0))
+        return False, f"slower on {len(verdict['slower_shapes'])} shape(s), worst {worst['id']} x{worst['speedup']:.3f}"
+    best_all = score(best, mode) if best else 1.0
+    if s >= best_all * (1 + budget.min_gain):
+        return True, f"faster overall: x{s:.3f} vs x{best_all:.3f}"
+    bands = (verdict.get("band_speedups", {}).get(mode) or {})
+    base_bands = ((best or {}).get("band_speedups", {}).get(mode) or {})
+    for band, value in bands.items():
+        if band != "all" and value >= base_bands.get(band, 1.0) * (1 + budget.band_gain) and s >= best_all:
+            return True, f"faster on {band}: x{value:.3f}"
+    return False, f"not faster: x{s:.3f} vs best x{best_all:.3f}"
+
+
+def at_roofline(verdict: dict | None, target: float, mode: str = "graph") -> bool:
+    fractions = [c.get("roofline", {}).get(mode, {}).get("cand_fraction") for c in (verdict or {}).get("cases", [])
+                 if c.get("timed")]
+    fractions = [f for f in fractions if f is not None]
+    return bool(fractions) and min(fractions) >= target
+
+
+def run_loop(run: RunDir, agent: Agent, evaluate: Evaluator, budget: Budget,
+             events: Events = lambda kind, data: None) -> RunState:
+    state = run.state()
+    start = time.time()
+    best_verdict = run.candidate(state.best)[2] if state.best else None
+    if best_verdict is None:
+        events("baseline", {})
+        best_verdict = _baseline(run, evaluate)
+    idle_rounds = 0
+    while state.stopped is None:
+        reason = _stop_reason(state, agent, budget, start, idle_rounds, best_verdict)
+        if reason:
+            state.stopped = reason
+            break
+        ctx = Context(state.kernel, state.round, run.best_source(), best_verdict, state.history)
+        proposals = agent.propose(ctx)
+        if not proposals:
+            state.stopped = "the agent has nothing left to try"
+            break
+        improved = False
+        base = hashlib.sha256(ctx.base_source.encode()).hexdigest()
+        for proposal in proposals:
+            n = run.add_candidate(proposal.source, {"name": proposal.name, "family": proposal.family,
+                                                    "description": proposal.description, "round": state.round})
+            events("candidate", {"n": n, "name": proposal.name, "description": proposal.description})
+            verdict = evaluate(proposal.source, proposal.name)
+            run.save_verdict(n, verdict)
+            ok, why = accepted(verdict, best_verdict if state.best else None, budget)
+            state.history.append({"n": n, "round": state.round, "name": proposal.name, "base": base,
+                                  "status": verdict.get("status"),
+                                  "score": score(verdict), "accepted": ok, "why": why,
+                                  "bands": (verdict.get("band_speedups", {}).get("graph") or {})})
+            if ok:
+                state.best, state.best_score, best_verdict, improved = n, score(verdict), verdict, True
+            state.tokens, state.cost_usd = agent.usage()
+            run.save(state)
+            events("verdict", state.history[-1])
+            if time.time() - start > budget.wall_s:
+                break
+        idle_rounds = 0 if improved else idle_rounds + 1
+        state.round += 1
+        run.save(state)
+    run.save(state)
+    events("stopped", {"reason": state.stopped})
+    return state
+
+
+def _baseline(run: RunDir, evaluate: Evaluator) -> dict:
+    """The original against itself: the profile the first round plans from (kept, not a candidate;
+    a resumed run reuses it)."""
+    saved = run.root / "baseline.json"
+    if saved.exists():
+        return json.loads(saved.read_text())
+    verdict = evaluate(run.original(), "original")
+    (run.root / "baseline.json").write_text(json.dumps(verdict, indent=1))
+    return verdict
+
+
+def _stop_reason(state: RunState, agent: Agent, budget: Budget, start: float, idle: int,
+                 best: dict | None) -> str | None:
+    tokens, cost = agent.usage()
+    if state.round >= budget.rounds:
+        return f"{budget.rounds} round(s) done"
+    if time.time() - start > budget.wall_s:
+        return f"wall-time budget of {budget.wall_s:.0f}s spent"
+    if budget.tokens is not None and tokens >= budget.tokens:
+        return f"token budget of {budget.tokens} spent"
+    if budget.cost_usd is not None and cost >= budget.cost_usd:
+        return f"cost budget of ${budget.cost_usd:.2f} spent"
+    if idle >= budget.patience:
+        return f"no progress in {idle} round(s)"
+    if state.best is not None and at_roofline(best, budget.roofline_target):
+        return f"every timed shape at >= {budget.roofline_target:.0%} of roofline"
+    return None
+
+
+def band_summary(verdict: dict | None, mode: str = "graph") -> dict[str, float]:
+    bands = ((verdict or {}).get("band_speedups", {}).get(mode) or {})
+    return {b: v for b, v in bands.items() if isinstance(v, (int, float)) and math.isfinite(v)}

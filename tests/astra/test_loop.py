@@ -1,0 +1,101 @@
+"""The optimize loop's rules, with an evaluator written here (CI has no GPU; the harness evaluator
+runs in the gpu-marked tests). Candidate sources carry a marker that the evaluator reads as its
+'measurement', so every rule is exercised deterministically."""
+
+import re
+
+import pytest
+
+from astra.agents.loop import Budget, accepted, run_loop, score
+from astra.agents.rundir import RunDir
+from astra.agents.transforms import Proposal
+
+
+def verdict(status="correct", all_=1.0, decode=None, slower=()):
+    bands = {"decode": decode or all_, "prefill": all_, "all": all_}
+    return {"status": status, "correct": status == "correct", "reason": status, "band_speedups": {"graph": bands},
+            "slower_shapes": [{"id": s, "mode": "graph", "speedup": 0.9} for s in slower],
+            "cases": [{"timed": True, "band": "decode", "roofline": {"graph": {"cand_fraction": 0.5 * all_}}}]}
+
+
+def evaluator(source: str, label: str) -> dict:
+    marks = list(re.finditer(r"// measured: (\w+) ([\d.]+)(?: decode ([\d.]+))?( slower)?", source))
+    if label == "original" or not marks:
+        return verdict()
+    m = marks[-1]  # the newest edit's measurement
+    status, speed = m.group(1), float(m.group(2))
+    return verdict(status, speed, float(m.group(3)) if m.group(3) else None, ("x",) if m.group(4) else ())
+
+
+class ScriptedAgent:
+    """Proposes the given rounds of (name, marker) in order; records what base it saw each round."""
+
+    name = "scripted"
+
+    def __init__(self, rounds):
+        self.rounds = list(rounds)
+        self.bases = []
+
+    def usage(self):
+        return 0, 0.0
+
+    def propose(self, ctx):
+        self.bases.append(ctx.base_source)
+        if not self.rounds:
+            return []
+        return [Proposal(name, "test", name, ctx.base_source + f"\n// measured: {marker}")
+                for name, marker in self.rounds.pop(0)]
+
+
+@pytest.fixture
+def run():
+    return RunDir.create("demo", "0.5.23", "scripted", "// original kernel")
+
+
+def test_only_verified_faster_candidates_become_the_base(run):
+    agent = ScriptedAgent([
+        [("wrong", "incorrect 3.0"), ("slower", "correct 0.8"), ("good", "correct 1.2")],
+        [("regresses-a-shape", "correct 1.5 slower"), ("better", "correct 1.3")],
+    ])
+    state = run_loop(run, agent, evaluator, Budget(rounds=5, patience=3))
+    names = {h["n"]: h["name"] for h in state.history}
+    assert names[state.best] == "better"
+    assert [h["accepted"] for h in state.history] == [False, False, True, False, True]
+    assert "measured: correct 1.2" in agent.bases[1]  # round 2 started from the verified "good"
+    assert "incorrect" not in agent.bases[1] and "0.8" not in agent.bases[1]
+    assert state.stopped == "the agent has nothing left to try"
+    assert run.best_source().endswith("// measured: correct 1.3")
+
+
+def test_band_specific_improvement_is_kept(run):
+    agent = ScriptedAgent([[("decode-only", "correct 1.0 decode 1.10")]])
+    state = run_loop(run, agent, evaluator, Budget(rounds=1))
+    assert state.best == 1 and "faster on decode" in state.history[0]["why"]
+
+
+def test_no_progress_stops_and_resume_continues(run):
+    agent = ScriptedAgent([[("a", "correct 0.9")], [("b", "correct 0.95")], [("c", "correct 1.5")]])
+    state = run_loop(run, agent, evaluator, Budget(rounds=10, patience=2))
+    assert state.stopped == "no progress in 2 round(s)" and state.best is None
+    resumed = RunDir.open(run.root.name)
+    s = resumed.state()
+    s.stopped = None
+    resumed.save(s)
+    state = run_loop(resumed, agent, evaluator, Budget(rounds=10, patience=2))
+    assert state.best == 3 and len(state.history) == 3
+    assert (run.root / "baseline.json").exists()
+
+
+def test_round_budget(run):
+    agent = ScriptedAgent([[("a", "correct 1.1")]] * 5)
+    state = run_loop(run, agent, evaluator, Budget(rounds=2, patience=5))
+    assert state.round == 2 and state.stopped == "2 round(s) done"
+
+
+def test_score_and_acceptance_rules():
+    assert score(verdict("incorrect", 2.0)) == 0.0
+    assert score(verdict("suspect", 9.0)) == 0.0
+    ok, why = accepted(verdict("correct", 1.005), None, Budget())
+    assert not ok and "not faster" in why
+    ok, why = accepted(verdict("correct", 1.2, slower=("s",)), None, Budget())
+    assert not ok and "slower on 1 shape" in why

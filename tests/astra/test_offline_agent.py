@@ -1,0 +1,88 @@
+"""The offline agent's transformation catalog (on a kernel written here) and its dry run (real nvcc)."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from astra.agents.offline import plan
+from astra.agents.transforms import catalog, fast_math, launch_bounds, tunable_constants, unroll_loops
+
+KERNEL = """
+#include <cuda_runtime.h>
+constexpr int kBlockSize = 256;
+constexpr int kOther = 3;
+
+__global__ void scale(float* out, const float* in, float alpha, int n) {
+  int i = blockIdx.x * kBlockSize + threadIdx.x;
+  for (int k = 0; k < 4; ++k) {
+    if (i * 4 + k < n) out[i * 4 + k] = expf(in[i * 4 + k]) * alpha;
+  }
+}
+
+struct Launcher {
+  static void run(float* out, const float* in, float alpha, int n) {
+    for (int rep = 0; rep < 1; ++rep) scale<<<(n + 1023) / 1024, kBlockSize>>>(out, in, alpha, n);
+  }
+};
+"""
+
+
+def test_constants_are_halved_and_doubled_only_when_tunable():
+    names = [p.name for p in tunable_constants(KERNEL)]
+    assert names == ["const:kBlockSize=512", "const:kBlockSize=128"]
+    assert "constexpr int kBlockSize = 512;" in tunable_constants(KERNEL)[0].source
+
+
+def test_unroll_only_in_device_code():
+    props = unroll_loops(KERNEL)
+    assert [p.name for p in props] == ["unroll:line8"]
+    assert "#pragma unroll\n  for (int k" in props[0].source
+
+
+def test_launch_bounds_and_fast_math():
+    bounds = launch_bounds(KERNEL, kernels=[object()])
+    assert "__global__ void __launch_bounds__(256) scale(" in bounds[0].source
+    fm = fast_math(KERNEL)
+    assert fm and "__expf(in[" in fm[0].source
+
+
+def test_catalog_is_deduplicated_and_never_returns_the_input():
+    from astra.cuda_parse import KernelDecl, Param
+
+    kernel = KernelDecl(name="scale", qualified_name="scale", template_params=[], start_line=6, end_line=11,
+                        params=[Param("out", "float *"), Param("in", "const float *"), Param("alpha", "float")])
+    props = catalog(KERNEL, kernels=[kernel])
+    restrict = [p for p in props if p.family == "restrict"]
+    assert restrict and "float* __restrict__ out" in restrict[0].source
+    assert len({p.source for p in props}) == len(props)
+    assert all(p.source != KERNEL for p in props)
+
+
+def test_plan_follows_the_gap():
+    v = {"cases": [{"timed": True, "band": "decode", "roofline": {"graph": {"cand_fraction": 0.1}}},
+                   {"timed": True, "band": "prefill", "roofline": {"graph": {"cand_fraction": 0.97}}}]}
+    order, why = plan(v)
+    assert order[0] == "launch" and "decode" in why
+    order, why = plan({"cases": [{"timed": True, "band": "prefill", "roofline": {"graph": {"cand_fraction": 0.95}}}]})
+    assert "little left to gain" in why
+
+
+def test_optimize_without_gpu_says_what_runs_instead():
+    proc = subprocess.run([sys.executable, "-m", "astra.cli", "optimize", "rmsnorm"], capture_output=True, text=True)
+    assert proc.returncode == 7
+    assert "no CUDA GPU" in proc.stderr and "--dry-run" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.network
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_dry_run_builds_every_proposal(sglang_0523, capsys):
+    from astra.cli import main
+
+    assert main(["optimize", "fused_add_rmsnorm", "--dry-run", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "__launch_bounds__(256)" in out and "not verified (no GPU)" in out
+    assert "best: the original" in out
+    assert main(["runs"]) == 0
+    assert "fused_add_rmsnorm" in capsys.readouterr().out
