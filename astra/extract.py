@@ -108,7 +108,7 @@ def draft_spec(tree: SglangTree, module: registry.JitModule, kernel_path: Path,
             if shape is None:
                 shape = ["tokens", "width"]
                 notes.append(f"argument `{pname}`: shape unknown (no TensorMatcher found); guessed [tokens, width]")
-            shape = ["tokens" if s in ("N", "M", "num_tokens", "B") else str(s) for s in shape]
+            shape = [_dim_name(s, pname, i) for i, s in enumerate(shape)]
             for s in shape:
                 if re.fullmatch(r"[A-Za-z_]\w*", s):
                     dims.setdefault(s, "TODO(review): meaning")
@@ -124,8 +124,12 @@ def draft_spec(tree: SglangTree, module: registry.JitModule, kernel_path: Path,
     entry_tmpl = entry.replace("bf16_t", "{cpp_dtype(dtype)}")
     sha = sha256_file(kernel_path)
     rel = kernel_path.relative_to(tree.csrc_dir).as_posix() if kernel_path.is_relative_to(tree.csrc_dir) else str(kernel_path)
-    tensor_bytes = [f"({' * '.join(a['shape'])}) * elt({'dtype' if a['dtype'] == '{dtype}' else repr(a['dtype'])})"
-                    * (2 if a["role"] == "inout" else 1) for a in arguments if a["kind"] == "tensor"]
+    tensor_bytes = [("2 * " if a["role"] == "inout" else "")
+                    + f"({' * '.join(a['shape'])}) * elt({'dtype' if a['dtype'] == '{dtype}' else repr(a['dtype'])})"
+                    for a in arguments if a["kind"] == "tensor"]
+    if any(a["kind"] == "tensor" for a in arguments):
+        notes.append("roles were inferred (in, unless SGLang's custom op mutates it or it is named like an "
+                     "output): check which arguments the kernel writes")
     spec = {
         "name": _safe(module.name), "module": module.name, "category": module.category,
         "description": "TODO(review): what the kernel computes and its in-place contract.",
@@ -148,6 +152,18 @@ def draft_spec(tree: SglangTree, module: registry.JitModule, kernel_path: Path,
     if entry_tmpl != entry:
         notes.append("the dtype template argument became {cpp_dtype(dtype)}")
     return spec, notes
+
+
+def _dim_name(dim: str, tensor: str, index: int) -> str:
+    """A spec dim for one TensorMatcher dimension: token-like symbols become `tokens`, wildcards
+    (-1) get a name of their own, literals stay numbers."""
+    if dim in ("N", "M", "num_tokens", "B"):
+        return "tokens"
+    if re.fullmatch(r"\d+", dim):
+        return dim
+    if re.fullmatch(r"[A-Za-z_]\w*", dim):
+        return dim
+    return f"{tensor}_dim{index}"
 
 
 def _entry_parameters(tree: SglangTree, kernel_path: Path, entry: str):

@@ -55,3 +55,11 @@ def test_list_0523_json():
     data = json.loads(out)
     assert data["sglang"]["version"] == "0.5.23"
     assert len(data["modules"]) >= 150
+
+
+def test_nvcc_missing(tmp_path):
+    import os
+
+    env = {**os.environ, "CUDA_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    code, _, err = astra("build", "add_constant", "--sglang-src", str(_fake_checkout(tmp_path / "src")), env=env)
+    assert_one_line_error(code, err, 6, "nvcc")
