@@ -40,3 +40,26 @@ class SpecError(AstraError):
 
 class ToolMissing(AstraError):
     exit_code = 6
+
+
+class BudgetSpent(AstraError):
+    """A budget (tokens, cost) is spent: a normal end of an optimize run, not a failure."""
+
+    exit_code = 10
+
+
+# ---- patches (astra patch / apply / recheck); exit codes documented in astra/apply_cmd.py
+
+
+class PatchDoesNotApply(AstraError):
+    exit_code = 2
+
+
+class BaseHashMismatch(AstraError):
+    exit_code = 8
+
+
+class NotAnAstraPatch(AstraError):
+    """Not an Astra patch, or a corrupt/truncated one."""
+
+    exit_code = 9

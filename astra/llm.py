@@ -30,7 +30,7 @@ import openai
 import yaml
 
 from astra import paths
-from astra.errors import AstraError
+from astra.errors import AstraError, BudgetSpent
 
 log = logging.getLogger("astra.llm")
 
@@ -70,7 +70,7 @@ class LLMUnavailable(LLMError):
     """429/5xx on every attempt, or a reply without choices."""
 
 
-class LLMBudgetExceeded(LLMError):
+class LLMBudgetExceeded(LLMError, BudgetSpent):
     """The token or cost budget is spent; the run stops cleanly with what it has."""
 
     exit_code = 10  # 8 and 9 belong to the patch errors

@@ -13,8 +13,9 @@ from astra.errors import AstraError
 from astra.sglang_tree import SglangTree
 
 
-def harness_evaluator(spec, tree: SglangTree, sanitizer: bool = True):
-    """Each candidate in its own worker against the original (GPU)."""
+def harness_evaluator(spec, tree: SglangTree, sanitizer: bool = True, extra_shapes=lambda: []):
+    """Each candidate in its own worker against the original (GPU); `extra_shapes()` are the testing
+    role's additions to the spec's suite."""
     from astra.check_cmd import timeout_for
     from harness.job import Options
     from harness.worker import run_job, verify_job
@@ -22,7 +23,7 @@ def harness_evaluator(spec, tree: SglangTree, sanitizer: bool = True):
     def evaluate(source: str, label: str) -> dict:
         is_original = label == "original"
         job = jobs.make_job(spec, tree, candidate_source=None if is_original else source, label=label,
-                            options=Options(sanitizer=sanitizer and not is_original))
+                            options=Options(sanitizer=sanitizer and not is_original), extra_shapes=extra_shapes())
         runner = run_job if is_original else verify_job
         return runner(job, timeout_s=timeout_for(job))
 
@@ -62,6 +63,7 @@ def optimize(args, tree: SglangTree) -> int:
         run = RunDir.open(args.resume)
     else:
         run = RunDir.create(spec.name, tree.version, "offline" if _offline(args) else f"llm:{args.model}", source)
+    agent = _agent(args, spec, tree, run)
     if args.dry_run:
         evaluate = build_only_evaluator(spec, tree)
     else:
@@ -72,8 +74,8 @@ def optimize(args, tree: SglangTree) -> int:
         except AstraError as err:
             raise AstraError(f"{err} To see what the offline agent would try, with every candidate built by "
                              f"nvcc: `astra optimize {spec.name} --dry-run`.", exit_code=err.exit_code) from None
-        evaluate = harness_evaluator(spec, tree, sanitizer=not args.no_sanitizer)
-    agent = _agent(args, spec, tree, run)
+        evaluate = harness_evaluator(spec, tree, sanitizer=not args.no_sanitizer,
+                                     extra_shapes=lambda: getattr(agent, "extra_shapes", []))
     budget = Budget(rounds=args.rounds, wall_s=args.wall_min * 60, tokens=args.budget_tokens,
                     cost_usd=args.budget_usd, patience=1 if args.dry_run else 2)
     print(f"run {run.root.name}: {spec.name} from SGLang {tree.version}, agent {agent.name}; directory {run.root}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from astra.agents.rundir import RunDir, RunState
+from astra.errors import AstraError, BudgetSpent
 from astra.agents.transforms import Proposal
 
 Evaluator = Callable[[str, str], dict]  # (candidate source, label) -> verdict dict
@@ -102,7 +103,15 @@ def run_loop(run: RunDir, agent: Agent, evaluate: Evaluator, budget: Budget,
             state.stopped = reason
             break
         ctx = Context(state.kernel, state.round, run.best_source(), best_verdict, state.history)
-        proposals = agent.propose(ctx)
+        try:
+            proposals = agent.propose(ctx)
+        except AstraError as err:  # an unreachable endpoint, a wrong key, a spent budget: keep what verified
+            state.stopped = f"stopped by the agent: {err}"
+            run.save(state)
+            events("stopped", {"reason": state.stopped})
+            if isinstance(err, BudgetSpent):
+                return state
+            raise
         if not proposals:
             state.stopped = "the agent has nothing left to try"
             break
