@@ -78,7 +78,7 @@ def test_loop_survives_a_difficult_model(llm_server, sglang_0523, tmp_path):  # 
     assert state.tokens > 0
     # the edit errors went back to the model, written for it
     coding = [r for r in llm_server.chat_requests() if "Role: coding" in json.dumps(r.body)]
-    assert "Your reply holds no edit" in json.dumps(coding[1].body)
+    assert "holds no edit" in json.dumps(coding[1].body)  # the malformed reply, explained
     assert "this line is not in the file" in json.dumps(coding[2].body)
     transcript = run.transcript.read_text()
     assert KEY not in transcript and "Authorization" not in transcript
