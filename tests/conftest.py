@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.llm_server import llm_server  # noqa: F401  (the loopback OpenAI-compatible server fixture)
+
 REPO = Path(__file__).resolve().parent.parent
 os.environ["ASTRA_HOME"] = os.environ.get("ASTRA_TEST_HOME", str(REPO / ".astra-test-home"))
 os.environ.setdefault("CUDA_HOME", "/usr/local/cuda" if Path("/usr/local/cuda/bin/nvcc").exists() else "")

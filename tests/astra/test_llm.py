@@ -12,7 +12,7 @@ import pytest
 from astra.llm import (Client, LLMAuthError, LLMBudgetExceeded, LLMConfig, LLMConfigError,
                        LLMModelNotFound, LLMRequestError, LLMUnavailable, LLMUnreachable, is_configured,
                        price_of, resolve_config)
-from tests.llm_server import KEY, MODEL, error, llm_server, reply  # noqa: F401 - fixture
+from tests.llm_server import KEY, MODEL, error, reply
 
 MESSAGES = [{"role": "system", "content": "You optimize CUDA kernels."},
             {"role": "user", "content": "Plan the next step."}]
@@ -30,6 +30,7 @@ def test_success_with_usage_and_transcript(llm_server, tmp_path):
     one = client.chat(MESSAGES, role="planning")
     two = client.chat(MESSAGES, role="coding")
     assert (one.text, one.prompt_tokens, one.completion_tokens, one.attempts) == ("first", 100, 20, 1)
+    assert two.text == "second"
     assert one.cost_usd is None and one.finish_reason == "stop"
     total = client.usage.total()
     assert (total.calls, total.prompt_tokens, total.completion_tokens) == (2, 150, 30)

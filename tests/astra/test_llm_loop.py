@@ -18,7 +18,7 @@ from astra.agents.loop import Budget, run_loop
 from astra.agents.rundir import RunDir
 from astra.llm import Client, LLMConfig, LLMUnreachable
 from astra.optimize_cmd import build_only_evaluator
-from tests.llm_server import KEY, MODEL, error, llm_server, reply  # noqa: F401
+from tests.llm_server import KEY, MODEL, error, reply
 
 pytestmark = [pytest.mark.network, pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")]
 
@@ -43,7 +43,7 @@ def _scripted_evaluator(spec, tree):
     return evaluate
 
 
-def test_loop_survives_a_difficult_model(llm_server, sglang_0523, tmp_path):  # noqa: F811
+def test_loop_survives_a_difficult_model(llm_server, sglang_0523, tmp_path):
     spec = spec_mod.load("fused_add_rmsnorm")
     source = (sglang_0523.csrc_dir / spec.kernel_file).read_text()
     anchor = next(line for line in source.splitlines() if line.startswith("#include"))
