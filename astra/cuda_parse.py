@@ -26,6 +26,7 @@ from pathlib import Path
 from astra.clang_env import (clang_env, code_tokens, load_cindex, nvcc_accepts, prefix_pch,
                               tree_include_dirs)
 from astra.errors import AstraError
+from astra.tensor_matchers import MatcherCall, TensorConstraint, find_tensor_matchers, join_tokens  # noqa: F401
 
 CUDA_SUFFIXES = (".cu", ".cuh")
 _SCOPES = ("NAMESPACE", "LINKAGE_SPEC", "UNEXPOSED_DECL")
@@ -73,23 +74,6 @@ class HostEntry:
     start_line: int
     end_line: int
     launches: list[str] = field(default_factory=list)  # names of the __global__ functions it names
-
-
-@dataclass
-class MatcherCall:
-    name: str  # with_dtype, with_device, with_strides, verify, ...
-    template_args: str | None  # `DType` in `.with_dtype<DType>()`
-    args: str  # the call's arguments as written
-
-
-@dataclass
-class TensorConstraint:
-    function: str  # qualified name of the function holding the chain
-    line: int
-    dims: list[str]  # `TensorMatcher({N, D})` -> ["N", "D"]
-    calls: list[MatcherCall]
-    verify: str | None  # the tensor given to `.verify(...)`
-    text: str  # the whole chain, whitespace collapsed
 
 
 @dataclass
@@ -357,113 +341,3 @@ def _report_one(job: tuple) -> ParseResult:
 
 
 # ---------------------------------------------------------------- TensorMatcher chains (tokens)
-
-_OPEN = {"(": ")", "[": "]", "{": "}"}
-_TIGHT_AFTER = {"(", "[", "{", ".", "::", "->", "~", "!"}
-_TIGHT_BEFORE = {")", "]", "}", ".", ",", "::", "->", ";", "(", "["}
-
-
-def find_tensor_matchers(tokens: list, function: str) -> list[TensorConstraint]:
-    """Every `TensorMatcher(...)` followed by a chain of `.name<...>(...)` calls in `tokens`."""
-    found = []
-    i = 0
-    while i < len(tokens) - 1:
-        if tokens[i].spelling == "TensorMatcher" and tokens[i + 1].spelling == "(":
-            constraint, i = _matcher_chain(tokens, i, function)
-            found.append(constraint)
-        else:
-            i += 1
-    return found
-
-
-def _matcher_chain(tokens: list, start: int, function: str) -> tuple[TensorConstraint, int]:
-    close = _closing(tokens, start + 1)
-    dims = _dims(tokens[start + 2:close])
-    calls: list[MatcherCall] = []
-    i = close + 1
-    while i + 1 < len(tokens) and tokens[i].spelling == ".":
-        j = i + 1
-        if tokens[j].spelling == "template":  # `.template with_dtype<T>()` in dependent code
-            j += 1
-        name, j = tokens[j].spelling, j + 1
-        template_args = None
-        if j < len(tokens) and tokens[j].spelling == "<":
-            end = _closing_angle(tokens, j)
-            template_args, j = join_tokens(tokens[j + 1:end]), end + 1
-        if j >= len(tokens) or tokens[j].spelling != "(":
-            break
-        end = _closing(tokens, j)
-        calls.append(MatcherCall(name, template_args, join_tokens(tokens[j + 1:end])))
-        i = end + 1
-    verify = next((c.args for c in reversed(calls) if c.name == "verify"), None)
-    text = join_tokens(tokens[start:i])
-    return TensorConstraint(function, tokens[start].location.line, dims, calls, verify, text), i
-
-
-def _closing(tokens: list, open_index: int) -> int:
-    """Index of the bracket closing the one at `open_index` (or the last token)."""
-    stack = []
-    for i in range(open_index, len(tokens)):
-        spelling = tokens[i].spelling
-        if spelling in _OPEN:
-            stack.append(_OPEN[spelling])
-        elif stack and spelling == stack[-1]:
-            stack.pop()
-            if not stack:
-                return i
-    return len(tokens) - 1
-
-
-def _closing_angle(tokens: list, open_index: int) -> int:
-    """Index of the `>` closing the `<` at `open_index`, ignoring brackets inside parentheses."""
-    depth, nested = 0, 0
-    for i in range(open_index, len(tokens)):
-        spelling = tokens[i].spelling
-        if spelling in _OPEN:
-            nested += 1
-        elif spelling in _OPEN.values():
-            nested -= 1
-        elif nested == 0 and spelling in ("<", ">", ">>"):
-            depth += {"<": 1, ">": -1, ">>": -2}[spelling]
-            if depth <= 0:
-                return i
-    return len(tokens) - 1
-
-
-def _dims(arg_tokens: list) -> list[str]:
-    """`{N, D}` -> ["N", "D"]; any other argument is kept whole."""
-    if len(arg_tokens) >= 2 and arg_tokens[0].spelling == "{" and arg_tokens[-1].spelling == "}":
-        return [join_tokens(part) for part in _split_top_level(arg_tokens[1:-1]) if part]
-    return [join_tokens(arg_tokens)] if arg_tokens else []
-
-
-def _split_top_level(tokens: list) -> list[list]:
-    parts: list[list] = [[]]
-    depth = 0
-    for token in tokens:
-        spelling = token.spelling
-        if spelling in _OPEN or spelling == "<":
-            depth += 1
-        elif spelling in _OPEN.values() or spelling == ">":
-            depth -= 1
-        if spelling == "," and depth == 0:
-            parts.append([])
-        else:
-            parts[-1].append(token)
-    return parts
-
-
-def join_tokens(tokens: list) -> str:
-    """Source text of `tokens`: a single space where the source had whitespace, except inside
-    brackets' edges and around `.`/`::` (so a chain split over lines reads as one line)."""
-    out = []
-    prev = None
-    for token in tokens:
-        if prev is not None:
-            gap = (token.extent.start.offset > prev.extent.end.offset
-                   or token.location.line != prev.location.line)
-            if gap and prev.spelling not in _TIGHT_AFTER and token.spelling not in _TIGHT_BEFORE:
-                out.append(" ")
-        out.append(token.spelling)
-        prev = token
-    return "".join(out)
