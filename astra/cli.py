@@ -112,7 +112,8 @@ def _patch_commands(sub) -> None:
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--markdown", metavar="OUT", help="write the report as markdown (it is also printed)")
 
-    p = sub.add_parser("diff-versions", help="did a kernel's sources (and, on a GPU, its speed) change between versions?")
+    p = sub.add_parser("diff-versions",
+                       help="did a kernel's sources (and, on a GPU, its speed) change between versions?")
     p.add_argument("name")
     p.add_argument("--from", dest="from_version", required=True, metavar="A", help="the older SGLang version")
     p.add_argument("--to", dest="to_version", required=True, metavar="B", help="the newer SGLang version")

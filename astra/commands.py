@@ -174,7 +174,11 @@ def cmd_patch(args) -> int:
     try:
         verdict = json.loads(verdict_path.read_text())
     except json.JSONDecodeError as err:
-        raise AstraError(f"--verdict {verdict_path}: not JSON ({err}); write it with `astra check --json OUT`")
+        raise AstraError(f"--verdict {verdict_path}: not JSON ({err}); write it with `astra check --json OUT`") \
+            from None
+    if not isinstance(verdict, dict) or "status" not in verdict:
+        raise AstraError(f"--verdict {verdict_path}: not a verdict (no `status`); "
+                         "write one with `astra check --json OUT`")
     result = emit_patch(spec, _tree_for_spec(args), candidate.read_text(), verdict, Path(args.out),
                         slowdown_threshold=args.threshold, why=args.why)
     if result.refused:

@@ -1,0 +1,198 @@
+"""`astra recheck` and `astra diff-versions` on real SGLang version pairs.
+
+fused_add_rmsnorm.cuh is byte-identical in 0.5.20 and 0.5.23; 0.5.15 has it under the old
+`sglang/jit_kernel/` layout with two lines changed (`namespace {` for `namespace sglang {`); 0.5.10 also
+changed the lines the test's edit touches. Patches carry SYNTHETIC verdicts (tests/astra/patch_helpers.py).
+Without a GPU (or with CUDA hidden, as here) the GPU parts must say "not run: no CUDA GPU".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from astra import recheck, recheck_report, spec as spec_mod, versions
+from astra.errors import NotAnAstraPatch
+from astra.patch import emit_patch
+from astra.sglang_tree import from_wheel
+from tests.astra import patch_helpers as h
+
+pytestmark = pytest.mark.network  # 0.5.15 and 0.5.20 are downloaded on first use
+NO_CUDA = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+OLD_PATH = "sglang/jit_kernel/csrc/elementwise/fused_add_rmsnorm.cuh"
+
+
+def astra(*args):
+    proc = subprocess.run([sys.executable, "-m", "astra.cli", *args], capture_output=True, text=True, env=NO_CUDA)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return spec_mod.load("fused_add_rmsnorm")
+
+
+@pytest.fixture(scope="module")
+def patch(sglang_0523, spec, tmp_path_factory):
+    """The const-weight edit (rms(), line ~45, far from what 0.5.15 changed)."""
+    return emit_patch(spec, sglang_0523, h.candidate(sglang_0523), h.synthetic_verdict(),
+                      tmp_path_factory.mktemp("const")).repo_patch
+
+
+@pytest.fixture(scope="module")
+def near_ns_patch(sglang_0523, spec, tmp_path_factory):
+    """An edit whose context reaches `namespace sglang {` (line 15), which 0.5.15 writes differently."""
+    return emit_patch(spec, sglang_0523, h.candidate(sglang_0523, h.NEAR_NS_OLD, h.NEAR_NS_NEW),
+                      h.synthetic_verdict(), tmp_path_factory.mktemp("near_ns")).repo_patch
+
+
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(versions, "gpu_status", lambda: versions.NO_GPU)
+
+
+def test_unchanged_file_applies_exactly(patch):
+    result = recheck.recheck([patch], from_wheel("0.5.20"))
+    check = result["patches"][0]
+    assert result["exit_code"] == 0 and check["exit_code"] == 0, check["problems"]
+    assert check["location"] == "present" and check["file_changed"] is False
+    assert check["applies"] == "exact" and check["apply_method"] == "git apply --check"
+    assert check["sources"]["kernel"]["status"] == "same"
+    assert check["gpu"] == {"run": False, "reason": "not run: no CUDA GPU"}
+    text = recheck_report.markdown(result)
+    assert "| yes | no |" in text and "GPU check (patched vs new original): not run: no CUDA GPU" in text
+    assert "upstream speed change: not run: no CUDA GPU" in text
+
+
+def test_moved_and_changed_file(patch, near_ns_patch):
+    result = recheck.recheck([patch, near_ns_patch], from_wheel("0.5.15"))
+    const, near = result["patches"]
+    assert result["exit_code"] == 2
+    for check in (const, near):
+        assert check["location"] == "moved" and check["new_path"] == OLD_PATH
+        assert check["file_changed"] is True and check["exit_code"] == 2
+        assert any("moved to " + OLD_PATH in p for p in check["problems"])
+        assert check["gpu"]["reason"] == "not run: no CUDA GPU"  # the diff applies, so only the GPU is missing
+    assert const["applies"] == "exact"  # its hunk is far from the two changed lines
+    assert near["applies"] == "fuzz" and near["apply_method"] == "git apply --check -C1"
+    assert near["apply_error"].startswith("error: patch failed")
+    kernel = const["sources"]["kernel"]
+    assert kernel["status"] == "changed" and (kernel["added"], kernel["removed"]) == (2, 2)
+
+
+def test_diff_no_longer_applies(patch, sglang_0510):
+    check = recheck.recheck([patch], sglang_0510)["patches"][0]
+    assert check["applies"] == "no" and check["exit_code"] == 2
+    assert check["gpu"] == {"run": False, "reason": "not run: the patch does not apply"}
+
+
+def test_regression_exit_code(patch, monkeypatch):
+    """The exit-code rule with a stand-in for the GPU part (which needs a GPU): 1 on a regression."""
+    monkeypatch.setattr(versions, "gpu_status", lambda: None)
+    monkeypatch.setattr(recheck, "_gpu_checks", lambda *a: {"run": True, "status": "incorrect",
+                                                           "regression": "the patched kernel fails (stand-in)"})
+    result = recheck.recheck([patch], from_wheel("0.5.20"))
+    assert result["exit_code"] == 1 and "fails (stand-in)" in result["patches"][0]["problems"][-1]
+
+
+def test_cli_highest_exit_code_wins_and_reports(patch, spec, tmp_path):
+    old = from_wheel("0.5.15")
+    old_patch = emit_patch(spec, old, h.candidate(old), h.synthetic_verdict(), tmp_path / "p15").repo_patch
+    assert "python/sglang/jit_kernel/csrc/" in old_patch.read_text()
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    code, out, err = astra("recheck", str(patch), str(old_patch), "--sglang", "0.5.20",
+                           "--json", str(out_json), "--markdown", str(out_md))
+    assert code == 2, err
+    data = json.loads(out_json.read_text())
+    assert [p["exit_code"] for p in data["patches"]] == [0, 2]
+    assert data["patches"][1]["location"] == "moved"
+    assert data["patches"][1]["new_path"] == "sglang/kernels/jit/csrc/elementwise/fused_add_rmsnorm.cuh"
+    assert out_md.read_text() == out and "NO LONGER APPLIES" in out and "not run: no CUDA GPU" in out
+
+
+def test_cli_bad_inputs(patch, tmp_path):
+    bad = tmp_path / "cut.patch"
+    bad.write_text("".join(patch.read_text().splitlines(keepends=True)[:-6]))
+    code, _, err = astra("recheck", str(bad), "--sglang", "0.5.20")
+    assert code == 9 and "corrupt patch" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(NotAnAstraPatch):
+        recheck.recheck([tmp_path / "missing.patch"], from_wheel("0.5.20"))
+
+
+def test_cli_unknown_version(patch):
+    code, _, err = astra("recheck", str(patch), "--sglang", "0.0.999")
+    assert code == 3 and "Traceback" not in err
+    assert "SGLang 0.0.999 is not in the package index" in err and len(err.strip().splitlines()) == 1
+
+
+def test_diff_versions():
+    code, out, err = astra("diff-versions", "fused_add_rmsnorm", "--from", "0.5.20", "--to", "0.5.23")
+    assert code == 0, err
+    assert "kernel file `csrc/elementwise/fused_add_rmsnorm.cuh`: same" in out
+    assert "per-shape speed: not run: no CUDA GPU" in out
+    code, out, err = astra("diff-versions", "fused_add_rmsnorm", "--from", "0.5.15", "--to", "0.5.23")
+    assert code == 0, err
+    assert "kernel file `csrc/elementwise/fused_add_rmsnorm.cuh`: changed (+2 -2)" in out
+    assert "`include/sgl_kernel/bits.h`: added" in out
+
+
+def test_gpu_plumbing_with_stand_in_workers(patch, sglang_0523, monkeypatch):
+    """What the GPU parts send to the workers and how their verdicts are reported, with stand-in workers
+    (harness.worker.verify_job / run_job replaced; the real ones need a GPU)."""
+    import harness.worker
+
+    sent = []
+
+    def fake_verify(job, timeout_s):
+        sent.append(("verify", job))
+        return h.synthetic_verdict()
+
+    def fake_run(job, timeout_s):
+        sent.append(("run", job))
+        verdict = h.synthetic_verdict()
+        scale = 1.10 if "0.5.15" in job.build.source_root else 1.0
+        for case in verdict["cases"]:
+            for timing in case["timings"].values():
+                timing["orig"]["median_us"] *= scale
+        return verdict
+
+    monkeypatch.setattr(versions, "gpu_status", lambda: None)
+    monkeypatch.setattr(harness.worker, "verify_job", fake_verify)
+    monkeypatch.setattr(harness.worker, "run_job", fake_run)
+    new = from_wheel("0.5.15")
+    result = recheck.recheck([patch], new)
+    check = result["patches"][0]
+    assert [kind for kind, _ in sent] == ["verify", "run", "run"]
+    verify_job = sent[0][1]
+    assert verify_job.build.source_root == str(new.csrc_dir) and verify_job.kernel_file == h.KERNEL_REL
+    assert verify_job.candidate_source == h.candidate(new)  # the patch applied to 0.5.15's file
+    assert sent[1][1].build.source_root == str(sglang_0523.csrc_dir) and sent[1][1].candidate_source is None
+    assert all(c.timed for _, job in sent[1:] for c in job.cases)
+    gpu = check["gpu"]
+    assert gpu["run"] and gpu["status"] == "correct" and "regression" not in gpu
+    shapes = gpu["upstream"]["shapes"]
+    timed = 2 * sum(c["timed"] for c in h.synthetic_verdict()["cases"])  # graph + cold per timed case
+    assert len(shapes) == timed and all(abs(s["new_over_old"] - 1.10) < 1e-9 for s in shapes)
+    assert check["exit_code"] == 2  # moved still wins
+    text = recheck_report.markdown(result)
+    assert "upstream speed change (new original / old original" in text and "(x1.100)" in text
+
+    sent.clear()
+    diff = versions.diff_versions(spec_mod.load("fused_add_rmsnorm"), sglang_0523, new)
+    assert diff["speed"]["run"] and len(diff["speed"]["shapes"]) == timed
+    assert "| 0.5.23 us | 0.5.15 us | new / old |" in recheck_report.diff_versions_markdown(diff)
+
+
+@pytest.mark.gpu
+def test_recheck_on_gpu(patch, monkeypatch):
+    """On a GPU: the patched kernel verified against 0.5.20's original, and 0.5.23 vs 0.5.20 timed (minutes)."""
+    monkeypatch.undo()
+    result = recheck.recheck([patch], from_wheel("0.5.20"))
+    gpu = result["patches"][0]["gpu"]
+    assert gpu["run"] is True and gpu["status"] == "correct", gpu.get("reason")
+    assert gpu["upstream"]["run"] is True and gpu["upstream"]["shapes"]
+    assert result["exit_code"] in (0, 1)
