@@ -81,7 +81,22 @@ def optimize(args, tree: SglangTree) -> int:
     print(f"run {run.root.name}: {spec.name} from SGLang {tree.version}, agent {agent.name}; directory {run.root}")
     state = run_loop(run, agent, evaluate, budget, events=_printer(agent))
     print(summary(run))
+    if state.best is not None:
+        print(emit_best_patch(run, spec, tree))
     return 0 if state.best is not None or args.dry_run else 1
+
+
+def emit_best_patch(run: RunDir, spec, tree: SglangTree) -> str:
+    """The run's best verified candidate as patches in the run directory (the emitter refuses what
+    does not meet its bar, and says why)."""
+    from astra.patch import emit_patch
+
+    source, meta, verdict = run.candidate(run.state().best)
+    result = emit_patch(spec, tree, source, verdict or {}, run.root / "patches",
+                        why=f"Found by `astra optimize` ({run.state().agent}): {meta.get('description', '')}.")
+    if result.refused:
+        return f"patch: not emitted: {result.refused}"
+    return f"patch: {result.repo_patch}\n       {result.package_patch}"
 
 
 def _offline(args) -> bool:

@@ -99,3 +99,21 @@ def test_unreachable_endpoint_keeps_the_run(sglang_0523):
         run_loop(run, agent, original_only, Budget(rounds=2))
     assert run.state().stopped.startswith("stopped by the agent: ")
     assert (run.root / "baseline.json").exists()
+
+
+def test_best_candidate_goes_to_the_patch_emitter(sglang_0523):
+    """A scripted verdict has no per-shape timings, so the emitter must refuse it and say why."""
+    from astra.optimize_cmd import emit_best_patch
+
+    spec = spec_mod.load("fused_add_rmsnorm")
+    source = (sglang_0523.csrc_dir / spec.kernel_file).read_text()
+    run = RunDir.create(spec.name, sglang_0523.version, "offline", source)
+    n = run.add_candidate(source.replace("#include", "// x\n#include", 1), {"description": "a comment"})
+    bands = {"decode": 1.1, "all": 1.1}
+    run.save_verdict(n, {"status": "correct", "correct": True, "name": spec.name, "band_speedups": {"graph": bands},
+                         "slower_shapes": [], "cases": []})
+    state = run.state()
+    state.best = n
+    run.save(state)
+    message = emit_best_patch(run, spec, sglang_0523)
+    assert message.startswith("patch: not emitted:") and "timing" in message
