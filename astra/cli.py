@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print one optimize run")
     p.add_argument("run")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--html", action="store_true", help="write the run's static HTML report and print its path")
 
     p = sub.add_parser("bench", help="time the original kernel over its shape suite with roofline (GPU)")
     p.add_argument("names", nargs="+", metavar="NAME")

@@ -81,6 +81,9 @@ def optimize(args, tree: SglangTree) -> int:
     print(f"run {run.root.name}: {spec.name} from SGLang {tree.version}, agent {agent.name}; directory {run.root}")
     state = run_loop(run, agent, evaluate, budget, events=_printer(agent))
     print(summary(run))
+    from astra import run_report
+
+    print(f"report: {run_report.write(run)}")
     if state.best is not None:
         print(emit_best_patch(run, spec, tree))
     return 0 if state.best is not None or args.dry_run else 1
@@ -160,7 +163,11 @@ def runs(args) -> int:
 
 def show(args) -> int:
     run = RunDir.open(args.run)
-    if args.json:
+    if args.html:
+        from astra import run_report
+
+        print(run_report.write(run))
+    elif args.json:
         print(json.dumps({"state": run.state().__dict__}, indent=1))
     else:
         print(summary(run))
