@@ -70,6 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="no GPU: build every candidate with nvcc, verify none")
     p.add_argument("--resume", metavar="RUN", help="continue a run from its directory")
 
+    p = sub.add_parser("eval", help="optimize several kernels and print a table like the Astra paper's Table 2")
+    p.add_argument("--kernels", required=True, help="comma-separated spec names")
+    _sglang_options(p)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--offline", action="store_true")
+    p.add_argument("--model")
+    p.add_argument("--base-url")
+    p.add_argument("--budget-tokens", type=int, default=None)
+    p.add_argument("--budget-usd", type=float, default=None)
+    p.add_argument("--wall-min", type=float, default=60.0)
+    p.add_argument("--no-sanitizer", action="store_true")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--json", metavar="OUT")
+
     p = sub.add_parser("runs", help="list optimize runs")
 
     p = sub.add_parser("show", help="print one optimize run")

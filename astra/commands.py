@@ -219,3 +219,9 @@ def cmd_diff_versions(args) -> int:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print(recheck_report.diff_versions_markdown(result), end="")
     return 0
+
+
+def cmd_eval(args) -> int:
+    from astra import eval_cmd
+
+    return eval_cmd.run(args, lambda name: _tree_for_spec(args, name))

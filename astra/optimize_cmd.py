@@ -58,8 +58,16 @@ def build_only_evaluator(spec, tree: SglangTree):
 
 def optimize(args, tree: SglangTree) -> int:
     spec = spec_mod.load(args.name)
+    run, state = run_optimize(args, spec, tree)
+    if state.best is not None:
+        print(emit_best_patch(run, spec, tree))
+    return 0 if state.best is not None or args.dry_run else 1
+
+
+def run_optimize(args, spec, tree: SglangTree) -> tuple[RunDir, object]:
+    """One optimize run of `spec` (or its resumption): agent, evaluator, budget, loop, report."""
     source = (tree.csrc_dir / spec.kernel_file).read_text()
-    if args.resume:
+    if getattr(args, "resume", None):
         run = RunDir.open(args.resume)
     else:
         run = RunDir.create(spec.name, tree.version, "offline" if _offline(args) else f"llm:{args.model}", source)
@@ -73,7 +81,7 @@ def optimize(args, tree: SglangTree) -> int:
             require_gpu()
         except AstraError as err:
             raise AstraError(f"{err} To see what the offline agent would try, with every candidate built by "
-                             f"nvcc: `astra optimize {spec.name} --dry-run`.", exit_code=err.exit_code) from None
+                             f"nvcc: `astra {args.command} ... --dry-run`.", exit_code=err.exit_code) from None
         evaluate = harness_evaluator(spec, tree, sanitizer=not args.no_sanitizer,
                                      extra_shapes=lambda: getattr(agent, "extra_shapes", []))
     budget = Budget(rounds=args.rounds, wall_s=args.wall_min * 60, tokens=args.budget_tokens,
@@ -84,9 +92,7 @@ def optimize(args, tree: SglangTree) -> int:
     from astra import run_report
 
     print(f"report: {run_report.write(run)}")
-    if state.best is not None:
-        print(emit_best_patch(run, spec, tree))
-    return 0 if state.best is not None or args.dry_run else 1
+    return run, state
 
 
 def emit_best_patch(run: RunDir, spec, tree: SglangTree) -> str:
