@@ -1,26 +1,36 @@
 #!/usr/bin/env bash
-# One device call that validates the harness on a GPU and produces the baseline report.
-# Usage on the GPU box, from the repo root (wheels from ../shared/device/prepare-wheels.sh in .whl/,
-# SGLang trees unpacked under $ASTRA_HOME/sglang/):
-#   ASTRA_HOME=$PWD/.astra-device OUT=/some/dir scripts/device-validate.sh [pytest|bench|check]...
+# Device calls that validate Astra on a GPU, step by step, each bounded so one 10-minute call holds
+# the steps given. Usage on the GPU box, from the repo root, with the wheels of
+# ../shared/device/prepare-wheels.sh in .whl/ and SGLang trees under $ASTRA_HOME/sglang/:
+#   ASTRA_HOME=$PWD/.astra-device OUT=/some/dir scripts/device-validate.sh STEP...
+# Steps: harness adversarial bench bench-rest check optimize recheck   (logs and JSON land in $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 astra() { python3 -m astra.cli "$@"; }
-steps=${*:-pytest bench check}
-for step in $steps; do
+pytest_step() {  # name, timeout, paths...
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" python3 -m pytest -q -rA -m gpu -p no:cacheprovider "$@" > "$OUT/pytest_$name.log" 2>&1
+  echo "pytest $name: exit $?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$OUT/pytest_$name.log" | tail -30
+}
+for step in "$@"; do
   case $step in
-    pytest)
-      timeout 250 python3 -m pytest -q -rA -m gpu tests/harness tests/adversarial -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "passed|failed|PASSED|FAILED|Error|: (correct|incorrect|crashed|timeout|sanitizer|signature_mismatch|build_failed|missing_export|suspect):" ;;
-    bench)
-      ( time timeout 200 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm rmsnorm qknorm per_token_group_quant store_cache \
-          --budget-ms 40 --json "$OUT/bench.json" --report "$OUT/baseline" ) > "$OUT/bench.log" 2>&1
-      grep -E "^==|self-ratio|GPU:|bench failed|wrote|real" "$OUT/bench.log" ;;
-    check)
-      cp "$ASTRA_HOME/sglang/0.5.23/sglang/kernels/jit/csrc/elementwise/fused_add_rmsnorm.cuh" /tmp/cand.cuh
-      ( time timeout 125 python3 -m astra.cli check fused_add_rmsnorm --candidate /tmp/cand.cuh --json "$OUT/check.json" ) > "$OUT/check.log" 2>&1
-      tail -8 "$OUT/check.log" ;;
+    harness) pytest_step harness 200 tests/harness tests/astra ;;
+    adversarial) pytest_step adversarial 420 tests/adversarial ;;
+    bench) ( time timeout 300 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm rmsnorm qknorm \
+               per_token_group_quant store_cache --budget-ms 40 --json "$OUT/bench.json" --report "$OUT/baseline" ) \
+             > "$OUT/bench.log" 2>&1; grep -E "^==|bench failed|wrote|real" "$OUT/bench.log" ;;
+    bench-rest) ( time timeout 200 python3 -m astra.cli bench qknorm per_token_group_quant store_cache \
+               --budget-ms 40 --json "$OUT/bench_rest.json" --report "$OUT/baseline_rest" ) \
+             > "$OUT/bench_rest.log" 2>&1; grep -E "^==|bench failed|wrote|real" "$OUT/bench_rest.log" ;;
+    check) cp "$ASTRA_HOME/sglang/0.5.23/sglang/kernels/jit/csrc/elementwise/fused_add_rmsnorm.cuh" /tmp/cand.cuh
+           ( time timeout 150 python3 -m astra.cli check fused_add_rmsnorm --candidate /tmp/cand.cuh \
+               --json "$OUT/check.json" ) > "$OUT/check.log" 2>&1; tail -8 "$OUT/check.log" ;;
+    optimize) ( time timeout 420 python3 -m astra.cli optimize rmsnorm --offline --rounds 2 --no-sanitizer \
+               --wall-min 6 ) > "$OUT/optimize.log" 2>&1; tail -25 "$OUT/optimize.log"
+              cp "$ASTRA_HOME"/runs/*/report.html "$OUT/" 2>/dev/null ;;
+    recheck) pytest_step recheck 300 tests/astra/test_recheck.py ;;
   esac
 done
