@@ -23,7 +23,8 @@ def cmd_list(args) -> int:
         print(json.dumps({
             "sglang": {"version": tree.version, "origin": tree.origin, "root": str(tree.root),
                        "layout": tree.layout},
-            "modules": [{k: v for k, v in asdict(m).items() if k != "call_sites"} for m in mods],
+            "modules": [{**{k: v for k, v in asdict(m).items() if k != "call_sites"},
+                         "files": _source_hashes(tree, m)} for m in mods],
         }, indent=1))
         return 0
     rows = [[m.name, m.category, ", ".join(m.sources), _short(m.exports),
@@ -35,6 +36,13 @@ def cmd_list(args) -> int:
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     print(f"\n{len(mods)} JIT modules in {tree.describe()}  [{summary}]")
     return 0
+
+
+def _source_hashes(tree: sglang_tree.SglangTree, module: registry.JitModule) -> dict[str, str]:
+    """sha256 of each of the module's own source files, by its path in the SGLang repository layout."""
+    site = module.call_sites[0]
+    found = [registry.resolve_source(tree, f) for f in site.cuda_files + site.cpp_files]
+    return registry.file_hashes(tree, [p for p in found if p is not None])
 
 
 def _short(items: list[str], keep: int = 2) -> str:

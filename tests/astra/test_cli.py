@@ -55,6 +55,9 @@ def test_list_0523_json():
     data = json.loads(out)
     assert data["sglang"]["version"] == "0.5.23"
     assert len(data["modules"]) >= 150
+    fused = next(m for m in data["modules"] if m["name"] == "fused_add_rmsnorm")
+    (path, digest), = fused["files"].items()
+    assert path == "python/sglang/kernels/jit/csrc/elementwise/fused_add_rmsnorm.cuh" and len(digest) == 64
 
 
 def test_nvcc_missing(tmp_path):
