@@ -29,9 +29,18 @@ def _arg(arg, names: dict) -> ArgSpec:
         return ArgSpec(name=arg.name, kind=arg.kind, role="in", dtype=str(arg.dtype), value=value)
     init = {k: (evaluate(v, names) if isinstance(v, str) and k not in ("dist",) else v)
             for k, v in (arg.init or {"dist": "normal"}).items()}
-    return ArgSpec(name=arg.name, kind="tensor", role=arg.role,
+    return ArgSpec(name=arg.name, kind="tensor", role="alias" if arg.alias else arg.role,
                    shape=[int(evaluate(e, names)) for e in arg.shape],
-                   dtype=render(str(arg.dtype), names), init=init)
+                   dtype=render(str(arg.dtype), names), init=init, alias=arg.alias)
+
+
+def _in_place(args: list[ArgSpec]) -> list[ArgSpec]:
+    """An argument that an output aliases is written by the call: it is compared as an inout."""
+    targets = {a.alias for a in args if a.alias}
+    for a in args:
+        if a.name in targets and a.role == "in":
+            a.role = "inout"
+    return args
 
 
 def cases(spec: KernelSpec, extra_shapes: list[dict] | None = None) -> tuple[list[Case], dict[str, Variant]]:
@@ -52,7 +61,7 @@ def cases(spec: KernelSpec, extra_shapes: list[dict] | None = None) -> tuple[lis
                 band=band_of(spec.token_count(sc.dims)),
                 label=sc.label, dtype=dtype, dims=dict(sc.dims), variant=variant.key,
                 bytes=int(evaluate(spec.raw["bytes"], names)),
-                args=[_arg(a, names) for a in spec.arguments],
+                args=_in_place([_arg(a, names) for a in spec.arguments]),
                 timed=index == 0 and not sc.edge,
             ))
     return out, variants

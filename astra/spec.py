@@ -32,6 +32,8 @@ class Argument:
     dtype: str = "{dtype}"
     init: dict = field(default_factory=lambda: {"dist": "normal", "mean": 0.0, "std": 1.0})
     value: object = None
+    alias: str | None = None  # an in-place call: this output is the tensor of an earlier argument
+    doc: str | None = None
 
 
 @dataclass
@@ -233,7 +235,7 @@ def _check_arguments(args, raw) -> list[str]:
         if a["name"] in names:
             out.append(f"{where}: duplicate argument name")
         names.add(a["name"])
-        unknown = set(a) - {"name", "kind", "role", "shape", "dtype", "init", "value", "doc"}
+        unknown = set(a) - {"name", "kind", "role", "shape", "dtype", "init", "value", "doc", "alias"}
         if unknown:
             out.append(f"{where}: unknown field(s) {sorted(unknown)}")
         kind = a.get("kind")
@@ -242,6 +244,8 @@ def _check_arguments(args, raw) -> list[str]:
             continue
         if a.get("role", "in") not in ROLES:
             out.append(f"{where}: role must be one of {ROLES}, not {a.get('role')!r}")
+        if a.get("alias") is not None:
+            out += _check_alias(a, args[:i], where)
         if kind == "tensor":
             if not isinstance(a.get("shape"), list) or not a["shape"]:
                 out.append(f"{where}: a tensor needs `shape`, a list of expressions over dims")
@@ -263,6 +267,18 @@ def _check_arguments(args, raw) -> list[str]:
         elif "value" not in a:
             out.append(f"{where}: a {kind} argument needs `value`")
     return out
+
+
+def _check_alias(arg: dict, earlier: list, where: str) -> list[str]:
+    """`alias: NAME`: an out/inout tensor that is the same tensor as an earlier tensor argument."""
+    target = next((e for e in earlier if isinstance(e, dict) and e.get("name") == arg["alias"]), None)
+    if target is None or target.get("kind") != "tensor":
+        return [f"{where}: alias {arg['alias']!r} must name an earlier tensor argument"]
+    if arg.get("kind") != "tensor" or arg.get("role") not in ("out", "inout"):
+        return [f"{where}: only an out/inout tensor can alias another argument"]
+    if arg.get("shape") != target.get("shape") or arg.get("dtype", "{dtype}") != target.get("dtype", "{dtype}"):
+        return [f"{where}: an alias must have the shape and dtype of {arg['alias']!r}"]
+    return []
 
 
 def _check_tolerance(tol, dtypes) -> list[str]:
@@ -310,6 +326,7 @@ def _check_cases(spec: KernelSpec) -> list[str]:
                     [evaluate(e, names) for e in a.shape]
         except ExprError as err:
             out.append(f"shape {case.label} {case.dims} ({dtype}): {err}")
+        out = list(dict.fromkeys(out))  # the same mistake seen for another dtype is one mistake
         if len(out) > 20:
             out.append("... (more problems of the same kind not shown)")
             break

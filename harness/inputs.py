@@ -114,7 +114,9 @@ def make_inputs(case: Case, seed: int, device: torch.device | str, large: bool =
     device = torch.device(device)
     inputs: dict[str, Any] = {}
     for arg in case.args:
-        if arg.kind == "tensor":
+        if arg.kind == "tensor" and arg.alias:
+            inputs[arg.name] = inputs[arg.alias]  # the very same tensor: an in-place call
+        elif arg.kind == "tensor":
             inputs[arg.name] = make_tensor(arg, _generator(device, _seed_for(case, arg, seed)), device, large)
         elif arg.kind in ("scalar", "string"):
             if arg.value is None:
@@ -137,8 +139,16 @@ def has_large_trial(case: Case) -> bool:
 
 
 def clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy for one side: tensors cloned (same strides), other values shared."""
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    """A deep copy for one side: tensors cloned (same strides), other values shared. Arguments that
+    are one tensor (an alias) stay one tensor in the copy."""
+    copies: dict[int, torch.Tensor] = {}
+    out = {}
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor):
+            out[k] = copies.setdefault(id(v), v.clone())
+        else:
+            out[k] = v
+    return out
 
 
 def poison_value(dtype: torch.dtype) -> float | int | bool:
@@ -177,5 +187,7 @@ def to_call_args(inputs: dict[str, Any], specs: list[ArgSpec]) -> list[Any]:
 
 
 def set_bytes(inputs: dict[str, Any]) -> int:
-    """Bytes held by the tensors of one input set (for sizing graph-mode rotation)."""
-    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
+    """Bytes held by the tensors of one input set (for sizing graph-mode rotation); an aliased
+    tensor counts once."""
+    unique = {id(v): v for v in inputs.values() if isinstance(v, torch.Tensor)}
+    return sum(v.numel() * v.element_size() for v in unique.values())

@@ -27,11 +27,12 @@ def band_of(tokens: int) -> str:
 class ArgSpec:
     name: str
     kind: str  # "tensor" | "scalar" | "string"
-    role: str = "in"  # "in" | "out" | "inout"
+    role: str = "in"  # "in" | "out" | "inout" | "alias" (the same tensor as argument `alias`)
     shape: list[int] = field(default_factory=list)
     dtype: str = "float32"  # torch dtype name
     init: dict = field(default_factory=lambda: {"dist": "normal", "mean": 0.0, "std": 1.0})
     value: Any = None  # scalars and strings
+    alias: str | None = None  # role "alias": pass the tensor of this earlier argument (in-place calls)
 
 
 @dataclass

@@ -253,3 +253,37 @@ def test_build_requests_original_and_candidate(tmp_path: Path):
     job.options = Options(cache_dir=str(tmp_path))
     assert default_cache_dir(job) == tmp_path
     assert default_cache_dir(_job()).name == "builds"
+
+
+def _inplace_case() -> Case:
+    """out aliases x (an in-place call, as SGLang's rmsnorm does by default): x is compared as inout."""
+    return Case(id="inplace", band="decode", label="toy", dtype="float32", dims={"tokens": 4, "hidden": 32},
+                variant="v", bytes=1024,
+                args=[ArgSpec("x", "tensor", "inout", [4, 32], "float32"),
+                      ArgSpec("out", "tensor", "alias", [4, 32], "float32", alias="x")])
+
+
+def test_aliased_output_is_the_same_tensor_and_inplace_hazards_are_caught():
+    def scale(args):  # correct in place: reads everything before it writes
+        x, out = args
+        assert x is out
+        out.copy_(x * 2)
+
+    def hazard(args):  # correct out of place, wrong in place: clears its output (= its input) first
+        x, out = args
+        out.zero_()
+        out.add_(x * 2)
+
+    assert check_case(_inplace_case(), {"orig": scale, "cand": scale}, _job(), "cpu").correct
+    result = check_case(_inplace_case(), {"orig": scale, "cand": hazard}, _job(), "cpu")
+    assert not result.correct and "x" in result.reasons[0]
+
+
+def test_clone_keeps_aliases_and_bytes_count_once():
+    from harness.inputs import clone_inputs, make_inputs, set_bytes
+
+    inputs = make_inputs(_inplace_case(), 0, "cpu")
+    assert inputs["x"] is inputs["out"]
+    copy = clone_inputs(inputs)
+    assert copy["x"] is copy["out"] and copy["x"] is not inputs["x"]
+    assert set_bytes(inputs) == 4 * 32 * 4
