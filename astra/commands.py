@@ -147,7 +147,11 @@ def _tree_for_spec(args, name: str | None = None) -> sglang_tree.SglangTree:
     if getattr(args, "sglang", None) or getattr(args, "sglang_src", None):
         return _tree(args)
     spec = spec_mod.load(name or args.name)
-    return sglang_tree.from_wheel(str(spec.raw["source"]["sglang_version"]))
+    version = str(spec.raw["source"]["sglang_version"])
+    installed = sglang_tree.find_installed()
+    if installed is not None and installed.version == version:
+        return installed  # the user's own install of that very version: no download
+    return sglang_tree.from_wheel(version)
 
 
 def cmd_optimize(args) -> int:
