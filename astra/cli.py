@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wall-min", type=float, default=60.0, help="wall-time budget in minutes")
     p.add_argument("--no-sanitizer", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="no GPU: build every candidate with nvcc, verify none")
+    p.add_argument("--quick-search", action="store_true",
+                   help="search on the timed dtype only; verify the best on the full suite at the end")
     p.add_argument("--resume", metavar="RUN", help="continue a run from its directory")
 
     p = sub.add_parser("eval", help="optimize several kernels and print a table like the Astra paper's Table 2")

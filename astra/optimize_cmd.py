@@ -13,21 +13,47 @@ from astra.errors import AstraError
 from astra.sglang_tree import SglangTree
 
 
-def harness_evaluator(spec, tree: SglangTree, sanitizer: bool = True, extra_shapes=lambda: []):
+def harness_evaluator(spec, tree: SglangTree, sanitizer: bool = True, extra_shapes=lambda: [],
+                      quick: bool = False):
     """Each candidate in its own worker against the original (GPU); `extra_shapes()` are the testing
-    role's additions to the spec's suite."""
+    role's additions to the spec's suite. `quick`: the search checks the timed dtype only (fewer
+    builds and checks); the run's best is then verified on the full suite before it counts."""
     from astra.check_cmd import timeout_for
     from harness.job import Options
     from harness.worker import run_job, verify_job
 
-    def evaluate(source: str, label: str) -> dict:
+    def evaluate(source: str, label: str, *, full: bool = False) -> dict:
         is_original = label == "original"
         job = jobs.make_job(spec, tree, candidate_source=None if is_original else source, label=label,
                             options=Options(sanitizer=sanitizer and not is_original), extra_shapes=extra_shapes())
+        if quick and not full:
+            job.cases = [c for c in job.cases if c.dtype == spec.dtypes[0]]
         runner = run_job if is_original else verify_job
         return runner(job, timeout_s=timeout_for(job))
 
     return evaluate
+
+
+def confirm_best(run: RunDir, evaluate, events=print) -> bool:
+    """Re-verify the best candidate of a quick search on the full suite; on failure the run falls
+    back to the original (a quick search never ships what the full suite rejects)."""
+    from astra.agents.loop import Budget, accepted
+
+    state = run.state()
+    if state.best is None:
+        return True
+    source, meta, _ = run.candidate(state.best)
+    verdict = evaluate(source, meta.get("name", "best"), full=True)
+    run.save_verdict(state.best, verdict)
+    ok, why = accepted(verdict, None, Budget())
+    events(f"full-suite verification of #{state.best:03d}: {'passed' if ok else 'FAILED'}: {why}")
+    if not ok:
+        state.history.append({"n": state.best, "round": state.round, "name": meta.get("name"), "status":
+                              verdict.get("status"), "score": 0.0, "accepted": False,
+                              "why": f"full suite: {why}"})
+        state.best, state.best_score = None, 1.0
+        run.save(state)
+    return ok
 
 
 def build_only_evaluator(spec, tree: SglangTree):
@@ -83,11 +109,15 @@ def run_optimize(args, spec, tree: SglangTree) -> tuple[RunDir, object]:
             raise AstraError(f"{err} To see what the offline agent would try, with every candidate built by "
                              f"nvcc: `astra {args.command} ... --dry-run`.", exit_code=err.exit_code) from None
         evaluate = harness_evaluator(spec, tree, sanitizer=not args.no_sanitizer,
-                                     extra_shapes=lambda: getattr(agent, "extra_shapes", []))
+                                     extra_shapes=lambda: getattr(agent, "extra_shapes", []),
+                                     quick=getattr(args, "quick_search", False))
     budget = Budget(rounds=args.rounds, wall_s=args.wall_min * 60, tokens=args.budget_tokens,
                     cost_usd=args.budget_usd, patience=1 if args.dry_run else 2)
     print(f"run {run.root.name}: {spec.name} from SGLang {tree.version}, agent {agent.name}; directory {run.root}")
     state = run_loop(run, agent, evaluate, budget, events=_printer(agent))
+    if getattr(args, "quick_search", False) and not args.dry_run:
+        confirm_best(run, evaluate)
+        state = run.state()
     print(summary(run))
     from astra import run_report
 

@@ -99,3 +99,20 @@ def test_score_and_acceptance_rules():
     assert not ok and "not faster" in why
     ok, why = accepted(verdict("correct", 1.2, slower=("s",)), None, Budget())
     assert not ok and "slower on 1 shape" in why
+
+
+def test_quick_search_best_must_pass_the_full_suite(run):
+    from astra.optimize_cmd import confirm_best
+
+    agent = ScriptedAgent([[("good-on-bf16", "correct 1.2")]])
+    run_loop(run, agent, evaluator, Budget(rounds=1))
+    assert run.state().best == 1
+
+    def full_suite(source, label, full=False):  # the fp16 cases of the full suite fail
+        return verdict("incorrect", 0.0) if full else evaluator(source, label)
+
+    messages = []
+    assert confirm_best(run, full_suite, events=messages.append) is False
+    state = run.state()
+    assert state.best is None and state.history[-1]["why"].startswith("full suite: not verified: incorrect")
+    assert "FAILED" in messages[0]
