@@ -28,7 +28,7 @@ for step in "$@"; do
     check) cp "$ASTRA_HOME/sglang/0.5.23/sglang/kernels/jit/csrc/elementwise/fused_add_rmsnorm.cuh" /tmp/cand.cuh
            ( time timeout 150 python3 -m astra.cli check fused_add_rmsnorm --candidate /tmp/cand.cuh \
                --json "$OUT/check.json" ) > "$OUT/check.log" 2>&1; tail -8 "$OUT/check.log" ;;
-    optimize) ( time timeout 420 python3 -m astra.cli optimize rmsnorm --offline --rounds 2 --quick-search \
+    optimize) ( time timeout 420 python3 -m astra.cli optimize silu_and_mul --offline --rounds 2 --quick-search \
                --wall-min 6 ) > "$OUT/optimize.log" 2>&1; tail -25 "$OUT/optimize.log"
               cp "$ASTRA_HOME"/runs/*/report.html "$OUT/" 2>/dev/null ;;
     recheck) pytest_step recheck 300 tests/astra/test_recheck.py ;;
