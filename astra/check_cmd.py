@@ -78,10 +78,14 @@ def bench(args, tree_for) -> int:
         job = jobs.make_job(spec, tree_for(spec.name), options=opts)
         job.cases = [c for c in job.cases if c.timed]
         verdict = run_job(job, timeout_s=timeout_for(job))
+        if getattr(args, "ncu", False):
+            verdict["ncu"] = ncu_comparison(job, verdict)
         verdicts[spec.name] = verdict
         ok = ok and verdict.get("status") == "correct"
         print(f"== {spec.name}", flush=True)
         print(format_bench(verdict), flush=True)
+        if verdict.get("ncu"):
+            print(format_ncu(verdict["ncu"]), flush=True)
         _save(args, verdicts, final=False)  # a run cut short keeps what it measured
     _save(args, verdicts, final=True)
     return 0 if ok else 1
@@ -96,6 +100,30 @@ def _save(args, verdicts: dict, *, final: bool) -> None:
         for path in report.write(verdicts, Path(args.report)):
             if final:
                 print(f"wrote {path}")
+
+
+def ncu_comparison(job, verdict: dict) -> dict:
+    """Cold medians against Nsight Compute's gpu__time_duration, per timed shape."""
+    from harness.ncu import cross_check
+
+    result = cross_check(job)
+    rows = []
+    for case in verdict.get("cases", []):
+        ncu_us = result["cases"].get(case["id"])
+        cold = ((case.get("timings", {}).get("cold") or {}).get("orig") or {}).get("median_us")
+        if ncu_us and cold:
+            rows.append({"id": case["id"], "cold_us": cold, "ncu_us": ncu_us, "ratio": cold / ncu_us})
+    return {"skipped": result["skipped"], "rows": rows}
+
+
+def format_ncu(result: dict) -> str:
+    if result.get("skipped"):
+        return f"ncu cross-check not run: {result['skipped']}"
+    rows = [[r["id"], r["cold_us"], r["ncu_us"], r["ratio"]] for r in result["rows"]]
+    big = [r for r in result["rows"] if r["ncu_us"] >= 10]
+    within = sum(abs(r["ratio"] - 1) <= 0.05 for r in big)
+    return (table.render(["shape", "cold us (events)", "ncu us (gpu__time_duration)", "cold / ncu"], rows)
+            + f"\nshapes of 10 us and more: {within}/{len(big)} within 5% of Nsight Compute")
 
 
 def timeout_for(job) -> float:

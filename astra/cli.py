@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-ms", type=float, default=None, help="timing budget per shape and side")
     p.add_argument("--json", metavar="OUT", help="write the verdicts as JSON")
     p.add_argument("--report", metavar="DIR", help="write baseline.md, baseline.json and roofline.svg there")
+    p.add_argument("--ncu", action="store_true",
+                   help="also measure each shape with Nsight Compute (gpu__time_duration) and compare with cold")
     _patch_commands(sub)
     return parser
 

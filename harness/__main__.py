@@ -133,6 +133,14 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
     return 1 if report["findings"] else 0
 
 
+def cmd_ncu_launch(args: argparse.Namespace) -> int:
+    """The side Nsight Compute profiles: one marked launch of the original per timed case."""
+    from harness.ncu import launch_cases
+
+    launch_cases(Job.from_json(Path(args.job).read_text()), Path(args.manifest))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -149,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per tool")
     p.add_argument("--out", help="write the report here instead of stdout")
     p.set_defaults(handler=cmd_sanitize)
+    p = sub.add_parser("ncu-launch", help="(run under ncu) launch the original once per timed case, marked")
+    p.add_argument("job")
+    p.add_argument("--manifest", required=True, help="where the case ids go, in launch order")
+    p.set_defaults(handler=cmd_ncu_launch)
     return parser
 
 

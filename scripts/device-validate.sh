@@ -19,7 +19,7 @@ for step in "$@"; do
   case $step in
     harness) pytest_step harness 200 tests/harness tests/astra ;;
     adversarial) pytest_step adversarial 420 tests/adversarial ;;
-    bench) ( time timeout 300 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm rmsnorm qknorm \
+    bench) ( time timeout 420 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm rmsnorm qknorm --ncu \
                per_token_group_quant store_cache --budget-ms 40 --json "$OUT/bench.json" --report "$OUT/baseline" ) \
              > "$OUT/bench.log" 2>&1; grep -E "^==|bench failed|wrote|real" "$OUT/bench.log" ;;
     bench-rest) ( time timeout 200 python3 -m astra.cli bench qknorm per_token_group_quant store_cache \

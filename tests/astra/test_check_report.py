@@ -49,3 +49,13 @@ def test_report_files(tmp_path):
     assert "Test GPU" in md
     assert '"rmsnorm"' in js
     assert svg.startswith("<svg") and "polyline" in svg and "rmsnorm" in svg
+
+
+def test_ncu_table_counts_agreement_over_10us():
+    result = {"skipped": None, "rows": [
+        {"id": "a", "cold_us": 4.4, "ncu_us": 1.9, "ratio": 4.4 / 1.9},
+        {"id": "b", "cold_us": 21.0, "ncu_us": 20.5, "ratio": 21.0 / 20.5},
+        {"id": "c", "cold_us": 265.0, "ncu_us": 240.0, "ratio": 265.0 / 240.0}]}
+    text = check_cmd.format_ncu(result)
+    assert "cold / ncu" in text and "shapes of 10 us and more: 1/2 within 5% of Nsight Compute" in text
+    assert check_cmd.format_ncu({"skipped": "ncu missing", "rows": []}) == "ncu cross-check not run: ncu missing"
