@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.modules import export_signatures, load_module  # noqa: F401  (part of this API)
 from harness.ptxas import KernelResources, find_demangler, parse_ptxas
 from harness.sources import file_digest, materialise_overlay, override_targets, tree_digest, wrapper_source
 from harness.toolchain import (
@@ -367,7 +368,7 @@ def build_many(reqs: list[BuildRequest], cache_dir: Path, jobs: int | None = Non
         return list(pool.map(lambda req: build(req, cache_dir, **kwargs), reqs))
 
 
-# ---------------------------------------------------------------- torch extensions and loading
+# ---------------------------------------------------------------- torch extensions
 
 
 def build_torch_extension(name: str, sources: list[str], extra_cuda_cflags: list[str], cache_dir: Path) -> BuildResult:
@@ -397,38 +398,3 @@ def build_torch_extension(name: str, sources: list[str], extra_cuda_cflags: list
     except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as error:
         return _failed(trim_errors(str(error)) or str(error), start, key, command, str(error))
     return BuildResult(True, str(so_path), hit, time.monotonic() - start, command, "", None, [], key)
-
-
-def load_module(so_path: str | Path):
-    """Load a built module with tvm_ffi (imports torch first if installed, as tvm_ffi does)."""
-    import tvm_ffi
-
-    return tvm_ffi.load_module(str(so_path))
-
-
-_SIGNATURE_RE = re.compile(r"`([^`]*\([^`]*\)[^`]*)`")
-_PROBE_ARGS = 255  # no kernel takes this many, so the call is refused before any code runs
-
-
-def export_signatures(module, names: list[str]) -> dict[str, str | None]:
-    """Each export's typed signature, e.g. "scale_f32(0: DLTensor*, 1: float) -> void"; None if absent.
-
-    tvm-ffi 0.1.11 only exports metadata when built with TVM_FFI_DLL_EXPORT_INCLUDE_METADATA (SGLang
-    does not), but a typed function called with the wrong number of arguments raises a TypeError that
-    quotes its signature. We call with 255 Nones rather than none, so a zero-argument export never runs.
-    """
-    signatures: dict[str, str | None] = {}
-    for name in names:
-        try:
-            function = module.get_function(name)
-        except AttributeError:
-            signatures[name] = None
-            continue
-        try:
-            function(*([None] * _PROBE_ARGS))
-        except (TypeError, ValueError, RuntimeError) as error:
-            match = _SIGNATURE_RE.search(str(error))
-            signatures[name] = match.group(1) if match else str(error)
-        else:
-            signatures[name] = "(untyped export: accepted any arguments)"
-    return signatures

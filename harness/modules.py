@@ -1,0 +1,41 @@
+"""Loading built modules and reading their exports' typed signatures (tvm-ffi)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+
+def load_module(so_path: str | Path):
+    """Load a built module with tvm_ffi (imports torch first if installed, as tvm_ffi does)."""
+    import tvm_ffi
+
+    return tvm_ffi.load_module(str(so_path))
+
+
+_SIGNATURE_RE = re.compile(r"`([^`]*\([^`]*\)[^`]*)`")
+_PROBE_ARGS = 255  # no kernel takes this many, so the call is refused before any code runs
+
+
+def export_signatures(module, names: list[str]) -> dict[str, str | None]:
+    """Each export's typed signature, e.g. "scale_f32(0: DLTensor*, 1: float) -> void"; None if absent.
+
+    tvm-ffi 0.1.11 only exports metadata when built with TVM_FFI_DLL_EXPORT_INCLUDE_METADATA (SGLang
+    does not), but a typed function called with the wrong number of arguments raises a TypeError that
+    quotes its signature. We call with 255 Nones rather than none, so a zero-argument export never runs.
+    """
+    signatures: dict[str, str | None] = {}
+    for name in names:
+        try:
+            function = module.get_function(name)
+        except AttributeError:
+            signatures[name] = None
+            continue
+        try:
+            function(*([None] * _PROBE_ARGS))
+        except (TypeError, ValueError, RuntimeError) as error:
+            match = _SIGNATURE_RE.search(str(error))
+            signatures[name] = match.group(1) if match else str(error)
+        else:
+            signatures[name] = "(untyped export: accepted any arguments)"
+    return signatures
