@@ -7,6 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export ASTRA_TEST_HOME=${ASTRA_TEST_HOME:-${ASTRA_HOME:-$PWD/.astra-device}}  # tests find the carried wheels (no network there)
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 astra() { python3 -m astra.cli "$@"; }
