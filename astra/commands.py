@@ -35,6 +35,9 @@ def cmd_list(args) -> int:
         counts[m.sm90a] = counts.get(m.sm90a, 0) + 1
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     print(f"\n{len(mods)} JIT modules in {tree.describe()}  [{summary}]")
+    if counts.get("yes"):
+        print("sm_90a 'yes' is a static judgement (sources, guards, dependencies); 'built' means `astra build` "
+              "compiled it here. `astra build --all` turns the first into the second.")
     return 0
 
 
