@@ -4,6 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+TVM_FFI ?= 0.1.11
 PY := $(VENV)/bin/python
 
 .PHONY: setup test test-gpu clean
@@ -13,6 +14,8 @@ setup:
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(TORCH),$(PY) -m pip install -q "$(TORCH)")
 	$(PY) -m pip install -q -e '.[dev]'
+	# the tvm-ffi that SGLang 0.5.23 (the default tree) pins: its headers and library go into every build
+	$(PY) -m pip install -q "apache-tvm-ffi==$(TVM_FFI)"
 	$(VENV)/bin/astra --help > /dev/null
 
 test:

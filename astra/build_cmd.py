@@ -65,6 +65,22 @@ def requests_for(tree: SglangTree, name: str, arch: str, variant: str | None, ov
     return [("guessed template arguments" if guess.guessed else "default", req)], notes
 
 
+def tvm_ffi_mismatch(tree: SglangTree) -> str | None:
+    """A line when the installed apache-tvm-ffi is not the version this SGLang pins (its headers and
+    library are part of the build), else None."""
+    from harness.toolchain import tvm_ffi_version
+
+    pin = tree.requirement("apache-tvm-ffi")
+    have = tvm_ffi_version()
+    if not pin or not pin.startswith("==") or have in (None, "unknown"):
+        return None
+    want = pin[2:].split(",")[0].strip()
+    if have == want:
+        return None
+    return (f"SGLang {tree.version} pins apache-tvm-ffi {want} but {have} is installed; builds use {have}'s "
+            f"headers (`pip install apache-tvm-ffi=={want}` to build exactly as SGLang does)")
+
+
 def _spec_for(name: str):
     for spec_name in spec_mod.available():
         spec = spec_mod.load(spec_name)
@@ -83,6 +99,9 @@ def run(args, tree: SglangTree) -> int:
     except toolchain.BuildFailure as err:
         raise ToolMissing(str(err)) from None
     arch = _arch(args.arch)
+    mismatch = tvm_ffi_mismatch(tree)
+    if mismatch:
+        print(f"note: {mismatch}")
     overrides = dict(kv.split("=", 1) for kv in args.set if "=" in kv)
     if args.all:
         names = [m.name for m in registry.modules(tree) if m.sm90a in ("yes", "built", "build-failed")]

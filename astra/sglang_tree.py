@@ -87,6 +87,15 @@ class SglangTree:
         """The path of `path` inside an installed package (`sglang/...`)."""
         return Path(path).resolve().relative_to(self.root.resolve()).as_posix()
 
+    def requirement(self, package: str) -> str | None:
+        """The version specifier SGLang's metadata gives for `package` (e.g. "==0.1.11"), if known."""
+        for meta in sorted(self.root.glob("sglang-*.dist-info/METADATA")):
+            for line in meta.read_text(errors="replace").splitlines():
+                m = re.match(r"Requires-Dist:\s*" + re.escape(package) + r"\s*([^;]*)", line, re.I)
+                if m:
+                    return m.group(1).strip().strip("()") or None
+        return None
+
     def describe(self) -> str:
         return f"SGLang {self.version} ({self.origin}, layout sglang/{self.layout}) at {self.root}"
 

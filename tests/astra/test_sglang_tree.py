@@ -65,3 +65,20 @@ def test_wheel_unpacks_only_kernel_sources(sglang_0523):
 def test_version_not_in_index():
     with pytest.raises(SglangNotFound, match="not in the package index"):
         sglang_tree.from_wheel("0.0.999")
+
+
+def test_requirement_and_tvm_ffi_pin(tmp_path, monkeypatch):
+    from astra import build_cmd
+    from harness import toolchain
+
+    root = _fake_checkout(tmp_path)
+    meta = root / "python" / "sglang-9.1.2.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Name: sglang\nRequires-Dist: apache-tvm-ffi==0.1.11\nRequires-Dist: torch\n")
+    tree = sglang_tree.from_source(root)
+    assert tree.requirement("apache-tvm-ffi") == "==0.1.11"
+    assert tree.requirement("flashinfer") is None
+    monkeypatch.setattr(toolchain, "tvm_ffi_version", lambda: "0.1.15")
+    assert "pins apache-tvm-ffi 0.1.11 but 0.1.15 is installed" in build_cmd.tvm_ffi_mismatch(tree)
+    monkeypatch.setattr(toolchain, "tvm_ffi_version", lambda: "0.1.11")
+    assert build_cmd.tvm_ffi_mismatch(tree) is None
