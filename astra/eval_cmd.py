@@ -11,16 +11,17 @@ Time is the geometric mean over the spec's timed shapes of the graph-mode median
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from astra import spec as spec_mod, table
 from astra.optimize_cmd import run_optimize
+from harness.stats import geomean
 
 
 def _geomean(values: list[float]) -> float | None:
+    """harness.stats.geomean over the positive values; None when there are none."""
     values = [v for v in values if v and v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+    return geomean(values) if values else None
 
 
 def _times(verdict: dict | None, side: str) -> float | None:

@@ -56,6 +56,11 @@ class Agent(Protocol):
         """(tokens, cost in USD) spent so far."""
 
 
+def source_id(source: str) -> str:
+    """The identity of a source text in a run's history (which base a proposal was made on)."""
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
 def score(verdict: dict, mode: str = "graph") -> float:
     """Geomean speedup over every timed shape in `mode`; 0 for anything not verified correct."""
     if not verdict or verdict.get("status") != "correct" or not verdict.get("correct"):
@@ -116,7 +121,7 @@ def run_loop(run: RunDir, agent: Agent, evaluate: Evaluator, budget: Budget,
             state.stopped = "the agent has nothing left to try"
             break
         improved = False
-        base = hashlib.sha256(ctx.base_source.encode()).hexdigest()
+        base = source_id(ctx.base_source)
         for proposal in proposals:
             n = run.add_candidate(proposal.source, {"name": proposal.name, "family": proposal.family,
                                                     "description": proposal.description, "round": state.round})

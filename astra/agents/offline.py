@@ -3,11 +3,10 @@ its roofline) and proposes catalog transformations of the current best source, e
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from pathlib import Path
 
-from astra.agents.loop import Context
+from astra.agents.loop import Context, source_id
 from astra.agents.transforms import Proposal, catalog, kernels_of
 
 # Which transformation families to try first, by where the gap is.
@@ -53,7 +52,7 @@ class OfflineAgent:
         return 0, 0.0
 
     def propose(self, ctx: Context) -> list[Proposal]:
-        base = hashlib.sha256(ctx.base_source.encode()).hexdigest()
+        base = source_id(ctx.base_source)
         for entry in ctx.history:  # a resumed run does not retry what it already tried on this base
             if entry.get("base") == base:
                 self.tried.add((base, entry["name"]))
