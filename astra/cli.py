@@ -14,6 +14,21 @@ def _sglang_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sglang-src", metavar="PATH", help="a git checkout of SGLang, or an unpacked package")
 
 
+def _loop_options(p: argparse.ArgumentParser) -> None:
+    """What `optimize` and `eval` share: the agent, the endpoint, the budgets."""
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--offline", action="store_true", help="use the built-in search agent even if an LLM is configured")
+    p.add_argument("--model", help="LLM model name (OpenAI-compatible endpoint)")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:30000/v1")
+    p.add_argument("--budget-tokens", type=int, default=None)
+    p.add_argument("--budget-usd", type=float, default=None)
+    p.add_argument("--wall-min", type=float, default=60.0, help="wall-time budget in minutes")
+    p.add_argument("--no-sanitizer", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="no GPU: build every candidate with nvcc, verify none")
+    p.add_argument("--quick-search", action="store_true",
+                   help="search on the timed dtype only; verify the best on the full suite at the end")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="astra", description="Find, verify and speed up the CUDA kernels of SGLang.")
@@ -59,31 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("optimize", help="run the optimize loop on a spec'd kernel (GPU; --dry-run without)")
     p.add_argument("name")
     _sglang_options(p)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--offline", action="store_true", help="use the built-in search agent even if an LLM is configured")
-    p.add_argument("--model", help="LLM model name (OpenAI-compatible endpoint)")
-    p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:30000/v1")
-    p.add_argument("--budget-tokens", type=int, default=None)
-    p.add_argument("--budget-usd", type=float, default=None)
-    p.add_argument("--wall-min", type=float, default=60.0, help="wall-time budget in minutes")
-    p.add_argument("--no-sanitizer", action="store_true")
-    p.add_argument("--dry-run", action="store_true", help="no GPU: build every candidate with nvcc, verify none")
-    p.add_argument("--quick-search", action="store_true",
-                   help="search on the timed dtype only; verify the best on the full suite at the end")
+    _loop_options(p)
     p.add_argument("--resume", metavar="RUN", help="continue a run from its directory")
 
     p = sub.add_parser("eval", help="optimize several kernels and print a table like the Astra paper's Table 2")
     p.add_argument("--kernels", required=True, help="comma-separated spec names")
     _sglang_options(p)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--offline", action="store_true")
-    p.add_argument("--model")
-    p.add_argument("--base-url")
-    p.add_argument("--budget-tokens", type=int, default=None)
-    p.add_argument("--budget-usd", type=float, default=None)
-    p.add_argument("--wall-min", type=float, default=60.0)
-    p.add_argument("--no-sanitizer", action="store_true")
-    p.add_argument("--dry-run", action="store_true")
+    _loop_options(p)
     p.add_argument("--json", metavar="OUT")
 
     p = sub.add_parser("runs", help="list optimize runs")
