@@ -51,7 +51,8 @@ def parse_csv(text: str) -> list[tuple[str, float]]:
             continue
         value = float(str(row["Metric Value"]).replace(",", ""))
         scale = _UNITS_NS.get(str(row.get("Metric Unit", "nsecond")).strip(), 1.0)
-        out.append((int(row["ID"]), row["Kernel Name"], value * scale))
+        name = row.get("Kernel Name") or row.get("Function Name") or row.get("Name") or ""  # ncu versions differ
+        out.append((int(row["ID"]), name, value * scale))
     return [(name, ns) for _, name, ns in sorted(out)]
 
 

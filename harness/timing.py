@@ -10,7 +10,11 @@ per-launch *mean* over K launches and the spread (p10, p90) is that of those mea
 of 2 x L2 bytes. This view carries the event floor (about 4 us on an H200) and launch latency.
 
 Both modes: warm-up excluded; samples alternate in ABBA order (o c, c o, o c, ...) in batches, so
-neither side always follows the other or a synchronisation; the loop stops once
+neither side always follows the other or a synchronisation. Each batch starts behind a spin kernel
+sized to the host's enqueue time, with the garbage collector paused, so the GPU is busy while the host
+enqueues and no sample's events include host time (on an H200 some samples, mostly the first after a
+synchronisation, ran ~2.5-2.9 ms long in both modes before this); `info.batch_position` records
+whether first-after-sync samples still differ. The loop stops once
 every side has `min_samples` samples and each side's `stats.rel_stderr` is under the target, or when
 the budget (`budget_ms` per side) is spent. `min_samples` is honoured past the budget up to
 `_HARD_BUDGET_FACTOR` x the budget, so a pathologically slow kernel cannot hold the worker forever.
@@ -18,6 +22,7 @@ the budget (`budget_ms` per side) is spent. `min_samples` is honoured past the b
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -36,6 +41,10 @@ MIN_SAMPLES = 10
 COLD_MIN_SAMPLES = 200  # cold samples are single launches: cheap but clustered; at 14-80 samples A/A medians differed by up to 5%
 MAX_SAMPLES = 20000
 BATCH = 7  # rounds between synchronisations; odd, so batches start with each side in turn
+KEEP_BUSY_US = 200.0  # least spin enqueued ahead of each batch (see _sample_loop)
+MAX_BUSY_US = 20000.0
+PAUSE_GC = True  # pause Python's garbage collector while sampling (scripts/timing_probe.py turns it off to compare)
+_SPIN_CYCLES_PER_US = 2000  # torch.cuda._sleep counts clock cycles; ~2 GHz on H100/H200 (a longer spin is harmless)
 _HARD_BUDGET_FACTOR = 5.0
 
 Launch = Callable[[Sequence[Any]], Any]  # calls the kernel with positional arguments
@@ -76,44 +85,68 @@ def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
+def keep_busy(us: float) -> None:
+    """Enqueue a spin of about `us` microseconds on the current stream (nothing when `us` <= 0)."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if us > 0 and sleep is not None:
+        sleep(int(us * _SPIN_CYCLES_PER_US))
+
+
 def _sample_loop(run_one: dict[str, Callable[[], tuple[Any, Any]]], per_sample: float, budget_ms: float,
-                 target: float, min_samples: int, max_samples: int
+                 target: float, min_samples: int, max_samples: int, keep_busy_us: float | None = None
                  ) -> tuple[dict[str, list[float]], str, dict[str, list[bool]]]:
     """Interleave sides until the stop rule holds. `run_one[side]()` enqueues one sample and returns
-    its (start, end) events; a sample's time in us is elapsed_ms * 1000 / per_sample."""
+    its (start, end) events; a sample's time in us is elapsed_ms * 1000 / per_sample.
+
+    Each batch is enqueued behind a spin (`keep_busy_us`; None sizes it to 1.5 x the host time the last
+    batch took to enqueue, at least KEEP_BUSY_US; 0 turns it off), and Python's garbage collector is
+    paused while sampling (as `timeit` does), so a host pause cannot land between a sample's events."""
     samples: dict[str, list[float]] = {side: [] for side in run_one}
     first: dict[str, list[bool]] = {side: [] for side in run_one}  # sample was its side's first after a sync
     budget_s = budget_ms / 1000.0 * len(run_one)
     start = time.perf_counter()
     forward = list(run_one.items())
     rounds = 0
-    while True:
-        pending = []
-        for _ in range(BATCH):
-            order = forward if rounds % 2 == 0 else forward[::-1]  # o c, c o, o c, ...: positions even out
-            rounds += 1
-            for side, run in order:
-                pending.append((side, *run()))
-        torch.cuda.synchronize()
-        seen: set[str] = set()
-        for side, begin, end in pending:
-            samples[side].append(begin.elapsed_time(end) * 1000.0 / per_sample)
-            first[side].append(side not in seen)
-            seen.add(side)
-        n = min(len(v) for v in samples.values())
-        elapsed = time.perf_counter() - start
-        if n >= min_samples and all(rel_stderr(v) < target for v in samples.values()):
-            return samples, "converged", first
-        if n >= max_samples:
-            return samples, "max_samples", first
-        if elapsed >= budget_s and (n >= min_samples or elapsed >= _HARD_BUDGET_FACTOR * budget_s):
-            return samples, "budget", first
+    enqueue_us = 0.0
+    collecting = gc.isenabled()
+    if PAUSE_GC:
+        gc.disable()
+    try:
+        while True:
+            pending = []
+            spin = keep_busy_us if keep_busy_us is not None else min(MAX_BUSY_US, max(KEEP_BUSY_US, 1.5 * enqueue_us))
+            keep_busy(spin)
+            t0 = time.perf_counter()
+            for _ in range(BATCH):
+                order = forward if rounds % 2 == 0 else forward[::-1]  # o c, c o, o c, ...: positions even out
+                rounds += 1
+                for side, run in order:
+                    pending.append((side, *run()))
+            enqueue_us = (time.perf_counter() - t0) * 1e6
+            torch.cuda.synchronize()
+            seen: set[str] = set()
+            for side, begin, end in pending:
+                samples[side].append(begin.elapsed_time(end) * 1000.0 / per_sample)
+                first[side].append(side not in seen)
+                seen.add(side)
+            n = min(len(v) for v in samples.values())
+            elapsed = time.perf_counter() - start
+            if n >= min_samples and all(rel_stderr(v) < target for v in samples.values()):
+                return samples, "converged", first
+            if n >= max_samples:
+                return samples, "max_samples", first
+            if elapsed >= budget_s and (n >= min_samples or elapsed >= _HARD_BUDGET_FACTOR * budget_s):
+                return samples, "budget", first
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def batch_position_medians(samples: dict[str, list[float]], flags: dict[str, list[bool]]) -> dict[str, dict[str, float]]:
     """Diagnostics: per side, the median of samples taken first after a synchronisation and of the
     rest. A large gap means the GPU idled while the host enqueued the first sample of each batch,
-    which inflates the upper percentiles (seen in graph mode on an H200; cause under investigation)."""
+    which inflates the upper percentiles. `slow_samples` counts samples over twice the side's median and
+    `slow_first` how many of them were first after a synchronisation (1 in BATCH by chance)."""
     from harness.stats import median
 
     out = {}
@@ -122,7 +155,10 @@ def batch_position_medians(samples: dict[str, list[float]], flags: dict[str, lis
         firsts = [v for v, f in zip(values, marks) if f]
         rest = [v for v, f in zip(values, marks) if not f]
         if firsts and rest:
-            out[side] = {"first_after_sync_us": median(firsts), "others_us": median(rest)}
+            mid = median(values)
+            slow = [f for v, f in zip(values, marks) if v > 2 * mid]
+            out[side] = {"first_after_sync_us": median(firsts), "others_us": median(rest),
+                         "slow_samples": len(slow), "slow_first": sum(slow)}
     return out
 
 
@@ -140,7 +176,7 @@ def _estimate_us(launch: Launch, args: Sequence[Any]) -> float:
 def time_graph(launches: dict[str, Launch], make_args: Callable[[int], Sequence[Any]], bytes_per_set: int, *,
                budget_ms: float = 400.0, target_rel_stderr: float = 0.01, min_samples: int = MIN_SAMPLES,
                max_samples: int = MAX_SAMPLES, device: torch.device | str | None = None,
-               warmup_replays: int = 2) -> Timing:
+               warmup_replays: int = 2, keep_busy_us: float | None = None) -> Timing:
     """Graph-mode timing of every side on shared rotating input sets (see the module docstring).
 
     `make_args(i)` returns the positional arguments of input set i (set 0 is used for estimates).
@@ -179,16 +215,18 @@ def time_graph(launches: dict[str, Launch], make_args: Callable[[int], Sequence[
         return run
 
     samples, stop, first = _sample_loop({s: runner(g) for s, g in graphs.items()}, per_replay, budget_ms,
-                                 target_rel_stderr, min_samples, max_samples)
+                                        target_rel_stderr, min_samples, max_samples, keep_busy_us)
     info = {"input_sets": n_sets, "launches_per_sample": per_replay, "rotation_bytes": n_sets * bytes_per_set,
-            "l2_bytes": l2, "stop": stop, "batch_position": batch_position_medians(samples, first)}
+            "l2_bytes": l2, "stop": stop, "keep_busy_us": "auto" if keep_busy_us is None else keep_busy_us,
+            "batch_position": batch_position_medians(samples, first)}
     del graphs
     return Timing("graph", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
 
 
 def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: float = 400.0,
               target_rel_stderr: float = 0.01, min_samples: int = COLD_MIN_SAMPLES, max_samples: int = MAX_SAMPLES,
-              device: torch.device | str | None = None, warmup: int = 3) -> Timing:
+              device: torch.device | str | None = None, warmup: int = 3,
+              keep_busy_us: float | None = None) -> Timing:
     """Cold-mode timing: per sample, flush L2 (zero 2 x L2 bytes), then one launch between events."""
     l2 = l2_bytes(device)
     flush = torch.empty(FLUSH_FACTOR * l2, dtype=torch.uint8, device=torch.device(device or "cuda"))
@@ -209,8 +247,8 @@ def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: fl
         return run
 
     samples, stop, first = _sample_loop({s: runner(f) for s, f in launches.items()}, 1.0, budget_ms,
-                                 target_rel_stderr, min_samples, max_samples)
-    info = {"flush_bytes": FLUSH_FACTOR * l2, "l2_bytes": l2, "stop": stop,
+                                        target_rel_stderr, min_samples, max_samples, keep_busy_us)
+    info = {"flush_bytes": FLUSH_FACTOR * l2, "l2_bytes": l2, "stop": stop, "keep_busy_us": "auto" if keep_busy_us is None else keep_busy_us,
             "batch_position": batch_position_medians(samples, first)}
     return Timing("cold", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
 

@@ -3,7 +3,7 @@
 # the steps given. Usage on the GPU box, from the repo root, with the wheels of
 # ../shared/device/prepare-wheels.sh in .whl/ and SGLang trees under $ASTRA_HOME/sglang/:
 #   ASTRA_HOME=$PWD/.astra-device OUT=/some/dir scripts/device-validate.sh STEP...
-# Steps: harness adversarial bench bench-rest check optimize recheck   (logs and JSON land in $OUT)
+# Steps: probe gpu harness adversarial check bench bench-rest optimize recheck   (logs and JSON land in $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -18,12 +18,15 @@ pytest_step() {  # name, timeout, paths...
 }
 for step in "$@"; do
   case $step in
+    probe) timeout 120 python3 scripts/timing_probe.py --json "$OUT/probe.json" > "$OUT/probe.log" 2>&1
+           echo "probe: exit $?"; cat "$OUT/probe.log" ;;
+    gpu) pytest_step gpu 480 tests/harness tests/adversarial ;;  # every gpu test but recheck's, one run
     harness) pytest_step harness 200 tests/harness tests/astra ;;
     adversarial) pytest_step adversarial 420 tests/adversarial ;;
-    bench) ( time timeout 420 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm rmsnorm qknorm --ncu \
-               per_token_group_quant store_cache --budget-ms 40 --json "$OUT/bench.json" --report "$OUT/baseline" ) \
+    bench) ( time timeout 300 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm rmsnorm --ncu \
+               --budget-ms 40 --json "$OUT/bench.json" --report "$OUT/baseline" ) \
              > "$OUT/bench.log" 2>&1; grep -E "^==|bench failed|wrote|real" "$OUT/bench.log" ;;
-    bench-rest) ( time timeout 200 python3 -m astra.cli bench qknorm per_token_group_quant store_cache \
+    bench-rest) ( time timeout 200 python3 -m astra.cli bench qknorm per_token_group_quant store_cache --ncu \
                --budget-ms 40 --json "$OUT/bench_rest.json" --report "$OUT/baseline_rest" ) \
              > "$OUT/bench_rest.log" 2>&1; grep -E "^==|bench failed|wrote|real" "$OUT/bench_rest.log" ;;
     check) cp "$ASTRA_HOME/sglang/0.5.23/sglang/kernels/jit/csrc/elementwise/fused_add_rmsnorm.cuh" /tmp/cand.cuh

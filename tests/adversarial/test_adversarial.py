@@ -34,6 +34,19 @@ def adversarial_job(name: str | None):
                         case_timeout_s=30.0)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def prebuilt():
+    """Build the original and every candidate up front, one nvcc per core, into the content-hashed cache
+    the workers read: each test then times its worker, not a serial compile (minutes saved). Failures
+    here are not asserted: j must fail, and each test's worker reports its own build."""
+    from harness.build import build_many
+    from harness.evaluate import build_requests, default_cache_dir
+
+    jobs = [adversarial_job(None)] + [adversarial_job(e.name) for e in CANDIDATES]
+    unique = {(r.name, repr(sorted(r.overrides.items()))): r for job in jobs for _, _, r in build_requests(job)}
+    build_many(list(unique.values()), default_cache_dir(jobs[0]))
+
+
 def assert_verdict(verdict: dict, expect: Expectation) -> None:
     print(f"{expect.name}: {verdict['status']}: {verdict['reason']}")  # shown by -rA: the reasons, for review
     assert verdict["status"] in expect.statuses, f"{expect.name}: {verdict['status']}: {verdict['reason']}"
