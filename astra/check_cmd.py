@@ -107,23 +107,36 @@ def ncu_comparison(job, verdict: dict) -> dict:
     from harness.ncu import cross_check
 
     result = cross_check(job)
+    cold_empty = (verdict.get("env") or {}).get("cold_launch_floor_us")
+    overhead = cold_empty - result["empty_us"] if cold_empty and result.get("empty_us") else None
     rows = []
     for case in verdict.get("cases", []):
         ncu_us = result["cases"].get(case["id"])
         cold = ((case.get("timings", {}).get("cold") or {}).get("orig") or {}).get("median_us")
         if ncu_us and cold:
-            rows.append({"id": case["id"], "cold_us": cold, "ncu_us": ncu_us, "ratio": cold / ncu_us})
-    return {"skipped": result["skipped"], "rows": rows}
+            row = {"id": case["id"], "cold_us": cold, "ncu_us": ncu_us, "ratio": cold / ncu_us}
+            if overhead is not None:
+                row["net_ratio"] = (cold - overhead) / ncu_us
+            rows.append(row)
+    return {"skipped": result["skipped"], "rows": rows, "launch_overhead_us": overhead,
+            "cold_empty_us": cold_empty, "ncu_empty_us": result.get("empty_us")}
 
 
 def format_ncu(result: dict) -> str:
     if result.get("skipped"):
         return f"ncu cross-check not run: {result['skipped']}"
-    rows = [[r["id"], r["cold_us"], r["ncu_us"], r["ratio"]] for r in result["rows"]]
+    rows = [[r["id"], r["cold_us"], r["ncu_us"], r["ratio"], r.get("net_ratio", "-")] for r in result["rows"]]
     big = [r for r in result["rows"] if r["ncu_us"] >= 10]
     within = sum(abs(r["ratio"] - 1) <= 0.05 for r in big)
-    return (table.render(["shape", "cold us (events)", "ncu us (gpu__time_duration)", "cold / ncu"], rows)
-            + f"\nshapes of 10 us and more: {within}/{len(big)} within 5% of Nsight Compute")
+    lines = [table.render(["shape", "cold us (events)", "ncu us (gpu__time_duration)", "cold / ncu", "net / ncu"], rows),
+             f"shapes of 10 us and more: {within}/{len(big)} within 5% of Nsight Compute (raw cold)"]
+    overhead = result.get("launch_overhead_us")
+    if overhead is not None:
+        net = sum(abs(r["net_ratio"] - 1) <= 0.05 for r in big)
+        lines.append(f"net of the launch overhead events add ({overhead:.2f} us = cold empty launch "
+                     f"{result['cold_empty_us']:.2f} - ncu empty launch {result['ncu_empty_us']:.2f}): "
+                     f"{net}/{len(big)} within 5%")
+    return "\n".join(lines)
 
 
 def timeout_for(job) -> float:

@@ -67,6 +67,8 @@ def per_shape(verdict: dict | None) -> str:
 
 
 def render(run: RunDir) -> str:
+    from astra.optimize_cmd import band_wins_line
+
     state = run.state()
     best = run.candidate(state.best)[2] if state.best else None
     chart_source = {"best": best} if best else {}
@@ -81,6 +83,7 @@ def render(run: RunDir) -> str:
     chart = _svg_roofline(chart_source) if chart_source else "<p>No timings yet.</p>"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>{summary}</p>"
+            f"<p>{html.escape(band_wins_line(run))}</p>"
             f"<h2>Trajectory</h2>{trajectory(run)}<h2>Original against best, per shape</h2>{per_shape(best)}"
             f"<h2>Roofline</h2>{chart}</body></html>\n")
 

@@ -36,7 +36,7 @@ from harness.inputs import clone_inputs, make_inputs, set_bytes, to_call_args
 from harness.job import Case, Job
 from harness.roofline import copy_floor, measure_copy_bandwidth, roofline_entry, suspect
 from harness.stats import speedup
-from harness.timing import CaptureError, l2_bytes, launch_overhead_floor, time_cold, time_graph
+from harness.timing import CaptureError, cold_launch_floor, l2_bytes, launch_overhead_floor, time_cold, time_graph
 from harness.toolchain import BuildFailure, nvcc_release, tvm_ffi_version
 from harness.verdict import CaseResult, Verdict, decide
 
@@ -143,6 +143,7 @@ def collect_env(device: torch.device) -> dict[str, Any]:
            "cuda_runtime": torch.version.cuda, "nvcc": nvcc, "torch": torch.__version__, "tvm_ffi": tvm_ffi_version()}
     env["copy_bandwidth_Bps"] = measure_copy_bandwidth(device)
     env["launch_floor_us"] = launch_overhead_floor(device).median_us
+    env["cold_launch_floor_us"] = cold_launch_floor(device).median_us
     return env
 
 

@@ -8,7 +8,9 @@ runs (`--clock-control none`); the kernels between a pair of markers are the cas
 durations add up to the case's time. Input preparation happens outside the markers and is ignored.
 
 Event timing (cold mode) includes the launch latency that `gpu__time_duration` does not, so small
-shapes are expected to differ by a few microseconds; the report shows both, per shape.
+shapes are expected to differ by a few microseconds; the report shows both, per shape, and a "net"
+ratio that takes that fixed overhead out: (cold - (cold empty launch - ncu empty launch)) / ncu, both
+empty launches measured by the tool (the worker's `cold_launch_floor_us`, the markers' median here).
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ def parse_csv(text: str) -> list[tuple[str, float]]:
         name = row.get("Kernel Name") or row.get("Function Name") or row.get("Name") or ""  # ncu versions differ
         out.append((int(row["ID"]), name, value * scale))
     return [(name, ns) for _, name, ns in sorted(out)]
+
+
+def marker_durations(kernels: list[tuple[str, float]], marker: str = MARKER) -> list[float]:
+    """Durations (ns) of the marker kernels themselves: an empty launch as Nsight Compute sees it."""
+    return [ns for name, ns in kernels if marker in name]
 
 
 def split_by_markers(kernels: list[tuple[str, float]], marker: str = MARKER) -> list[list[float]]:
@@ -113,8 +120,11 @@ def cross_check(job: Job, *, timeout_s: float = 900.0) -> dict:
             return {"skipped": f"the profiled worker did not finish (exit {outcome.returncode}): {tail[0]}",
                     "cases": {}}
         ids = json.loads(manifest.read_text())
-        groups = split_by_markers(parse_csv(log.read_text()))
+        kernels = parse_csv(log.read_text())
+        groups = split_by_markers(kernels)
+        markers = sorted(marker_durations(kernels))
     if len(groups) != len(ids):
         return {"skipped": f"{len(groups)} marked groups for {len(ids)} cases (ncu output not as expected)",
                 "cases": {}}
-    return {"skipped": None, "cases": {i: sum(g) / 1000.0 for i, g in zip(ids, groups)}}
+    empty_us = markers[len(markers) // 2] / 1000.0 if markers else None
+    return {"skipped": None, "cases": {i: sum(g) / 1000.0 for i, g in zip(ids, groups)}, "empty_us": empty_us}

@@ -6,8 +6,8 @@ time they were used); a sample is one replay timed with CUDA events, divided by 
 enough rounds to make a replay last >= 0.5 ms (graph-launch overhead under ~2%), so each sample is a
 per-launch *mean* over K launches and the spread (p10, p90) is that of those means.
 
-`cold`: one launch per sample with CUDA events around it, L2 flushed before each by zeroing a buffer
-of 2 x L2 bytes. This view carries the event floor (about 4 us on an H200) and launch latency.
+`cold`: one launch per sample with CUDA events around it, L2 flushed before each by reading a buffer
+of 2 x L2 bytes (reading, so L2 is left clean). This view carries the event floor (about 4 us on an H200) and launch latency.
 
 Both modes: warm-up excluded; samples alternate in ABBA order (o c, c o, o c, ...) in batches, so
 neither side always follows the other or a synchronisation. Each batch starts behind a spin kernel
@@ -227,9 +227,14 @@ def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: fl
               target_rel_stderr: float = 0.01, min_samples: int = COLD_MIN_SAMPLES, max_samples: int = MAX_SAMPLES,
               device: torch.device | str | None = None, warmup: int = 3,
               keep_busy_us: float | None = None) -> Timing:
-    """Cold-mode timing: per sample, flush L2 (zero 2 x L2 bytes), then one launch between events."""
+    """Cold-mode timing: per sample, flush L2 by reading 2 x L2 bytes, then one launch between events.
+
+    The flush reads rather than writes: zeroing a buffer leaves L2 full of dirty lines whose write-back
+    the timed kernel would pay (suspected cause of cold medians 5-8 us above Nsight Compute's
+    gpu__time_duration on large shapes on an H200, where Nsight's own flush leaves L2 clean)."""
     l2 = l2_bytes(device)
-    flush = torch.empty(FLUSH_FACTOR * l2, dtype=torch.uint8, device=torch.device(device or "cuda"))
+    flush = torch.zeros(FLUSH_FACTOR * l2 // 4, dtype=torch.int32, device=torch.device(device or "cuda"))
+    sink = torch.empty((), dtype=torch.int32, device=flush.device)
     args = list(args)
     for _ in range(warmup):
         for launch in launches.values():
@@ -238,7 +243,7 @@ def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: fl
 
     def runner(launch: Launch) -> Callable[[], tuple[Any, Any]]:
         def run() -> tuple[Any, Any]:
-            flush.zero_()
+            torch.amax(flush, dim=0, out=sink)  # reads every line, writes 4 bytes
             begin, end = _event_pair()
             begin.record()
             launch(args)
@@ -248,9 +253,18 @@ def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: fl
 
     samples, stop, first = _sample_loop({s: runner(f) for s, f in launches.items()}, 1.0, budget_ms,
                                         target_rel_stderr, min_samples, max_samples, keep_busy_us)
-    info = {"flush_bytes": FLUSH_FACTOR * l2, "l2_bytes": l2, "stop": stop, "keep_busy_us": "auto" if keep_busy_us is None else keep_busy_us,
+    info = {"flush_bytes": FLUSH_FACTOR * l2, "flush": "read", "l2_bytes": l2, "stop": stop, "keep_busy_us": "auto" if keep_busy_us is None else keep_busy_us,
             "batch_position": batch_position_medians(samples, first)}
     return Timing("cold", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
+
+
+def cold_launch_floor(device: torch.device | str | None = None, *, budget_ms: float = 100.0) -> Stats:
+    """Cold-mode time of an almost empty kernel (torch's spin kernel with 0 cycles): what events and the
+    launch add to every cold sample, which Nsight Compute's gpu__time_duration does not count."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    x = torch.zeros(1, dtype=torch.float32, device=torch.device(device or "cuda"))
+    empty = (lambda a: sleep(0)) if sleep is not None else (lambda a: a[0].add_(1.0))
+    return time_cold({"empty": empty}, [x], budget_ms=budget_ms, device=device).stats["empty"]
 
 
 def launch_overhead_floor(device: torch.device | str | None = None, *, budget_ms: float = 200.0) -> Stats:

@@ -3,7 +3,7 @@
 # the steps given. Usage on the GPU box, from the repo root, with the wheels of
 # ../shared/device/prepare-wheels.sh in .whl/ and SGLang trees under $ASTRA_HOME/sglang/:
 #   ASTRA_HOME=$PWD/.astra-device OUT=/some/dir scripts/device-validate.sh STEP...
-# Steps: probe gpu harness adversarial check bench bench-rest optimize recheck   (logs and JSON land in $OUT)
+# Steps: probe gpu harness adversarial check bench bench-rest bench-ncu optimize recheck   (logs and JSON land in $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -32,9 +32,12 @@ for step in "$@"; do
     check) cp "$ASTRA_HOME/sglang/0.5.23/sglang/kernels/jit/csrc/elementwise/fused_add_rmsnorm.cuh" /tmp/cand.cuh
            ( time timeout 150 python3 -m astra.cli check fused_add_rmsnorm --candidate /tmp/cand.cuh \
                --json "$OUT/check.json" ) > "$OUT/check.log" 2>&1; tail -8 "$OUT/check.log" ;;
-    optimize) ( time timeout 420 python3 -m astra.cli optimize silu_and_mul --offline --rounds 2 --quick-search \
-               --wall-min 6 ) > "$OUT/optimize.log" 2>&1; tail -25 "$OUT/optimize.log"
-              cp "$ASTRA_HOME"/runs/*/report.html "$OUT/" 2>/dev/null ;;
+    optimize) ( time timeout ${OPT_TIMEOUT:-420} python3 -m astra.cli optimize ${OPT_KERNEL:-silu_and_mul} --offline \
+               --rounds 2 --quick-search --wall-min ${OPT_WALL_MIN:-6} ) > "$OUT/optimize.log" 2>&1; tail -25 "$OUT/optimize.log"
+              tar czf "$OUT/runs.tgz" -C "$ASTRA_HOME" runs 2>/dev/null ;;  # every run directory, one file
+    bench-ncu) ( time timeout 170 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm --ncu \
+               --budget-ms 40 --json "$OUT/bench_ncu.json" ) > "$OUT/bench_ncu.log" 2>&1
+               grep -E "^==|within|bench failed|real" "$OUT/bench_ncu.log" ;;
     recheck) pytest_step recheck 300 tests/astra/test_recheck.py ;;
   esac
 done

@@ -177,6 +177,18 @@ def _stop_reason(state: RunState, agent: Agent, budget: Budget, start: float, id
     return None
 
 
+def band_wins(verdict: dict | None, gain: float = Budget.band_gain, mode: str = "graph") -> dict[str, float]:
+    """Bands a correct candidate speeds up by at least `gain` (geomean against the original, `mode`) with
+    no shape of that band slower in any mode: a verified improvement there even when the candidate is
+    slower elsewhere (and so not the base), the evidence for dispatching on shape."""
+    if score(verdict, mode) == 0.0:
+        return {}
+    band_of = {case["id"]: case.get("band") for case in verdict.get("cases", [])}
+    slowed = {band_of.get(s["id"]) for s in verdict.get("slower_shapes", [])}
+    return {band: value for band, value in band_summary(verdict, mode).items()
+            if band != "all" and band not in slowed and value >= 1.0 + gain}
+
+
 def band_summary(verdict: dict | None, mode: str = "graph") -> dict[str, float]:
     bands = ((verdict or {}).get("band_speedups", {}).get(mode) or {})
     return {b: v for b, v in bands.items() if isinstance(v, (int, float)) and math.isfinite(v)}

@@ -58,4 +58,22 @@ def test_ncu_table_counts_agreement_over_10us():
         {"id": "c", "cold_us": 265.0, "ncu_us": 240.0, "ratio": 265.0 / 240.0}]}
     text = check_cmd.format_ncu(result)
     assert "cold / ncu" in text and "shapes of 10 us and more: 1/2 within 5% of Nsight Compute" in text
+    assert "net of the launch overhead" not in text  # no empty-launch figures: no net column claims
+
+
+def test_ncu_net_ratio_takes_out_the_measured_launch_overhead(monkeypatch):
+    import harness.ncu
+
+    # the profiled worker is GPU-only; what is tested here is the arithmetic on its figures
+    monkeypatch.setattr(harness.ncu, "cross_check",
+                        lambda job: {"skipped": None, "cases": {"a": 20.0, "b": 200.0}, "empty_us": 1.0})
+    verdict = {"env": {"cold_launch_floor_us": 3.0}, "cases": [
+        {"id": "a", "timings": {"cold": {"orig": {"median_us": 22.0}}}},
+        {"id": "b", "timings": {"cold": {"orig": {"median_us": 206.0}}}}]}
+    result = check_cmd.ncu_comparison(None, verdict)
+    assert result["launch_overhead_us"] == 2.0
+    assert [round(r["net_ratio"], 3) for r in result["rows"]] == [1.0, 1.02]
+    text = check_cmd.format_ncu(result)
+    assert "shapes of 10 us and more: 1/2 within 5% of Nsight Compute (raw cold)" in text
+    assert "(2.00 us = cold empty launch 3.00 - ncu empty launch 1.00): 2/2 within 5%" in text
     assert check_cmd.format_ncu({"skipped": "ncu missing", "rows": []}) == "ncu cross-check not run: ncu missing"

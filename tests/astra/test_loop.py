@@ -116,3 +116,33 @@ def test_quick_search_best_must_pass_the_full_suite(run):
     state = run.state()
     assert state.best is None and state.history[-1]["why"].startswith("full suite: not verified: incorrect")
     assert "FAILED" in messages[0]
+
+
+def band_verdict(decode, prefill, slower_band=None):
+    cases = [{"id": "d1", "band": "decode", "timed": True}, {"id": "p1", "band": "prefill", "timed": True}]
+    slower = [{"id": {"decode": "d1", "prefill": "p1"}[slower_band], "mode": "cold", "speedup": 0.95}] if slower_band else []
+    return {"status": "correct", "correct": True, "cases": cases, "slower_shapes": slower,
+            "band_speedups": {"graph": {"decode": decode, "prefill": prefill, "all": (decode * prefill) ** 0.5}}}
+
+
+def test_band_wins_need_the_gain_and_no_slower_shape_in_that_band():
+    from astra.agents.loop import band_wins
+
+    assert band_wins(band_verdict(0.97, 1.05, slower_band="decode")) == {"prefill": 1.05}
+    assert band_wins(band_verdict(1.05, 1.05, slower_band="prefill")) == {"decode": 1.05}
+    assert band_wins(band_verdict(1.01, 1.019)) == {}  # under the 2% band gain
+    assert band_wins({**band_verdict(1.2, 1.2), "status": "incorrect", "correct": False}) == {}
+
+
+def test_summary_names_band_only_wins_and_says_when_there_are_none(run):
+    from astra.optimize_cmd import band_wins_line, summary
+
+    assert band_wins_line(run).startswith("per band: no candidate was verified faster on any band")
+    measured = {"prefill-only": band_verdict(0.96, 1.04, slower_band="decode"),
+                "noise": band_verdict(1.0, 1.01)}
+    agent = ScriptedAgent([[("prefill-only", "correct 1.0"), ("noise", "correct 1.0")]])
+    run_loop(run, agent, lambda src, label: measured.get(label, verdict()), Budget(rounds=1))
+    text = summary(run)
+    assert "best: the original" in text
+    assert "per band, verified faster with no shape of the band slower" in text and "prefill #001" in text
+    assert "x1.040" in text and "noise" not in text.split("per band")[1]

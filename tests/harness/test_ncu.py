@@ -30,6 +30,10 @@ def test_kernels_between_markers_belong_to_one_case():
     assert groups == [[3500.0], [12500.0, 500.0]]  # input preparation outside the markers is ignored
 
 
+def test_marker_durations_are_the_empty_launch():
+    assert ncu.marker_durations(ncu.parse_csv(CSV)) == [1024.0, 1010.0, 1000.0, 1000.0]
+
+
 def test_missing_ncu_is_a_reason_not_an_error(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
