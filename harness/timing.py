@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -43,7 +44,10 @@ MAX_SAMPLES = 20000
 BATCH = 7  # rounds between synchronisations; odd, so batches start with each side in turn
 KEEP_BUSY_US = 200.0  # least spin enqueued ahead of each batch (see _sample_loop)
 MAX_BUSY_US = 20000.0
-PAUSE_GC = True  # pause Python's garbage collector while sampling (scripts/timing_probe.py turns it off to compare)
+# Pause Python's garbage collector while sampling. Diagnostics only: ASTRA_TIMING_PAUSE_GC=0 turns the
+# pause off and ASTRA_TIMING_KEEP_BUSY_US fixes the pre-batch spin (0: none), to reproduce the old tails.
+PAUSE_GC = os.environ.get("ASTRA_TIMING_PAUSE_GC", "1") != "0"
+_FIXED_BUSY_US = float(os.environ["ASTRA_TIMING_KEEP_BUSY_US"]) if os.environ.get("ASTRA_TIMING_KEEP_BUSY_US") else None
 _SPIN_CYCLES_PER_US = 2000  # torch.cuda._sleep counts clock cycles; ~2 GHz on H100/H200 (a longer spin is harmless)
 _HARD_BUDGET_FACTOR = 5.0
 
@@ -85,6 +89,12 @@ def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
+def _settings(keep_busy_us: float | None) -> dict[str, Any]:
+    """The sampling settings in effect, for `Timing.info`."""
+    busy = keep_busy_us if keep_busy_us is not None else _FIXED_BUSY_US
+    return {"keep_busy_us": "auto" if busy is None else busy, "pause_gc": PAUSE_GC}
+
+
 def keep_busy(us: float) -> None:
     """Enqueue a spin of about `us` microseconds on the current stream (nothing when `us` <= 0)."""
     sleep = getattr(torch.cuda, "_sleep", None)
@@ -108,6 +118,8 @@ def _sample_loop(run_one: dict[str, Callable[[], tuple[Any, Any]]], per_sample: 
     forward = list(run_one.items())
     rounds = 0
     enqueue_us = 0.0
+    if keep_busy_us is None:
+        keep_busy_us = _FIXED_BUSY_US
     collecting = gc.isenabled()
     if PAUSE_GC:
         gc.disable()
@@ -217,7 +229,7 @@ def time_graph(launches: dict[str, Launch], make_args: Callable[[int], Sequence[
     samples, stop, first = _sample_loop({s: runner(g) for s, g in graphs.items()}, per_replay, budget_ms,
                                         target_rel_stderr, min_samples, max_samples, keep_busy_us)
     info = {"input_sets": n_sets, "launches_per_sample": per_replay, "rotation_bytes": n_sets * bytes_per_set,
-            "l2_bytes": l2, "stop": stop, "keep_busy_us": "auto" if keep_busy_us is None else keep_busy_us,
+            "l2_bytes": l2, "stop": stop, **_settings(keep_busy_us),
             "batch_position": batch_position_medians(samples, first)}
     del graphs
     return Timing("graph", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
@@ -253,7 +265,7 @@ def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: fl
 
     samples, stop, first = _sample_loop({s: runner(f) for s, f in launches.items()}, 1.0, budget_ms,
                                         target_rel_stderr, min_samples, max_samples, keep_busy_us)
-    info = {"flush_bytes": FLUSH_FACTOR * l2, "flush": "read", "l2_bytes": l2, "stop": stop, "keep_busy_us": "auto" if keep_busy_us is None else keep_busy_us,
+    info = {"flush_bytes": FLUSH_FACTOR * l2, "flush": "read", "l2_bytes": l2, "stop": stop, **_settings(keep_busy_us),
             "batch_position": batch_position_medians(samples, first)}
     return Timing("cold", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
 

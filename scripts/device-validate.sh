@@ -3,7 +3,7 @@
 # the steps given. Usage on the GPU box, from the repo root, with the wheels of
 # ../shared/device/prepare-wheels.sh in .whl/ and SGLang trees under $ASTRA_HOME/sglang/:
 #   ASTRA_HOME=$PWD/.astra-device OUT=/some/dir scripts/device-validate.sh STEP...
-# Steps: probe gpu harness adversarial check bench bench-rest bench-ncu optimize recheck   (logs and JSON land in $OUT)
+# Steps: probe gpu harness adversarial check bench bench-rest bench-ncu patch-check tails optimize resume recheck   (logs and JSON land in $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -20,7 +20,7 @@ for step in "$@"; do
   case $step in
     probe) timeout 120 python3 scripts/timing_probe.py --json "$OUT/probe.json" > "$OUT/probe.log" 2>&1
            echo "probe: exit $?"; cat "$OUT/probe.log" ;;
-    gpu) pytest_step gpu 480 tests/harness tests/adversarial ;;  # every gpu test but recheck's, one run
+    gpu) pytest_step gpu ${GPU_TIMEOUT:-480} tests/harness tests/adversarial ;;  # every gpu test but recheck's, one run
     harness) pytest_step harness 200 tests/harness tests/astra ;;
     adversarial) pytest_step adversarial 420 tests/adversarial ;;
     bench) ( time timeout 300 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm rmsnorm --ncu \
@@ -35,6 +35,17 @@ for step in "$@"; do
     optimize) ( time timeout ${OPT_TIMEOUT:-420} python3 -m astra.cli optimize ${OPT_KERNEL:-silu_and_mul} --offline \
                --rounds 2 --quick-search --wall-min ${OPT_WALL_MIN:-6} ) > "$OUT/optimize.log" 2>&1; tail -25 "$OUT/optimize.log"
               tar czf "$OUT/runs.tgz" -C "$ASTRA_HOME" runs 2>/dev/null ;;  # every run directory, one file
+    resume) ( time timeout ${OPT_TIMEOUT:-420} python3 -m astra.cli optimize ${OPT_KERNEL:-silu_and_mul} --offline \
+               --quick-search --resume "$OPT_RUN" ) > "$OUT/resume.log" 2>&1; tail -25 "$OUT/resume.log"
+              tar czf "$OUT/runs.tgz" -C "$ASTRA_HOME" runs 2>/dev/null ;;
+    patch-check) pytest_step patch 240 tests/astra/test_patch.py ;;
+    tails) for cfg in legacy:0:0 gc-paused:0:1 spin-only:auto:0 new:auto:1; do  # label:keep-busy-us:pause-gc
+             IFS=: read -r label busy gc <<< "$cfg"; [ "$busy" = auto ] && busy=""
+             ASTRA_TIMING_KEEP_BUSY_US=$busy ASTRA_TIMING_PAUSE_GC=$gc timeout 150 python3 -m astra.cli bench \
+               silu_and_mul --modes graph --budget-ms 40 --json "$OUT/tails_$label.json" > "$OUT/tails_$label.log" 2>&1
+             echo "tails $label: exit $?"
+           done
+           python3 scripts/tails_summary.py "$OUT"/tails_*.json ;;
     bench-ncu) ( time timeout 170 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm --ncu \
                --budget-ms 40 --json "$OUT/bench_ncu.json" ) > "$OUT/bench_ncu.log" 2>&1
                grep -E "^==|within|bench failed|real" "$OUT/bench_ncu.log" ;;

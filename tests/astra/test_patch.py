@@ -95,6 +95,21 @@ def test_patched_tree_builds(patched_repo):
     assert "sm_90a: ok" in proc.stdout
 
 
+@pytest.mark.gpu
+def test_patched_tree_passes_check(patched_repo, tmp_path):
+    """On a GPU: the file `git apply` produced, checked against 0.5.23's original by `astra check`
+    (every shape and dtype, sanitizer on); exit 0 means verified correct."""
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, "-m", "astra.cli", "check", "fused_add_rmsnorm", "--sglang", "0.5.23",
+                           "--candidate", str(patched_repo / h.REPO_PATH), "--json", str(out)],
+                          capture_output=True, text=True)
+    print(proc.stdout[-1500:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    verdict = json.loads(out.read_text())
+    assert verdict["status"] == "correct" and verdict["correct"] is True
+    assert verdict["sanitizer"]["ok"], verdict["sanitizer"]
+
+
 @pytest.mark.parametrize("verdict, needle", [
     (dict(status="incorrect"), "not verified correct (status 'incorrect'"),
     (dict(slow_case=3, slow_speedup=0.97), "3.0% slower in cold mode"),
