@@ -44,18 +44,25 @@ def measure_copy_bandwidth(device: torch.device | str | None = None, nbytes: int
     return 2 * half / (median(times_ms) / 1000.0)
 
 
-def copy_floor(nbytes: int, device: torch.device | str | None = None, *, budget_ms: float = 100.0) -> Stats | None:
-    """Graph-mode time of torch's copy of `nbytes` (read + write; half each way) with the same input
-    rotation as the kernels: the practical floor DESIGN.md asks reports to compare against."""
-    half = nbytes // 2
+COPY_METHODS = {
+    "memcpy": lambda a: a[1].copy_(a[0]),  # cudaMemcpyAsync device to device
+    "kernel": lambda a: torch.bitwise_or(a[0], 0, out=a[1]),  # an elementwise SM kernel, 16-byte vectors
+}
+
+
+def copy_floor(nbytes: int, device: torch.device | str | None = None, *, budget_ms: float = 100.0,
+               method: str = "memcpy") -> Stats | None:
+    """Graph-mode time of a copy of `nbytes` (read + write; half each way, as int32 words) with the same
+    input rotation as the kernels: the practical floor DESIGN.md asks reports to compare against."""
+    half = nbytes // 2 // 4
     if half <= 0:
         return None
     device = torch.device(device or "cuda")
 
     def make(_: int) -> list[torch.Tensor]:
-        return [torch.ones(half, dtype=torch.uint8, device=device), torch.empty(half, dtype=torch.uint8, device=device)]
+        return [torch.ones(half, dtype=torch.int32, device=device), torch.empty(half, dtype=torch.int32, device=device)]
 
-    timing = time_graph({"copy": lambda a: a[1].copy_(a[0])}, make, 2 * half, budget_ms=budget_ms, device=device)
+    timing = time_graph({"copy": COPY_METHODS[method]}, make, 8 * half, budget_ms=budget_ms, device=device)
     return timing.stats["copy"]
 
 
