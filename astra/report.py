@@ -27,7 +27,8 @@ def markdown(verdicts: dict[str, dict]) -> str:
         "",
         "`graph`: launches captured in a CUDA graph, rotating over input copies larger than 3x L2. "
         "`cold`: CUDA events around each launch, L2 flushed before each. Medians; roofline = bytes the "
-        "kernel must move / measured copy bandwidth; `copy` = torch copy of the same bytes (graph).",
+        "kernel must move / measured copy bandwidth; `copy` = an elementwise copy kernel over the same bytes "
+        "(graph).",
         "",
         "| kernel | shape | bytes | graph us | cold us | roofline us | % roofline (graph) | % roofline (cold) | graph / copy |",
         "|---|---|---|---|---|---|---|---|---|",
