@@ -6,7 +6,7 @@ import json
 import time
 
 from astra import jobs, paths, spec as spec_mod, table
-from astra.agents.loop import Budget, band_summary, band_wins, run_loop
+from astra.agents.loop import Budget, band_summary, band_wins_line, run_loop
 from astra.agents.offline import OfflineAgent
 from astra.agents.rundir import RunDir, list_runs
 from astra.errors import AstraError
@@ -183,28 +183,6 @@ def summary(run: RunDir) -> str:
     out.append(band_wins_line(run))
     out.append(f"stopped: {state.stopped}; tokens {state.tokens}, cost ${state.cost_usd:.4f}; run directory {run.root}")
     return "\n".join(out)
-
-
-def band_leaders(run: RunDir) -> dict[str, tuple[int, str, float]]:
-    """Per band, the candidate with the largest verified band-only win (`loop.band_wins`):
-    {band: (candidate number, description, geomean speedup)}."""
-    leaders: dict[str, tuple[int, str, float]] = {}
-    for entry in run.state().history:
-        if entry.get("status") != "correct":
-            continue
-        _, meta, verdict = run.candidate(entry["n"])
-        for band, value in band_wins(verdict).items():
-            if value > leaders.get(band, (0, "", 0.0))[2]:
-                leaders[band] = (entry["n"], meta.get("description", entry["name"]), value)
-    return leaders
-
-
-def band_wins_line(run: RunDir) -> str:
-    leaders = band_leaders(run)
-    if not leaders:
-        return "per band: no candidate was verified faster on any band (2% or more, no shape of the band slower)"
-    return "per band, verified faster with no shape of the band slower (graph geomean vs the original): " + "; ".join(
-        f"{band} #{n:03d} {desc} x{value:.3f}" for band, (n, desc, value) in leaders.items())
 
 
 def runs(args) -> int:

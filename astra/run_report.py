@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from astra import report
+from astra.agents.loop import band_wins_line
 from astra.agents.rundir import RunDir
 
 _STYLE = """
@@ -67,8 +68,6 @@ def per_shape(verdict: dict | None) -> str:
 
 
 def render(run: RunDir) -> str:
-    from astra.optimize_cmd import band_wins_line
-
     state = run.state()
     best = run.candidate(state.best)[2] if state.best else None
     chart_source = {"best": best} if best else {}

@@ -58,15 +58,15 @@ def copy_floor(nbytes: int, device: torch.device | str | None = None, *, budget_
     The default copies with an elementwise SM kernel, not cudaMemcpy: on an H200, a captured memcpy
     of sizes off a power of two ran at 2.73-2.75 TB/s (fused_add_rmsnorm 16384x4096: 195.5 us) against
     4.16-4.24 TB/s for the kernel and for power-of-two memcpys (127.6 us for the same bytes)."""
-    half = nbytes // 2 // 4
-    if half <= 0:
+    words = nbytes // 2 // 4  # int32 words read (and as many written)
+    if words <= 0:
         return None
     device = torch.device(device or "cuda")
 
     def make(_: int) -> list[torch.Tensor]:
-        return [torch.ones(half, dtype=torch.int32, device=device), torch.empty(half, dtype=torch.int32, device=device)]
+        return [torch.ones(words, dtype=torch.int32, device=device), torch.empty(words, dtype=torch.int32, device=device)]
 
-    timing = time_graph({"copy": COPY_METHODS[method]}, make, 8 * half, budget_ms=budget_ms, device=device)
+    timing = time_graph({"copy": COPY_METHODS[method]}, make, 8 * words, budget_ms=budget_ms, device=device)
     return timing.stats["copy"]
 
 

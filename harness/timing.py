@@ -7,14 +7,15 @@ enough rounds to make a replay last >= 0.5 ms (graph-launch overhead under ~2%),
 per-launch *mean* over K launches and the spread (p10, p90) is that of those means.
 
 `cold`: one launch per sample with CUDA events around it, L2 flushed before each by reading a buffer
-of 2 x L2 bytes (reading, so L2 is left clean). This view carries the event floor (about 4 us on an H200) and launch latency.
+of 2 x L2 bytes (reading, so L2 is left clean). This view carries the event floor and launch latency
+(`cold_launch_floor`: 3.1 us for an empty kernel on an H200).
 
 Both modes: warm-up excluded; samples alternate in ABBA order (o c, c o, o c, ...) in batches, so
 neither side always follows the other or a synchronisation. Each batch starts behind a spin kernel
 sized to the host's enqueue time, with the garbage collector paused, so the GPU is busy while the host
-enqueues and no sample's events include host time (on an H200 some samples, mostly the first after a
-synchronisation, ran ~2.5-2.9 ms long in both modes before this); `info.batch_position` records
-whether first-after-sync samples still differ. The loop stops once
+enqueues and a host pause cannot land between a sample's events. This is hardening: tails of
+p90 = 5-7 x median seen once on an H200 did not come back with or without it (docs/NOTES.md);
+`info.batch_position` records where slow samples fall, should they return. The loop stops once
 every side has `min_samples` samples and each side's `stats.rel_stderr` is under the target, or when
 the budget (`budget_ms` per side) is spent. `min_samples` is honoured past the budget up to
 `_HARD_BUDGET_FACTOR` x the budget, so a pathologically slow kernel cannot hold the worker forever.
@@ -89,9 +90,14 @@ def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
+def _busy_setting(keep_busy_us: float | None) -> float | None:
+    """The pre-batch spin in effect: the caller's, else the environment's, else None (sized per batch)."""
+    return keep_busy_us if keep_busy_us is not None else _FIXED_BUSY_US
+
+
 def _settings(keep_busy_us: float | None) -> dict[str, Any]:
     """The sampling settings in effect, for `Timing.info`."""
-    busy = keep_busy_us if keep_busy_us is not None else _FIXED_BUSY_US
+    busy = _busy_setting(keep_busy_us)
     return {"keep_busy_us": "auto" if busy is None else busy, "pause_gc": PAUSE_GC}
 
 
@@ -118,8 +124,7 @@ def _sample_loop(run_one: dict[str, Callable[[], tuple[Any, Any]]], per_sample: 
     forward = list(run_one.items())
     rounds = 0
     enqueue_us = 0.0
-    if keep_busy_us is None:
-        keep_busy_us = _FIXED_BUSY_US
+    keep_busy_us = _busy_setting(keep_busy_us)
     collecting = gc.isenabled()
     if PAUSE_GC:
         gc.disable()
@@ -242,8 +247,8 @@ def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: fl
     """Cold-mode timing: per sample, flush L2 by reading 2 x L2 bytes, then one launch between events.
 
     The flush reads rather than writes: zeroing a buffer leaves L2 full of dirty lines whose write-back
-    the timed kernel would pay (suspected cause of cold medians 5-8 us above Nsight Compute's
-    gpu__time_duration on large shapes on an H200, where Nsight's own flush leaves L2 clean)."""
+    the timed kernel pays. On an H200 that put cold medians of large shapes up to 7.7 us above Nsight
+    Compute's gpu__time_duration (whose flush leaves L2 clean); with the read, 3.0 us on the same shape."""
     l2 = l2_bytes(device)
     flush = torch.zeros(FLUSH_FACTOR * l2 // 4, dtype=torch.int32, device=torch.device(device or "cuda"))
     sink = torch.empty((), dtype=torch.int32, device=flush.device)
@@ -270,20 +275,24 @@ def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: fl
     return Timing("cold", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
 
 
-def cold_launch_floor(device: torch.device | str | None = None, *, budget_ms: float = 100.0) -> Stats:
-    """Cold-mode time of an almost empty kernel (torch's spin kernel with 0 cycles): what events and the
-    launch add to every cold sample, which Nsight Compute's gpu__time_duration does not count."""
-    sleep = getattr(torch.cuda, "_sleep", None)
+def _empty_launch(device: torch.device | str | None) -> tuple[Launch, list[torch.Tensor]]:
+    """An almost empty kernel (torch's spin kernel with 0 cycles, or a 1-element add where torch lacks
+    it) and its argument list."""
     x = torch.zeros(1, dtype=torch.float32, device=torch.device(device or "cuda"))
-    empty = (lambda a: sleep(0)) if sleep is not None else (lambda a: a[0].add_(1.0))
-    return time_cold({"empty": empty}, [x], budget_ms=budget_ms, device=device).stats["empty"]
+    sleep = getattr(torch.cuda, "_sleep", None)
+    return ((lambda a: sleep(0)) if sleep is not None else (lambda a: a[0].add_(1.0))), [x]
+
+
+def cold_launch_floor(device: torch.device | str | None = None, *, budget_ms: float = 100.0) -> Stats:
+    """Cold-mode time of an almost empty kernel: what events and the launch add to every cold sample,
+    which Nsight Compute's gpu__time_duration does not count."""
+    empty, args = _empty_launch(device)
+    return time_cold({"empty": empty}, args, budget_ms=budget_ms, device=device).stats["empty"]
 
 
 def launch_overhead_floor(device: torch.device | str | None = None, *, budget_ms: float = 200.0) -> Stats:
     """Per-launch time of an almost empty kernel in graph mode (torch's spin kernel with 0 cycles, or a
     1-element add where torch lacks it): the practical floor under which no launch in a graph can go."""
-    x = torch.zeros(1, dtype=torch.float32, device=torch.device(device or "cuda"))
-    sleep = getattr(torch.cuda, "_sleep", None)
-    empty = (lambda a: sleep(0)) if sleep is not None else (lambda a: a[0].add_(1.0))
-    timing = time_graph({"empty": empty}, lambda i: [x], 0, budget_ms=budget_ms, device=device)
+    empty, args = _empty_launch(device)
+    timing = time_graph({"empty": empty}, lambda i: args, 0, budget_ms=budget_ms, device=device)
     return timing.stats["empty"]

@@ -192,3 +192,25 @@ def band_wins(verdict: dict | None, gain: float = Budget.band_gain, mode: str = 
 def band_summary(verdict: dict | None, mode: str = "graph") -> dict[str, float]:
     bands = ((verdict or {}).get("band_speedups", {}).get(mode) or {})
     return {b: v for b, v in bands.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+def band_leaders(run: RunDir) -> dict[str, tuple[int, str, float]]:
+    """Per band, the candidate with the largest verified band-only win (`loop.band_wins`):
+    {band: (candidate number, description, geomean speedup)}."""
+    leaders: dict[str, tuple[int, str, float]] = {}
+    for entry in run.state().history:
+        if entry.get("status") != "correct":
+            continue
+        _, meta, verdict = run.candidate(entry["n"])
+        for band, value in band_wins(verdict).items():
+            if value > leaders.get(band, (0, "", 0.0))[2]:
+                leaders[band] = (entry["n"], meta.get("description", entry["name"]), value)
+    return leaders
+
+
+def band_wins_line(run: RunDir) -> str:
+    leaders = band_leaders(run)
+    if not leaders:
+        return "per band: no candidate was verified faster on any band (2% or more, no shape of the band slower)"
+    return "per band, verified faster with no shape of the band slower (graph geomean vs the original): " + "; ".join(
+        f"{band} #{n:03d} {desc} x{value:.3f}" for band, (n, desc, value) in leaders.items())

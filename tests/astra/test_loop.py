@@ -135,7 +135,8 @@ def test_band_wins_need_the_gain_and_no_slower_shape_in_that_band():
 
 
 def test_summary_names_band_only_wins_and_says_when_there_are_none(run):
-    from astra.optimize_cmd import band_wins_line, summary
+    from astra.agents.loop import band_wins_line
+    from astra.optimize_cmd import summary
 
     assert band_wins_line(run).startswith("per band: no candidate was verified faster on any band")
     measured = {"prefill-only": band_verdict(0.96, 1.04, slower_band="decode"),
