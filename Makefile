@@ -1,6 +1,6 @@
 # Two commands set up and test Astra on a fresh machine:
 #   make setup   # virtualenv in .venv with Astra and its dependencies (CPU torch unless TORCH= is given)
-#   make test    # the test suite (GPU tests skip cleanly without CUDA)
+#   make test    # ruff (pyflakes, import order), then the test suite (GPU tests skip cleanly without CUDA)
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
@@ -19,6 +19,7 @@ setup:
 	$(VENV)/bin/astra --help > /dev/null
 
 test:
+	$(VENV)/bin/ruff check astra harness tests scripts
 	$(PY) -m pytest -q -ra
 
 test-gpu:

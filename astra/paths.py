@@ -8,6 +8,9 @@ real one.
     $ASTRA_HOME/snapshots/<name>/<hash>/ source snapshots written by `astra extract`
     $ASTRA_HOME/builds/                  content-hashed build cache (harness)
     $ASTRA_HOME/runs/                    optimize runs
+    $ASTRA_HOME/drafts/<name>/           spec drafts written by `astra extract` (unreviewed)
+
+Reviewed specs live in the repository's `extracted_kernels/` (or `$ASTRA_SPECS`); drafts never do.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(__file__).resolve().parent / "data"  # package data: models.yaml, prices.yaml, clang/
 SPECS_DIR = REPO_ROOT / "extracted_kernels"
 
 
@@ -36,3 +40,8 @@ def specs_dir() -> Path:
     """Committed, reviewed specs; `ASTRA_SPECS` may point elsewhere (tests, user specs)."""
     root = os.environ.get("ASTRA_SPECS")
     return Path(root) if root else SPECS_DIR
+
+
+def drafts_dir() -> Path:
+    """Unreviewed spec drafts (`astra extract`): $ASTRA_HOME/drafts, never the repository."""
+    return sub("drafts")

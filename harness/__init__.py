@@ -1,1 +1,28 @@
-"""GPU side of Astra: build, check and time one candidate kernel per process (stdlib, torch, tvm_ffi only)."""
+"""GPU side of Astra: build, check and time one candidate kernel per process (stdlib, torch, tvm_ffi only).
+
+The public API, which `astra` uses instead of reaching into the modules (importing it needs no torch):
+
+    Job, Options, Case, ArgSpec, Variant, BuildBase, band_of, BANDS   the job a worker takes (harness.job)
+    Verdict, CaseResult, ModeTiming, STATUSES                          what comes back (harness.verdict)
+    run_job, verify_job                                                one job, one isolated worker
+    build_requests, BuildRequest, BuildResult, build, build_many       a job's builds, nvcc as SGLang
+    verified_faster, improves_on, score, Decision, policy_text         the one acceptance rule
+    geomean, format_table, BuildFailure, nvcc_path, tvm_ffi_version, default_arch
+"""
+
+from harness.acceptance import Decision, improves_on, policy_text, score, verified_faster
+from harness.build import BuildRequest, BuildResult, build, build_many
+from harness.job import BANDS, TIMING_MODES, ArgSpec, BuildBase, Case, Job, Options, Variant, band_of
+from harness.plan import build_requests
+from harness.ptxas import format_table
+from harness.stats import geomean
+from harness.toolchain import BuildFailure, default_arch, nvcc_path, tvm_ffi_version
+from harness.verdict import STATUSES, CaseResult, ModeTiming, Verdict
+from harness.worker import run_job, verify_job
+
+__all__ = [
+    "BANDS", "ArgSpec", "BuildBase", "BuildFailure", "BuildRequest", "BuildResult", "Case", "CaseResult",
+    "Decision", "Job", "ModeTiming", "Options", "STATUSES", "TIMING_MODES", "Variant", "Verdict", "band_of", "build",
+    "build_many", "build_requests", "default_arch", "format_table", "geomean", "improves_on", "nvcc_path",
+    "policy_text", "run_job", "score", "tvm_ffi_version", "verified_faster", "verify_job",
+]

@@ -47,7 +47,7 @@ from harness.toolchain import (
 
 __all__ = [
     "BuildRequest", "BuildResult", "KernelResources", "BuildFailure", "NVCC_MISSING", "build", "build_many",
-    "build_torch_extension", "load_module", "export_signatures", "trim_errors",
+    "load_module", "export_signatures", "trim_errors",
 ]
 
 KEY_VERSION = "astra-harness-build-1"
@@ -366,35 +366,3 @@ def build_many(reqs: list[BuildRequest], cache_dir: Path, jobs: int | None = Non
     """Build several requests in parallel threads (each runs its compiler as a subprocess); order kept."""
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         return list(pool.map(lambda req: build(req, cache_dir, **kwargs), reqs))
-
-
-# ---------------------------------------------------------------- torch extensions
-
-
-def build_torch_extension(name: str, sources: list[str], extra_cuda_cflags: list[str], cache_dir: Path) -> BuildResult:
-    """Build a torch::Tensor/pybind11 kernel with torch.utils.cpp_extension.load (needs CUDA torch).
-
-    The ptxas report is not available here (torch swallows the build output), so `resources` is empty.
-    """
-    start = time.monotonic()
-    try:
-        import torch
-        from torch.utils import cpp_extension
-    except ImportError as error:
-        return _failed(f"torch not importable: {error}", start)
-    paths = [os.path.abspath(source) for source in sources]
-    seed = {"name": name, "sources": {p: file_digest(p) for p in paths}, "flags": extra_cuda_cflags,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "version": KEY_VERSION}
-    key = hashlib.sha256(json.dumps(seed, sort_keys=True).encode()).hexdigest()
-    module_name = f"{name}_{key[:12]}"
-    build_dir = Path(cache_dir) / f"{name}-{key[:16]}"
-    so_path = build_dir / f"{module_name}.so"
-    hit = so_path.exists()
-    command = ["ninja", "-v", "-C", str(build_dir)]
-    try:
-        build_dir.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(name=module_name, sources=paths, extra_cuda_cflags=list(extra_cuda_cflags),
-                           build_directory=str(build_dir), verbose=False)
-    except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as error:
-        return _failed(trim_errors(str(error)) or str(error), start, key, command, str(error))
-    return BuildResult(True, str(so_path), hit, time.monotonic() - start, command, "", None, [], key)

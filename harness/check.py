@@ -24,7 +24,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from harness.compare import OutputCheck, compare_outputs, error_vs_reference, reference_verdict, tolerance_for, unchanged
+from harness.compare import (
+    OutputCheck,
+    compare_outputs,
+    error_vs_reference,
+    reference_verdict,
+    tolerance_for,
+    unchanged,
+)
 from harness.inputs import clone_inputs, has_large_trial, make_inputs, poison_outputs, to_call_args
 from harness.job import Case, Job
 from harness.verdict import CaseResult

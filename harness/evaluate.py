@@ -20,29 +20,27 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
-import subprocess
 import time
-import zlib
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness.build import BuildRequest, BuildResult, build_many, export_signatures, load_module
+from harness.build import BuildResult, build_many, export_signatures, load_module
 from harness.check import ContextLost, Launch, check_case, ensure_usable, load_reference
+from harness.envinfo import driver_version
 from harness.inputs import clone_inputs, make_inputs, set_bytes, to_call_args
 from harness.job import Case, Job
+from harness.plan import SIDES, build_requests, variants_used
 from harness.roofline import copy_floor, measure_copy_bandwidth, roofline_entry, suspect
 from harness.stats import speedup
 from harness.timing import CaptureError, cold_launch_floor, l2_bytes, launch_overhead_floor, time_cold, time_graph
 from harness.toolchain import BuildFailure, nvcc_release, tvm_ffi_version
-from harness.verdict import CaseResult, Verdict, decide
+from harness.verdict import CaseResult, ModeTiming, Verdict, decide
 
-__all__ = ["evaluate", "ContextLost", "collect_env", "build_requests", "default_cache_dir"]
+__all__ = ["evaluate", "ContextLost", "collect_env", "default_cache_dir"]
 log = logging.getLogger(__name__)
-SIDES = ("orig", "cand")
 
 
 def default_cache_dir(job: Job) -> Path:
@@ -51,35 +49,6 @@ def default_cache_dir(job: Job) -> Path:
         return Path(job.options.cache_dir).expanduser()
     root = os.environ.get("ASTRA_HOME")
     return (Path(root).expanduser() if root else Path.home() / ".cache" / "astra") / "builds"
-
-
-def _module_name(job: Job, variant: str, side: str) -> str:
-    base = re.sub(r"[^A-Za-z0-9_]", "_", f"{job.name}_{variant}")[:80]
-    return f"{base}_{zlib.crc32(variant.encode()):08x}_{side}"
-
-
-def variants_used(job: Job) -> list[str]:
-    """Variant keys the cases use, in first-use order."""
-    return list(dict.fromkeys(case.variant for case in job.cases))
-
-
-def build_requests(job: Job) -> list[tuple[str, str, BuildRequest]]:
-    """(side, variant, request) for the original and, when there is one, the candidate."""
-    requests = []
-    sides = SIDES if job.candidate_source is not None else ("orig",)
-    for key in variants_used(job):
-        variant = job.variants[key]
-        for side in sides:
-            overrides = {job.kernel_file: job.candidate_source} if side == "cand" else {}
-            requests.append((side, key, BuildRequest(
-                name=_module_name(job, key, side), source_root=job.build.source_root,
-                include_dirs=list(job.build.include_dirs), cuda_files=list(job.build.cuda_files),
-                cpp_files=list(job.build.cpp_files), cuda_wrappers=[tuple(w) for w in variant.cuda_wrappers],
-                cpp_wrappers=[tuple(w) for w in variant.cpp_wrappers],
-                extra_cuda_cflags=list(variant.extra_cuda_cflags), extra_cflags=list(job.build.extra_cflags),
-                extra_ldflags=list(job.build.extra_ldflags), header_only=job.build.header_only,
-                arch=job.build.arch, overrides=overrides)))
-    return requests
 
 
 def _build_summary(side: str, variant: str, result: BuildResult) -> dict[str, Any]:
@@ -122,15 +91,6 @@ def _drop_in(job: Job, modules: dict[tuple[str, str], Any]) -> tuple[dict, str |
     return signatures, None, ""
 
 
-def _driver_version() -> str | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.strip().splitlines()[0] if out.strip() else None
-
-
 def collect_env(device: torch.device) -> dict[str, Any]:
     """GPU, toolkit and library versions, L2 size, copy bandwidth and the empty-launch floor."""
     props = torch.cuda.get_device_properties(device)
@@ -139,7 +99,7 @@ def collect_env(device: torch.device) -> dict[str, Any]:
     except BuildFailure:
         nvcc = None
     env = {"gpu": props.name, "capability": f"{props.major}.{props.minor}", "sm_count": props.multi_processor_count,
-           "memory_bytes": props.total_memory, "l2_bytes": l2_bytes(device), "driver": _driver_version(),
+           "memory_bytes": props.total_memory, "l2_bytes": l2_bytes(device), "driver": driver_version(),
            "cuda_runtime": torch.version.cuda, "nvcc": nvcc, "torch": torch.__version__, "tvm_ffi": tvm_ffi_version()}
     env["copy_bandwidth_Bps"] = measure_copy_bandwidth(device)
     env["launch_floor_us"] = launch_overhead_floor(device).median_us
@@ -178,8 +138,8 @@ def time_case(result: CaseResult, case: Case, launches: dict[str, Launch], job: 
         orig, cand = timing.stats["orig"], timing.stats["cand"]
         ratio = speedup(orig, cand)
         noise = math.hypot(orig.rel_stderr, cand.rel_stderr)  # relative standard error of the ratio
-        result.timings[mode] = {"orig": orig, "cand": cand, "speedup": ratio, "ratio_rel_stderr": noise,
-                                "info": timing.info}
+        result.timings[mode] = ModeTiming(orig=orig, cand=cand, speedup=ratio, ratio_rel_stderr=noise,
+                                          info=timing.info)
         result.roofline[mode] = roofline_entry(case.bytes, orig, cand, bandwidth)
         floor = env.get("launch_floor_us") if mode == "graph" else None
         why = suspect(ratio, cand.median_us, case.bytes, bandwidth, launch_floor_us=floor)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 BANDS = ("decode", "middle", "prefill")
+TIMING_MODES = ("graph", "cold")  # graph: back-to-back in a CUDA graph; cold: events around one launch
 
 
 def band_of(tokens: int) -> str:

@@ -18,8 +18,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -33,12 +31,9 @@ _UNITS_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e
 
 
 def ncu_path() -> str | None:
-    found = shutil.which("ncu")
-    if found:
-        return found
-    home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
-    candidate = os.path.join(home, "bin", "ncu")
-    return candidate if os.access(candidate, os.X_OK) else None
+    from harness.toolchain import cuda_tool
+
+    return cuda_tool("ncu")
 
 
 def parse_csv(text: str) -> list[tuple[str, float]]:

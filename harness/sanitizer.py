@@ -30,9 +30,7 @@ any access error (each inconclusive, not a finding).
 from __future__ import annotations
 
 import copy
-import os
 import re
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -79,14 +77,9 @@ _KERNEL_AT = re.compile(r"\bat (.+?)\+0x[0-9a-f]+")
 
 def sanitizer_path() -> str | None:
     """compute-sanitizer on PATH, else under $CUDA_HOME/bin (or /usr/local/cuda/bin), else None."""
-    found = shutil.which("compute-sanitizer")
-    if found:
-        return found
-    from harness.toolchain import cuda_home
+    from harness.toolchain import cuda_tool
 
-    home = cuda_home()
-    candidate = os.path.join(home, "bin", "compute-sanitizer") if home else None
-    return candidate if candidate and os.access(candidate, os.X_OK) else None
+    return cuda_tool("compute-sanitizer")
 
 
 def small_job(job: Job) -> Job:

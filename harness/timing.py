@@ -34,7 +34,6 @@ import torch
 
 from harness.stats import Stats, rel_stderr
 
-MODES = ("graph", "cold")
 ROTATION_FACTOR = 3  # graph mode: input sets together exceed 3 x L2
 FLUSH_FACTOR = 2  # cold mode: flush buffer of 2 x L2
 MIN_REPLAY_US = 500.0

@@ -36,6 +36,16 @@ def cuda_home() -> str | None:
     return os.path.dirname(os.path.dirname(nvcc)) if nvcc else None
 
 
+def cuda_tool(name: str) -> str | None:
+    """A CUDA toolkit program (compute-sanitizer, ncu, ...) on PATH, else in cuda_home()/bin, else None."""
+    found = shutil.which(name)
+    if found:
+        return found
+    home = cuda_home()
+    candidate = os.path.join(home, "bin", name) if home else None
+    return candidate if candidate and os.access(candidate, os.X_OK) else None
+
+
 def nvcc_path() -> str:
     """The nvcc a build runs, or BuildFailure with a message saying how to fix it."""
     home = cuda_home()

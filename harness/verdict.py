@@ -16,13 +16,33 @@ from harness.job import BANDS
 from harness.stats import Stats, geomean
 
 STATUSES = ("correct", "incorrect", "build_failed", "missing_export", "signature_mismatch", "crashed",
-            "timeout", "sanitizer", "suspect")
+            "timeout", "sanitizer", "suspect", "built")  # built: compiled only, never run (a dry run)
+
+
+@dataclass
+class ModeTiming:
+    """Both sides of one case in one timing mode, measured interleaved in one process."""
+
+    orig: Stats
+    cand: Stats
+    speedup: float | None  # orig median / cand median
+    ratio_rel_stderr: float = 0.0  # relative standard error of the speedup
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"orig": self.orig.to_dict(), "cand": self.cand.to_dict(), "speedup": self.speedup,
+                "ratio_rel_stderr": self.ratio_rel_stderr, "info": self.info}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModeTiming":
+        return cls(orig=Stats.from_dict(data["orig"]), cand=Stats.from_dict(data["cand"]),
+                   speedup=data.get("speedup"), ratio_rel_stderr=float(data.get("ratio_rel_stderr") or 0.0),
+                   info=dict(data.get("info") or {}))
 
 
 @dataclass
 class CaseResult:
-    """Correctness and timing of one case. `timings[mode]` = {"orig": Stats, "cand": Stats,
-    "speedup": float, "ratio_rel_stderr": float, "info": {...}}; `roofline[mode]` =
+    """Correctness and timing of one case. `timings[mode]` is a ModeTiming; `roofline[mode]` =
     roofline.roofline_entry(...)."""
 
     id: str
@@ -40,7 +60,7 @@ class CaseResult:
     reference: dict[str, dict] = field(default_factory=dict)  # output -> {orig, cand, limit, ...}
     deterministic_orig: bool | None = None
     deterministic_cand: bool | None = None
-    timings: dict[str, dict] = field(default_factory=dict)
+    timings: dict[str, ModeTiming] = field(default_factory=dict)
     roofline: dict[str, dict] = field(default_factory=dict)
     copy_us: float | None = None  # torch copy of the same bytes, graph mode
     suspect: list[str] = field(default_factory=list)
@@ -52,19 +72,22 @@ class CaseResult:
 
     def speedup(self, mode: str) -> float | None:
         entry = self.timings.get(mode)
-        return None if entry is None else entry.get("speedup")
+        return None if entry is None else entry.speedup
+
+    def median_us(self, mode: str, side: str) -> float | None:
+        """The median of `side` ("orig" or "cand") in `mode`, or None where not timed."""
+        entry = self.timings.get(mode)
+        return None if entry is None else getattr(entry, side).median_us
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["timings"] = {mode: {k: v.to_dict() if isinstance(v, Stats) else v for k, v in entry.items()}
-                           for mode, entry in self.timings.items()}
+        data["timings"] = {mode: entry.to_dict() for mode, entry in self.timings.items()}
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "CaseResult":
         data = {k: v for k, v in data.items() if k in _names(cls)}
-        data["timings"] = {mode: {k: Stats.from_dict(v) if k in ("orig", "cand") and isinstance(v, dict) else v
-                                  for k, v in entry.items()} for mode, entry in data.get("timings", {}).items()}
+        data["timings"] = {mode: ModeTiming.from_dict(entry) for mode, entry in (data.get("timings") or {}).items()}
         return cls(**data)
 
 
@@ -87,6 +110,8 @@ class Verdict:
     phases: dict[str, float] = field(default_factory=dict)  # build_s, env_s, check_s, time_s, total_s
     notes: list[str] = field(default_factory=list)
     worker: dict[str, Any] = field(default_factory=dict)  # filled in by harness.worker
+    sanitizer: dict[str, Any] = field(default_factory=dict)  # compute-sanitizer report (harness.worker.verify_job)
+    ncu: dict[str, Any] = field(default_factory=dict)  # Nsight Compute cross-check (astra bench --ncu)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -109,6 +134,18 @@ class Verdict:
     @classmethod
     def from_json(cls, text: str) -> "Verdict":
         return cls.from_dict(json.loads(text))
+
+    def modes(self) -> list[str]:
+        """Timing modes present in the cases, graph first."""
+        found = {m for case in self.cases for m in case.timings}
+        return [m for m in ("graph", "cold") if m in found] + sorted(found - {"graph", "cold"})
+
+    def timed_cases(self) -> list[CaseResult]:
+        return [case for case in self.cases if case.timed]
+
+    @property
+    def gpu(self) -> str:
+        return str(self.env.get("gpu") or "unknown GPU")
 
 
 def _names(cls: type) -> set[str]:
@@ -145,37 +182,11 @@ def band_speedups(cases: list[CaseResult], modes: list[str]) -> dict[str, dict[s
     return result
 
 
-SIGNIFICANCE = 3.0  # a slowdown must also exceed this many standard errors of the speedup
-
-
-def slower_shapes(cases: list[CaseResult], threshold: float) -> list[dict]:
-    """Timed shapes slower in any mode: [{id, mode, speedup}]. Slower means speedup < 1 - threshold,
-    and also < 1 - 3 x the speedup's relative standard error (`ratio_rel_stderr`, when recorded), so
-    that noise is not reported as a slowdown: cold-mode decode shapes on an H200 drift by 1-2% between
-    identical kernels (event ticks of 32 ns on ~4.7 us launches, multimodal times)."""
-    slower = []
-    for case in cases:
-        if not case.timed:
-            continue
-        for mode, entry in case.timings.items():
-            value = entry.get("speedup")
-            noise = SIGNIFICANCE * float(entry.get("ratio_rel_stderr") or 0.0)
-            if value is not None and value < 1.0 - max(threshold, noise):
-                slower.append({"id": case.id, "mode": mode, "speedup": value})
-    return slower
-
-
-def is_faster(bands: dict[str, dict[str, float]], slower: list[dict], threshold: float) -> bool | None:
-    """None without timings; True when no shape is slower, every mode's overall geomean is >= 1 and
-    at least one mode's is above 1 + threshold."""
-    overall = [b["all"] for b in bands.values() if "all" in b]
-    if not overall:
-        return None
-    return not slower and min(overall) >= 1.0 and max(overall) > 1.0 + threshold
-
-
 def decide(cases: list[CaseResult], modes: list[str], threshold: float) -> Verdict:
-    """The verdict of a candidate that built and loaded: incorrect, suspect or correct."""
+    """The verdict of a candidate that built and loaded: incorrect, suspect or correct; `faster` by the
+    one acceptance rule (harness.acceptance.verified_faster), None without timings."""
+    from harness.acceptance import slower_shapes, verified_faster
+
     bands = band_speedups(cases, modes)
     slower = slower_shapes(cases, threshold)
     failing = [c for c in cases if not c.correct]
@@ -191,6 +202,7 @@ def decide(cases: list[CaseResult], modes: list[str], threshold: float) -> Verdi
         summary = "; ".join(f"{mode} " + ", ".join(f"{band} {value:.3f}x" for band, value in b.items())
                             for mode, b in bands.items())
         reason = f"correct on {len(cases)} cases" + (f"; {summary}" if summary else "")
-    return Verdict(status=status, reason=reason, correct=not failing,
-                   faster=False if failing else is_faster(bands, slower, threshold),
-                   slower_shapes=slower, band_speedups=bands, cases=cases)
+    verdict = Verdict(status=status, reason=reason, correct=not failing, slower_shapes=slower,
+                      band_speedups=bands, cases=cases)
+    verdict.faster = False if failing else (verified_faster(verdict, threshold=threshold).ok if bands else None)
+    return verdict

@@ -36,8 +36,7 @@ from harness.process import (
 from harness.sanitizer import DEFAULT_TOOLS, sanitize
 from harness.verdict import STATUSES, Verdict
 
-__all__ = ["EVALUATE_ENV", "FAILURE_STATUSES", "collect_verdict", "failure_verdict", "run_job", "run_jobs",
-           "verify_job"]
+__all__ = ["EVALUATE_ENV", "FAILURE_STATUSES", "collect_verdict", "failure_verdict", "run_job", "verify_job"]
 FAILURE_STATUSES = frozenset(STATUSES) - {"correct"}
 
 
@@ -82,8 +81,8 @@ def collect_verdict(job: Job, out_path: Path, outcome: ProcessOutcome, timeout_s
     return verdict
 
 
-def run_job(job: Job, *, timeout_s: float, python: str = sys.executable, env: dict[str, str] | None = None) -> dict:
-    """Evaluate `job` in a fresh worker process; always returns a verdict dict, never raises for the job.
+def run_job(job: Job, *, timeout_s: float, python: str = sys.executable, env: dict[str, str] | None = None) -> Verdict:
+    """Evaluate `job` in a fresh worker process; always returns a Verdict, never raises for the job.
 
     `timeout_s` bounds the whole worker (build, checks, timing). `env` replaces our environment for
     the worker (the directory holding this `harness` package still goes first on PYTHONPATH).
@@ -93,30 +92,24 @@ def run_job(job: Job, *, timeout_s: float, python: str = sys.executable, env: di
         job_path.write_text(job.to_json())
         command = [python, "-m", "harness", "run", str(job_path), "--out", str(out_path)]
         outcome = run_isolated(command, timeout_s=timeout_s, env=harness_env(env), cwd=tmp)
-        return collect_verdict(job, out_path, outcome, timeout_s)
-
-
-def run_jobs(jobs: list[Job], *, timeout_s: float, python: str = sys.executable,
-             env: dict[str, str] | None = None) -> list[dict]:
-    """`run_job` for each job in turn: one job's crash or hang never touches the next."""
-    return [run_job(job, timeout_s=timeout_s, python=python, env=env) for job in jobs]
+        return Verdict.from_dict(collect_verdict(job, out_path, outcome, timeout_s))
 
 
 def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0,
                tools: tuple[str, ...] = DEFAULT_TOOLS, python: str = sys.executable,
-               env: dict[str, str] | None = None) -> dict:
+               env: dict[str, str] | None = None) -> Verdict:
     """`run_job`, then, for a "correct" verdict with `options.sanitizer`, compute-sanitizer (`tools`) on
     its smallest cases (`harness.sanitizer.sanitize`). Findings turn the verdict into "sanitizer";
-    the report (findings, or why it was skipped) is kept under the verdict's "sanitizer" key.
+    the report (findings, or why it was skipped) is kept as the verdict's `sanitizer`.
     """
     verdict = run_job(job, timeout_s=timeout_s, python=python, env=env)
-    if verdict.get("status") != "correct" or not job.options.sanitizer:
+    if verdict.status != "correct" or not job.options.sanitizer:
         return verdict
     report = sanitize(job, tools=tools, timeout_s=sanitizer_timeout_s, python=python, env=env)
-    verdict["sanitizer"] = report
+    verdict.sanitizer = report
     if report["findings"]:
         first = report["findings"][0]
         more = len(report["findings"]) - 1
-        verdict.update(status="sanitizer", correct=False, faster=False,
-                       reason=f"{first['tool']}: {first['message']}" + (f" (+{more} more)" if more else ""))
+        verdict.status, verdict.correct, verdict.faster = "sanitizer", False, False
+        verdict.reason = f"{first['tool']}: {first['message']}" + (f" (+{more} more)" if more else "")
     return verdict

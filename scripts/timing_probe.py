@@ -19,10 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from harness.roofline import copy_floor  # noqa: E402
 from harness import timing as timing_mod  # noqa: E402
+from harness.roofline import copy_floor  # noqa: E402
 from harness.timing import time_graph  # noqa: E402
-
 
 CONFIGS = (("old: no spin, gc on", 0.0, False), ("no spin, gc paused", 0.0, True), ("new: auto spin, gc paused", None, True))
 

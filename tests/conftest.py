@@ -40,13 +40,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def sglang_0523():
-    from astra.sglang_tree import from_wheel
+    from astra.sglang.tree import from_wheel
 
     return from_wheel("0.5.23")
 
 
 @pytest.fixture(scope="session")
 def sglang_0510():
-    from astra.sglang_tree import from_wheel
+    from astra.sglang.tree import from_wheel
 
     return from_wheel("0.5.10")

@@ -11,9 +11,10 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from harness.sanitizer import sanitize, sanitizer_path  # noqa: E402
-from harness.worker import run_job, run_jobs, verify_job  # noqa: E402
 from rowscale_job import CANDIDATES, Expectation, rowscale_cases, rowscale_job  # noqa: E402
+
+from harness.sanitizer import sanitize, sanitizer_path  # noqa: E402
+from harness.worker import run_job, verify_job  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 JOB_TIMEOUT_S = 300.0
@@ -40,27 +41,28 @@ def prebuilt():
     the workers read: each test then times its worker, not a serial compile (minutes saved). Failures
     here are not asserted: j must fail, and each test's worker reports its own build."""
     from harness.build import build_many
-    from harness.evaluate import build_requests, default_cache_dir
+    from harness.evaluate import default_cache_dir
+    from harness.plan import build_requests
 
     jobs = [adversarial_job(None)] + [adversarial_job(e.name) for e in CANDIDATES]
     unique = {(r.name, repr(sorted(r.overrides.items()))): r for job in jobs for _, _, r in build_requests(job)}
     build_many(list(unique.values()), default_cache_dir(jobs[0]))
 
 
-def assert_verdict(verdict: dict, expect: Expectation) -> None:
-    print(f"{expect.name}: {verdict['status']}: {verdict['reason']}")  # shown by -rA: the reasons, for review
-    assert verdict["status"] in expect.statuses, f"{expect.name}: {verdict['status']}: {verdict['reason']}"
-    assert verdict["reason"].strip(), verdict
+def assert_verdict(verdict, expect: Expectation) -> None:
+    print(f"{expect.name}: {verdict.status}: {verdict.reason}")  # shown by -rA: the reasons, for review
+    assert verdict.status in expect.statuses, f"{expect.name}: {verdict.status}: {verdict.reason}"
+    assert verdict.reason.strip(), verdict
     if expect.statuses == ("correct",):
-        assert verdict["correct"] is True
+        assert verdict.correct is True
     elif "suspect" not in expect.statuses:  # a suspect verdict has right outputs but impossible timings
-        assert verdict["correct"] is False
+        assert verdict.correct is False
 
 
 def test_original_against_itself_is_correct():
     verdict = run_job(adversarial_job(None), timeout_s=JOB_TIMEOUT_S)
-    assert verdict["status"] == "correct", verdict["reason"]
-    assert verdict["env"]["gpu"] and verdict["band_speedups"], verdict
+    assert verdict.status == "correct", verdict.reason
+    assert verdict.env["gpu"] and verdict.band_speedups, verdict
 
 
 @pytest.mark.parametrize("expect", PLAIN, ids=[e.name for e in PLAIN])
@@ -69,7 +71,7 @@ def test_candidate_is_rejected(expect):
 
 
 def test_a_crash_and_a_hang_do_not_touch_the_next_job():
-    verdicts = run_jobs([adversarial_job(name) for name in ISOLATION], timeout_s=HANG_TIMEOUT_S)
+    verdicts = [run_job(adversarial_job(name), timeout_s=HANG_TIMEOUT_S) for name in ISOLATION]
     for name, verdict in zip(ISOLATION, verdicts):
         assert_verdict(verdict, BY_NAME[name])
 
@@ -82,7 +84,7 @@ def test_sanitizer_catches(expect):
     tools = (expect.sanitizer_tool,)
     verdict = verify_job(job, timeout_s=JOB_TIMEOUT_S, sanitizer_timeout_s=SANITIZER_TIMEOUT_S, tools=tools)
     assert_verdict(verdict, expect)
-    report = verdict.get("sanitizer") or sanitize(job, tools=tools, timeout_s=SANITIZER_TIMEOUT_S)
+    report = verdict.sanitizer or sanitize(job, tools=tools, timeout_s=SANITIZER_TIMEOUT_S)
     kinds = [(f["tool"], f["kind"]) for f in report["findings"]]
     assert any(tool == expect.sanitizer_tool and kind.startswith(expect.finding_kind) for tool, kind in kinds), report
 

@@ -8,9 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-
-from harness.build import BuildRequest, build_many, export_signatures, load_module
-from harness.toolchain import BuildFailure, nvcc_path
 from rowscale_job import (
     BASE_ROOT,
     CANDIDATES,
@@ -21,6 +18,9 @@ from rowscale_job import (
     rowscale_job,
     tvm_ffi_include_dirs,
 )
+
+from harness.build import BuildRequest, build_many, export_signatures, load_module
+from harness.toolchain import BuildFailure, nvcc_path
 
 
 def _nvcc_missing() -> bool:

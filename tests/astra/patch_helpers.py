@@ -12,10 +12,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from astra import jobs, spec as spec_mod
-from astra.sglang_tree import SglangTree
+from astra.sglang.tree import SglangTree
+from astra.spec import jobs
+from astra.spec import model as spec_mod
+from harness.acceptance import slower_shapes
 from harness.stats import Stats
-from harness.verdict import CaseResult, Verdict, band_speedups, slower_shapes
+from harness.verdict import CaseResult, ModeTiming, Verdict, band_speedups
 
 KERNEL_REL = "elementwise/fused_add_rmsnorm.cuh"
 REPO_PATH = "python/sglang/kernels/jit/csrc/elementwise/fused_add_rmsnorm.cuh"
@@ -35,11 +37,12 @@ def candidate(tree: SglangTree, old: str = EDIT_OLD, new: str = EDIT_NEW) -> str
 
 
 def synthetic_verdict(name: str = "fused_add_rmsnorm", *, status: str = "correct", slow_case: int | None = None,
-                      slow_mode: str = "cold", slow_speedup: float = 0.97, sanitizer_findings: int = 0) -> dict:
-    """A verdict dict shaped like verify_job's (SYNTHETIC numbers; see the module docstring).
+                      slow_mode: str = "cold", slow_speedup: float = 0.97, sanitizer_findings: int = 0,
+                      rel_stderr: float = 0.001, uniform: float | None = None) -> Verdict:
+    """A Verdict shaped like verify_job's (SYNTHETIC numbers; see the module docstring).
 
     Decode shapes get x1.12 (graph) / x1.06 (cold), others x1.01; `slow_case` (an index into the timed
-    cases) gets `slow_speedup` in `slow_mode`."""
+    cases) gets `slow_speedup` in `slow_mode`; `uniform` gives every timed shape that speedup instead."""
     spec = spec_mod.load(name)
     case_list, _ = jobs.cases(spec)
     results, timed_index = [], 0
@@ -49,14 +52,14 @@ def synthetic_verdict(name: str = "fused_add_rmsnorm", *, status: str = "correct
         result.reference = {"input": {"orig": 3.1e-3, "cand": 3.1e-3, "limit": 1.6e-2}}
         if case.timed:
             for mode, gain in (("graph", 1.12), ("cold", 1.06)):
-                value = gain if case.band == "decode" else 1.01
+                value = uniform if uniform is not None else gain if case.band == "decode" else 1.01
                 if slow_case == timed_index and mode == slow_mode:
                     value = slow_speedup
                 orig = 2.0 + case.bytes / 4.0e6
-                result.timings[mode] = {"orig": Stats(orig, orig * 0.97, orig * 1.05, 200, 0.002),
-                                        "cand": Stats(orig / value, orig / value * 0.97, orig / value * 1.05, 200,
-                                                      0.002),
-                                        "speedup": value, "ratio_rel_stderr": 0.001}
+                result.timings[mode] = ModeTiming(
+                    orig=Stats(orig, orig * 0.97, orig * 1.05, 200, 0.002),
+                    cand=Stats(orig / value, orig / value * 0.97, orig / value * 1.05, 200, 0.002),
+                    speedup=value, ratio_rel_stderr=rel_stderr)
                 floor = case.bytes / 4.2e12 * 1e6
                 result.roofline[mode] = {"floor_us": floor, "orig_fraction": floor / orig,
                                          "cand_fraction": floor * value / orig}
@@ -69,14 +72,14 @@ def synthetic_verdict(name: str = "fused_add_rmsnorm", *, status: str = "correct
                       env={"gpu": "NVIDIA H200", "capability": "9.0", "driver": "570.124.06",
                            "cuda_runtime": "12.8", "nvcc": "13.0", "torch": "2.13.0", "tvm_ffi": "0.1.11",
                            "copy_bandwidth_Bps": 4.22e12})
-    data = verdict.to_dict()
-    data["sanitizer"] = {"findings": [{"tool": "memcheck", "kind": "oob", "message": "Invalid __global__ read",
+    verdict.sanitizer = {"findings": [{"tool": "memcheck", "kind": "oob", "message": "Invalid __global__ read",
                                        "kernel": "k"}] * sanitizer_findings,
                          "ok": not sanitizer_findings, "skipped": None,
                          "runs": [{"tool": "memcheck"}, {"tool": "racecheck"}]}
     if status != "correct":
-        data.update(status=status, correct=False, faster=False, reason="input: 12 of 4096 elements differ")
-    return data
+        verdict.status, verdict.correct, verdict.faster = status, False, False
+        verdict.reason = "input: 12 of 4096 elements differ"
+    return verdict
 
 
 def git(cwd: Path, *args: str) -> str:

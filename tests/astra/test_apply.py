@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from astra import spec as spec_mod
-from astra.patch import emit_patch
+from astra.patches.emit import emit_patch
+from astra.spec import model as spec_mod
 from tests.astra import patch_helpers as h
 
 pytestmark = pytest.mark.network  # the 0.5.23 wheel is downloaded on first use

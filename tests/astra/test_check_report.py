@@ -1,20 +1,21 @@
 """Formatting of verdicts (check/bench tables) and the baseline report, on verdicts built here."""
 
+from astra.report import baseline as report
+from astra.report import text as check_cmd
+from astra.verify.ncu import ncu_comparison
 from harness.stats import Stats
-from harness.verdict import CaseResult, Verdict
-
-from astra import check_cmd, report
+from harness.verdict import CaseResult, ModeTiming, Verdict
 
 
-def _verdict() -> dict:
+def _verdict() -> Verdict:
     cases = []
     for tokens, band, o, c in ((1, "decode", 2.0, 1.6), (1024, "middle", 10.0, 9.0), (16384, "prefill", 100.0, 101.0)):
         case = CaseResult(id=f"Llama-3.1-8B/tp1/bfloat16/tokens={tokens},hidden=4096", band=band,
                           label="Llama-3.1-8B/tp1", dtype="bfloat16", dims={"tokens": tokens, "hidden": 4096},
                           timed=True, bytes=tokens * 4096 * 6)
         for mode in ("graph", "cold"):
-            case.timings[mode] = {"orig": Stats(o, o * 0.9, o * 1.1, 50, 0.005),
-                                  "cand": Stats(c, c * 0.9, c * 1.1, 50, 0.005), "speedup": o / c}
+            case.timings[mode] = ModeTiming(orig=Stats(o, o * 0.9, o * 1.1, 50, 0.005),
+                                            cand=Stats(c, c * 0.9, c * 1.1, 50, 0.005), speedup=o / c)
             case.roofline[mode] = {"floor_us": o * 0.5, "orig_fraction": 0.5, "cand_fraction": 0.5 * o / c,
                                    "orig_Bps": 1e12, "achieved_Bps": 1e12}
         case.reference = {"out": {"orig": 2e-3, "cand": 2.5e-3}}
@@ -25,7 +26,7 @@ def _verdict() -> dict:
                 env={"gpu": "Test GPU", "capability": "9.0", "driver": "1", "cuda_runtime": "13.0", "nvcc": "13.0",
                      "torch": "2.11", "tvm_ffi": "0.1.11", "copy_bandwidth_Bps": 4.2e12},
                 phases={"build_s": 1.0, "check_s": 2.0})
-    return v.to_dict()
+    return v
 
 
 def test_check_table_names_modes_and_speedups():
@@ -67,10 +68,14 @@ def test_ncu_net_ratio_takes_out_the_measured_launch_overhead(monkeypatch):
     # the profiled worker is GPU-only; what is tested here is the arithmetic on its figures
     monkeypatch.setattr(harness.ncu, "cross_check",
                         lambda job: {"skipped": None, "cases": {"a": 20.0, "b": 200.0}, "empty_us": 1.0})
-    verdict = {"env": {"cold_launch_floor_us": 3.0}, "cases": [
-        {"id": "a", "timings": {"cold": {"orig": {"median_us": 22.0}}}},
-        {"id": "b", "timings": {"cold": {"orig": {"median_us": 206.0}}}}]}
-    result = check_cmd.ncu_comparison(None, verdict)
+    cases = []
+    for case_id, us in (("a", 22.0), ("b", 206.0)):
+        case = CaseResult(id=case_id, band="decode", label="t", dtype="bfloat16", dims={}, timed=True, bytes=1)
+        case.timings["cold"] = ModeTiming(orig=Stats(us, us, us, 10, 0.01), cand=Stats(us, us, us, 10, 0.01),
+                                          speedup=1.0)
+        cases.append(case)
+    verdict = Verdict(status="correct", reason="", correct=True, cases=cases, env={"cold_launch_floor_us": 3.0})
+    result = ncu_comparison(None, verdict)
     assert result["launch_overhead_us"] == 2.0
     assert [round(r["net_ratio"], 3) for r in result["rows"]] == [1.0, 1.02]
     text = check_cmd.format_ncu(result)

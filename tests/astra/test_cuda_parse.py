@@ -1,4 +1,4 @@
-"""astra.cuda_parse: what libclang finds in a CUDA file, and clean errors when a tool is missing."""
+"""astra.sglang.cuda_parse: what libclang finds in a CUDA file, and clean errors when a tool is missing."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from astra import clang_env as clang_env_mod
-from astra.cuda_parse import parse_source, parse_tree_report
 from astra.errors import AstraError, ToolMissing
+from astra.sglang import clang_env as clang_env_mod
+from astra.sglang.cuda_parse import parse_source, parse_tree_report
 
 DEMO = textwrap.dedent("""\
     #include <cstdint>
@@ -193,7 +193,7 @@ def test_missing_resource_dir_is_actionable(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def sglang_0_5_23():
-    from astra.sglang_tree import from_wheel
+    from astra.sglang.tree import from_wheel
 
     return from_wheel("0.5.23")
 

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from astra.discovery import scan_file
+from astra.sglang.discovery import scan_file
 
 LOADER = textwrap.dedent('''
     from sglang.kernels.jit.utils import cache_once, load_jit, make_cpp_args
@@ -79,7 +79,7 @@ def test_guards_and_header_only(loader_file):
 
 @pytest.mark.network
 def test_real_fused_add_rmsnorm_call_site(sglang_0523):
-    from astra.discovery import scan_tree
+    from astra.sglang.discovery import scan_tree
 
     site = next(s for s in scan_tree(sglang_0523) if s.module_name == "fused_add_rmsnorm")
     assert site.cuda_files == ["elementwise/fused_add_rmsnorm.cuh"]
@@ -90,7 +90,7 @@ def test_real_fused_add_rmsnorm_call_site(sglang_0523):
 
 @pytest.mark.network
 def test_real_flags_from_helper_functions(sglang_0523):
-    from astra.discovery import scan_tree
+    from astra.sglang.discovery import scan_tree
 
     sites = {s.module_name: s for s in scan_tree(sglang_0523)}
     assert sites["activation"].extra_cuda_cflags == ["--use_fast_math"]

@@ -1,10 +1,10 @@
-"""astra.edits: parsing SEARCH/REPLACE blocks and whole files, applying them, messages for the model."""
+"""astra.optimize.edits: parsing SEARCH/REPLACE blocks and whole files, applying them, messages for the model."""
 
 from __future__ import annotations
 
 import pytest
 
-from astra.edits import EditFormatError, apply_edits, apply_reply, parse_edits
+from astra.optimize.edits import EditFormatError, apply_edits, apply_reply, parse_edits
 
 KERNEL = """\
 #include <cuda_bf16.h>

@@ -1,10 +1,8 @@
 """`astra eval`'s table rows from run directories (verdicts built here; CI has no GPU)."""
 
-import json
-
-from astra import spec as spec_mod
-from astra.agents.rundir import RunDir
-from astra.eval_cmd import row
+from astra.optimize.evaluation import row
+from astra.optimize.rundir import HistoryEntry, RunDir
+from astra.spec import model as spec_mod
 from tests.astra.test_check_report import _verdict
 
 
@@ -14,7 +12,8 @@ def test_row_uses_the_best_verdicts_interleaved_medians():
     n = run.add_candidate("a\nb\nc\nd\n", {"description": "x"})
     run.save_verdict(n, _verdict())
     state = run.state()
-    state.best, state.history = n, [{"n": n}]
+    state.best = n
+    state.history = [HistoryEntry(n=n, round=0, name="x", status="correct", score=1.0, accepted=True, why="")]
     run.save(state)
     r = row(run, spec)
     assert (r["lines_before"], r["lines_after"], r["correct"]) == (3, 4, True)
@@ -26,6 +25,6 @@ def test_row_uses_the_best_verdicts_interleaved_medians():
 def test_row_without_a_verified_candidate_keeps_the_original():
     spec = spec_mod.load("rmsnorm")
     run = RunDir.create("rmsnorm", "0.5.23", "offline", "a\n")
-    (run.root / "baseline.json").write_text(json.dumps(_verdict()))
+    run.save_baseline(_verdict())
     r = row(run, spec)
     assert r["correct"] is None and r["speedup"] == 1.0 and r["lines_after"] == 1

@@ -1,6 +1,6 @@
 import pytest
 
-from astra.expr import ExprError, evaluate, names_in, render
+from astra.spec.expr import ExprError, evaluate, names_in, render
 
 
 def test_arithmetic_and_functions():

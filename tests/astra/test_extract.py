@@ -4,15 +4,27 @@ import json
 
 import pytest
 
-from astra import extract, registry, spec
+from astra.sglang import registry
+from astra.spec import extract
+from astra.spec import model as spec
 
 pytestmark = pytest.mark.network
 
 
 @pytest.fixture
 def specs_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("ASTRA_SPECS", str(tmp_path))
-    return tmp_path
+    """Drafts land in $ASTRA_HOME/drafts; the test reads them as specs from there."""
+    monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ASTRA_SPECS", str(tmp_path / "home" / "drafts"))
+    return tmp_path / "home" / "drafts"
+
+
+def test_draft_goes_to_astra_home_never_the_repository(sglang_0523, specs_dir):
+    from astra import paths
+
+    result = extract.extract(sglang_0523, "qknorm")
+    assert result.draft.parent.parent == paths.drafts_dir() == specs_dir
+    assert not (paths.SPECS_DIR / "qknorm" / "kernel.draft.yaml").exists()
 
 
 def test_draft_validates_and_snapshot_has_hashes(sglang_0523, specs_dir):

@@ -12,13 +12,14 @@ import shutil
 
 import pytest
 
-from astra import spec as spec_mod
-from astra.agents.llm_agent import LLMAgent
-from astra.agents.loop import Budget, run_loop
-from astra.agents.rundir import RunDir
-from astra.llm import Client, LLMConfig, LLMUnreachable
-from astra.optimize_cmd import build_only_evaluator
+from astra.optimize.llm import Client, LLMConfig, LLMUnreachable
+from astra.optimize.llm_agent import LLMAgent
+from astra.optimize.loop import Budget, run_loop
+from astra.optimize.rundir import RunDir
+from astra.optimize.session import build_only_evaluator
+from astra.spec import model as spec_mod
 from tests.llm_server import KEY, MODEL, error, reply
+from tests.verdicts import make_verdict
 
 pytestmark = [pytest.mark.network, pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")]
 
@@ -31,14 +32,12 @@ def _scripted_evaluator(spec, tree):
     """Real nvcc build; where it builds, the verdict a GPU run would give (x1.05 on every band)."""
     build = build_only_evaluator(spec, tree)
 
-    def evaluate(source: str, label: str) -> dict:
+    def evaluate(source: str, label: str):
         built = build(source, label)
-        if built["status"] != "built":
-            return {**built, "correct": False}
+        if built.status != "built":
+            return built
         speed = 1.0 if label == "original" else 1.05
-        bands = {"decode": speed, "middle": speed, "prefill": speed, "all": speed}
-        return {"status": "correct", "correct": True, "reason": "scripted (no GPU in CI)",
-                "band_speedups": {"graph": bands, "cold": bands}, "slower_shapes": [], "cases": []}
+        return make_verdict({"decode": speed, "middle": speed, "prefill": speed})
 
     return evaluate
 
@@ -71,7 +70,7 @@ def test_loop_survives_a_difficult_model(llm_server, sglang_0523, tmp_path):
     state = run_loop(run, agent, _scripted_evaluator(spec, sglang_0523), Budget(rounds=5, patience=3))
 
     assert agent.extra_shapes == [{"tokens": 3, "hidden": 4096}]  # 4097 violates the spec's hidden % 16 == 0
-    statuses = [(h["name"], h["status"], h["accepted"]) for h in state.history]
+    statuses = [(h.name, h.status, h.accepted) for h in state.history]
     assert statuses == [("llm:r0", "build_failed", False), ("llm:r1", "correct", True)]
     assert state.best == 2 and "a harmless change" in run.best_source()
     assert state.stopped == "the agent has nothing left to try"
@@ -93,7 +92,7 @@ def test_unreachable_endpoint_keeps_the_run(sglang_0523):
     agent = LLMAgent(Client(cfg, transcript=run.transcript), spec, sglang_0523)
 
     def original_only(source, label):
-        return {"status": "correct", "correct": True, "band_speedups": {}, "cases": []}
+        return make_verdict({"decode": 1.0})
 
     with pytest.raises(LLMUnreachable, match="127.0.0.1:9"):
         run_loop(run, agent, original_only, Budget(rounds=2))
@@ -102,16 +101,16 @@ def test_unreachable_endpoint_keeps_the_run(sglang_0523):
 
 
 def test_best_candidate_goes_to_the_patch_emitter(sglang_0523):
-    """A scripted verdict has no per-shape timings, so the emitter must refuse it and say why."""
-    from astra.optimize_cmd import emit_best_patch
+    """A verdict without per-shape timings: the emitter must refuse it and say why."""
+    from astra.optimize.session import emit_best_patch
 
     spec = spec_mod.load("fused_add_rmsnorm")
     source = (sglang_0523.csrc_dir / spec.kernel_file).read_text()
     run = RunDir.create(spec.name, sglang_0523.version, "offline", source)
     n = run.add_candidate(source.replace("#include", "// x\n#include", 1), {"description": "a comment"})
-    bands = {"decode": 1.1, "all": 1.1}
-    run.save_verdict(n, {"status": "correct", "correct": True, "name": spec.name, "band_speedups": {"graph": bands},
-                         "slower_shapes": [], "cases": []})
+    untimed = make_verdict({"decode": 1.1}, name=spec.name)
+    untimed.cases = []
+    run.save_verdict(n, untimed)
     state = run.state()
     state.best = n
     run.save(state)

@@ -6,19 +6,19 @@ import re
 
 import pytest
 
-from astra.agents.loop import Budget, accepted, run_loop, score
-from astra.agents.rundir import RunDir
-from astra.agents.transforms import Proposal
+from astra.optimize.loop import Budget, run_loop
+from astra.optimize.rundir import RunDir
+from astra.optimize.transforms import Proposal
+from harness import improves_on, score
+from tests.verdicts import make_verdict
 
 
 def verdict(status="correct", all_=1.0, decode=None, slower=()):
-    bands = {"decode": decode or all_, "prefill": all_, "all": all_}
-    return {"status": status, "correct": status == "correct", "reason": status, "band_speedups": {"graph": bands},
-            "slower_shapes": [{"id": s, "mode": "graph", "speedup": 0.9} for s in slower],
-            "cases": [{"timed": True, "band": "decode", "roofline": {"graph": {"cand_fraction": 0.5 * all_}}}]}
+    speedups = {"decode": decode or all_, "prefill": [all_] + [0.9 for _ in slower]}
+    return make_verdict(speedups, status=status)
 
 
-def evaluator(source: str, label: str) -> dict:
+def evaluator(source: str, label: str):
     marks = list(re.finditer(r"// measured: (\w+) ([\d.]+)(?: decode ([\d.]+))?( slower)?", source))
     if label == "original" or not marks:
         return verdict()
@@ -58,9 +58,9 @@ def test_only_verified_faster_candidates_become_the_base(run):
         [("regresses-a-shape", "correct 1.5 slower"), ("better", "correct 1.3")],
     ])
     state = run_loop(run, agent, evaluator, Budget(rounds=5, patience=3))
-    names = {h["n"]: h["name"] for h in state.history}
+    names = {h.n: h.name for h in state.history}
     assert names[state.best] == "better"
-    assert [h["accepted"] for h in state.history] == [False, False, True, False, True]
+    assert [h.accepted for h in state.history] == [False, False, True, False, True]
     assert "measured: correct 1.2" in agent.bases[1]  # round 2 started from the verified "good"
     assert "incorrect" not in agent.bases[1] and "0.8" not in agent.bases[1]
     assert state.stopped == "the agent has nothing left to try"
@@ -70,7 +70,7 @@ def test_only_verified_faster_candidates_become_the_base(run):
 def test_band_specific_improvement_is_kept(run):
     agent = ScriptedAgent([[("decode-only", "correct 1.0 decode 1.10")]])
     state = run_loop(run, agent, evaluator, Budget(rounds=1))
-    assert state.best == 1 and "faster on decode" in state.history[0]["why"]
+    assert state.best == 1 and "decode x1.100" in state.history[0].why
 
 
 def test_no_progress_stops_and_resume_continues(run):
@@ -95,48 +95,52 @@ def test_round_budget(run):
 def test_score_and_acceptance_rules():
     assert score(verdict("incorrect", 2.0)) == 0.0
     assert score(verdict("suspect", 9.0)) == 0.0
-    ok, why = accepted(verdict("correct", 1.005), None, Budget())
-    assert not ok and "not faster" in why
-    ok, why = accepted(verdict("correct", 1.2, slower=("s",)), None, Budget())
-    assert not ok and "slower on 1 shape" in why
+    decision = improves_on(verdict("correct", 1.005), None)
+    assert not decision.ok and "not faster beyond noise" in decision.reason
+    decision = improves_on(verdict("correct", 1.2, slower=("s",)), None)
+    assert not decision.ok and "slower on 1 shape" in decision.reason
 
 
 def test_quick_search_best_must_pass_the_full_suite(run):
-    from astra.optimize_cmd import confirm_best
+    from astra.optimize.session import confirm_best
 
     agent = ScriptedAgent([[("good-on-bf16", "correct 1.2")]])
     run_loop(run, agent, evaluator, Budget(rounds=1))
     assert run.state().best == 1
 
     def full_suite(source, label, full=False):  # the fp16 cases of the full suite fail
-        return verdict("incorrect", 0.0) if full else evaluator(source, label)
+        return verdict("incorrect", 1.0) if full else evaluator(source, label)
 
     messages = []
     assert confirm_best(run, full_suite, events=messages.append) is False
     state = run.state()
-    assert state.best is None and state.history[-1]["why"].startswith("full suite: not verified: incorrect")
+    assert state.best is None and state.history[-1].why.startswith("full suite: not verified: incorrect")
     assert "FAILED" in messages[0]
 
 
 def band_verdict(decode, prefill, slower_band=None):
-    cases = [{"id": "d1", "band": "decode", "timed": True}, {"id": "p1", "band": "prefill", "timed": True}]
-    slower = [{"id": {"decode": "d1", "prefill": "p1"}[slower_band], "mode": "cold", "speedup": 0.95}] if slower_band else []
-    return {"status": "correct", "correct": True, "cases": cases, "slower_shapes": slower,
-            "band_speedups": {"graph": {"decode": decode, "prefill": prefill, "all": (decode * prefill) ** 0.5}}}
+    speedups = {"decode": decode, "prefill": prefill}
+    if slower_band:  # a second shape of that band, 5% slower in graph mode
+        speedups[slower_band] = [speedups[slower_band], 0.95]
+        verdict = make_verdict(speedups)
+        band_of = {c.id: c.band for c in verdict.cases}
+        assert {band_of[s["id"]] for s in verdict.slower_shapes} == {slower_band}
+        return verdict
+    return make_verdict(speedups)
 
 
 def test_band_wins_need_the_gain_and_no_slower_shape_in_that_band():
-    from astra.agents.loop import band_wins
+    from astra.optimize.loop import band_wins
 
     assert band_wins(band_verdict(0.97, 1.05, slower_band="decode")) == {"prefill": 1.05}
     assert band_wins(band_verdict(1.05, 1.05, slower_band="prefill")) == {"decode": 1.05}
     assert band_wins(band_verdict(1.01, 1.019)) == {}  # under the 2% band gain
-    assert band_wins({**band_verdict(1.2, 1.2), "status": "incorrect", "correct": False}) == {}
+    assert band_wins(make_verdict({"decode": 1.2, "prefill": 1.2}, status="incorrect")) == {}
 
 
 def test_summary_names_band_only_wins_and_says_when_there_are_none(run):
-    from astra.agents.loop import band_wins_line
-    from astra.optimize_cmd import summary
+    from astra.optimize.loop import band_wins_line
+    from astra.report.run_text import summary
 
     assert band_wins_line(run).startswith("per band: no candidate was verified faster on any band")
     measured = {"prefill-only": band_verdict(0.96, 1.04, slower_band="decode"),

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from astra.agents.offline import plan
-from astra.agents.transforms import catalog, fast_math, launch_bounds, tunable_constants, unroll_loops
+from astra.optimize.offline import plan
+from astra.optimize.transforms import catalog, fast_math, launch_bounds, tunable_constants, unroll_loops
+from tests.verdicts import make_verdict
 
 KERNEL = """
 #include <cuda_runtime.h>
@@ -49,7 +50,7 @@ def test_launch_bounds_and_fast_math():
 
 
 def test_catalog_is_deduplicated_and_never_returns_the_input():
-    from astra.cuda_parse import KernelDecl, Param
+    from astra.sglang.cuda_parse import KernelDecl, Param
 
     kernel = KernelDecl(name="scale", qualified_name="scale", template_params=[], start_line=6, end_line=11,
                         params=[Param("out", "float *"), Param("in", "const float *"), Param("alpha", "float")])
@@ -61,11 +62,14 @@ def test_catalog_is_deduplicated_and_never_returns_the_input():
 
 
 def test_plan_follows_the_gap():
-    v = {"cases": [{"timed": True, "band": "decode", "roofline": {"graph": {"cand_fraction": 0.1}}},
-                   {"timed": True, "band": "prefill", "roofline": {"graph": {"cand_fraction": 0.97}}}]}
+    v = make_verdict({"decode": 1.0, "prefill": 1.0})
+    v.cases[0].roofline["graph"]["cand_fraction"] = 0.1
+    v.cases[1].roofline["graph"]["cand_fraction"] = 0.97
     order, why = plan(v)
     assert order[0] == "launch" and "decode" in why
-    order, why = plan({"cases": [{"timed": True, "band": "prefill", "roofline": {"graph": {"cand_fraction": 0.95}}}]})
+    v = make_verdict({"prefill": 1.0})
+    v.cases[0].roofline["graph"]["cand_fraction"] = 0.95
+    order, why = plan(v)
     assert "little left to gain" in why
 
 

@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from astra import spec as spec_mod
-from astra.patch import emit_patch, refusal
-from astra.sglang_tree import sha256_file
+from astra.patches.emit import emit_patch, refusal
+from astra.sglang.tree import sha256_file
+from astra.spec import model as spec_mod
 from tests.astra import patch_helpers as h
 
 pytestmark = pytest.mark.network  # the 0.5.23 wheel is downloaded on first use
@@ -111,8 +111,8 @@ def test_patched_tree_passes_check(patched_repo, tmp_path):
 
 
 @pytest.mark.parametrize("verdict, needle", [
-    (dict(status="incorrect"), "not verified correct (status 'incorrect'"),
-    (dict(slow_case=3, slow_speedup=0.97), "3.0% slower in cold mode"),
+    (dict(status="incorrect"), "not verified: incorrect"),
+    (dict(slow_case=3, slow_speedup=0.97), "slower on 1 shape(s)"),
     (dict(sanitizer_findings=2), "compute-sanitizer found 2 problem(s)"),
 ])
 def test_refusals(sglang_0523, spec, tmp_path, verdict, needle):
@@ -124,26 +124,27 @@ def test_refusals(sglang_0523, spec, tmp_path, verdict, needle):
 
 def test_small_slowdown_within_threshold_is_accepted():
     assert refusal(h.synthetic_verdict(slow_case=3, slow_speedup=0.985)) is None
-    assert "1.5% slower" in refusal(h.synthetic_verdict(slow_case=3, slow_speedup=0.985), slowdown_threshold=0.01)
+    assert "slower on 1 shape(s)" in refusal(h.synthetic_verdict(slow_case=3, slow_speedup=0.985),
+                                             slowdown_threshold=0.01)
 
 
 def test_identical_candidate_and_wrong_kernel_refused(sglang_0523, spec, tmp_path):
     same = (sglang_0523.csrc_dir / h.KERNEL_REL).read_text()
     assert "identical" in emit_patch(spec, sglang_0523, same, h.synthetic_verdict(), tmp_path).refused
     other = h.synthetic_verdict()
-    other["name"] = "rmsnorm"
+    other.name = "rmsnorm"
     assert "for kernel 'rmsnorm'" in refusal(other, spec_name="fused_add_rmsnorm")
 
 
 def test_patch_command(sglang_0523, tmp_path):
     candidate, verdict = tmp_path / "cand.cuh", tmp_path / "verdict.json"
     candidate.write_text(h.candidate(sglang_0523))
-    verdict.write_text(json.dumps(h.synthetic_verdict()))
+    verdict.write_text(h.synthetic_verdict().to_json())
     cmd = [sys.executable, "-m", "astra.cli", "patch", "fused_add_rmsnorm", "--candidate", str(candidate),
            "--verdict", str(verdict), "--out", str(tmp_path / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert len(list((tmp_path / "out").glob("*.patch"))) == 2
-    verdict.write_text(json.dumps(h.synthetic_verdict(status="incorrect")))
+    verdict.write_text(h.synthetic_verdict(status="incorrect").to_json())
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 1 and proc.stdout.startswith("no patch: the candidate is not verified correct")
+    assert proc.returncode == 1 and proc.stdout.startswith("no patch: not verified: incorrect")

@@ -15,10 +15,12 @@ import sys
 
 import pytest
 
-from astra import recheck, recheck_report, spec as spec_mod, versions
 from astra.errors import NotAnAstraPatch
-from astra.patch import emit_patch
-from astra.sglang_tree import from_wheel
+from astra.patches import recheck, versions
+from astra.patches.emit import emit_patch
+from astra.report import recheck_md as recheck_report
+from astra.sglang.tree import from_wheel
+from astra.spec import model as spec_mod
 from tests.astra import patch_helpers as h
 
 pytestmark = pytest.mark.network  # 0.5.15 and 0.5.20 are downloaded on first use
@@ -142,8 +144,8 @@ def test_diff_versions():
 
 def test_gpu_plumbing_with_stand_in_workers(patch, sglang_0523, monkeypatch):
     """What the GPU parts send to the workers and how their verdicts are reported, with stand-in workers
-    (harness.worker.verify_job / run_job replaced; the real ones need a GPU)."""
-    import harness.worker
+    (verify_job / run_job replaced where astra calls them; the real ones need a GPU)."""
+    from astra.verify import runner
 
     sent = []
 
@@ -155,14 +157,15 @@ def test_gpu_plumbing_with_stand_in_workers(patch, sglang_0523, monkeypatch):
         sent.append(("run", job))
         verdict = h.synthetic_verdict()
         scale = 1.10 if "0.5.15" in job.build.source_root else 1.0
-        for case in verdict["cases"]:
-            for timing in case["timings"].values():
-                timing["orig"]["median_us"] *= scale
+        for case in verdict.cases:
+            for timing in case.timings.values():
+                timing.orig.median_us *= scale
         return verdict
 
     monkeypatch.setattr(versions, "gpu_status", lambda: None)
-    monkeypatch.setattr(harness.worker, "verify_job", fake_verify)
-    monkeypatch.setattr(harness.worker, "run_job", fake_run)
+    monkeypatch.setattr(recheck, "verify_job", fake_verify)
+    monkeypatch.setattr(runner, "run_job", fake_run)
+    monkeypatch.setattr(runner, "require_gpu", lambda: None)
     new = from_wheel("0.5.15")
     result = recheck.recheck([patch], new)
     check = result["patches"][0]
@@ -175,7 +178,7 @@ def test_gpu_plumbing_with_stand_in_workers(patch, sglang_0523, monkeypatch):
     gpu = check["gpu"]
     assert gpu["run"] and gpu["status"] == "correct" and "regression" not in gpu
     shapes = gpu["upstream"]["shapes"]
-    timed = 2 * sum(c["timed"] for c in h.synthetic_verdict()["cases"])  # graph + cold per timed case
+    timed = 2 * sum(c.timed for c in h.synthetic_verdict().cases)  # graph + cold per timed case
     assert len(shapes) == timed and all(abs(s["new_over_old"] - 1.10) < 1e-9 for s in shapes)
     assert check["exit_code"] == 2  # moved still wins
     text = recheck_report.markdown(result)
@@ -196,3 +199,53 @@ def test_recheck_on_gpu(patch, monkeypatch):
     assert gpu["run"] is True and gpu["status"] == "correct", gpu.get("reason")
     assert gpu["upstream"]["run"] is True and gpu["upstream"]["shapes"]
     assert result["exit_code"] in (0, 1)
+
+
+def test_loop_emitter_and_recheck_agree_at_the_noise_edge(patch, sglang_0523, spec, monkeypatch, tmp_path):
+    """One rule decides "verified faster": a candidate 1.5% faster on every shape, measured with a 2% noise
+    band (3 standard errors of the overall geomean), is refused by the loop, the patch emitter and recheck."""
+    from astra.optimize.loop import Budget, run_loop
+    from astra.optimize.rundir import RunDir
+    from astra.optimize.transforms import Proposal
+    from astra.patches.emit import refusal
+    from astra.verify import runner
+    from harness.acceptance import SIGNIFICANCE, band_noise
+
+    timed = sum(c.timed for c in h.synthetic_verdict().cases)
+    rel_stderr = 0.02 * timed ** 0.5 / SIGNIFICANCE
+    edge = h.synthetic_verdict(uniform=1.015, rel_stderr=rel_stderr)
+    assert band_noise(edge.cases, "graph")["all"] == pytest.approx(0.02)
+    assert edge.status == "correct" and not edge.slower_shapes
+
+    class OneCandidate:
+        name, rationale = "scripted", ""
+
+        def __init__(self):
+            self.sent = False
+
+        def usage(self):
+            return 0, 0.0
+
+        def propose(self, ctx):
+            if self.sent:
+                return []
+            self.sent = True
+            return [Proposal("edge", "test", "1.5% faster", ctx.base_source + "\n// edge")]
+
+    run = RunDir.create(spec.name, sglang_0523.version, "scripted", "// original")
+    state = run_loop(run, OneCandidate(), lambda source, label: edge, Budget(rounds=1))
+    loop_says = state.history[0]
+    assert state.best is None and not loop_says.accepted
+
+    emitter_says = refusal(edge, spec_name=spec.name)
+    assert emitter_says is not None and "not faster beyond noise" in emitter_says
+
+    monkeypatch.setattr(versions, "gpu_status", lambda: None)
+    monkeypatch.setattr(recheck, "verify_job", lambda job, timeout_s: edge)
+    monkeypatch.setattr(runner, "run_job", lambda job, timeout_s: h.synthetic_verdict())
+    monkeypatch.setattr(runner, "require_gpu", lambda: None)
+    result = recheck.recheck([patch], sglang_0523)
+    recheck_says = result["patches"][0]["gpu"]["regression"]
+    assert "no longer verified faster" in recheck_says and "not faster beyond noise" in recheck_says
+    assert result["exit_code"] == recheck.REGRESSION
+    assert loop_says.why == emitter_says == recheck_says.split(": ", 1)[1]

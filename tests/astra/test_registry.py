@@ -2,8 +2,8 @@
 
 import pytest
 
-from astra import registry
-from astra.registry import _preprocessor_blocks_sm90
+from astra.sglang import registry
+from astra.sglang.registry import _preprocessor_blocks_sm90
 
 pytestmark = pytest.mark.network
 

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from astra import run_report
-from astra.agents.rundir import RunDir
+from astra.optimize.rundir import HistoryEntry, RunDir
+from astra.report import run_html as run_report
 from tests.astra.test_check_report import _verdict
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -18,13 +18,13 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 @pytest.fixture
 def run():
     run = RunDir.create("rmsnorm", "0.5.23", "offline", "// original")
-    (run.root / "baseline.json").write_text(__import__("json").dumps(_verdict()))
+    run.save_baseline(_verdict())
     for name, accepted in (("bounds:256", False), ("const:kBlockSize=512", True)):
         n = run.add_candidate(f"// {name}", {"name": name, "description": name})
         run.save_verdict(n, _verdict())
         state = run.state()
-        state.history.append({"n": n, "round": 0, "name": name, "status": "correct", "score": 1.11,
-                              "accepted": accepted, "why": "faster overall" if accepted else "not faster"})
+        state.history.append(HistoryEntry(n=n, round=0, name=name, status="correct", score=1.11, accepted=accepted,
+                                          why="faster overall" if accepted else "not faster"))
         if accepted:
             state.best, state.best_score = n, 1.11
         state.stopped = "1 round(s) done"

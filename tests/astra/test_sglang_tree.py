@@ -2,8 +2,8 @@
 
 import pytest
 
-from astra import sglang_tree
 from astra.errors import AstraError, SglangNotFound
+from astra.sglang import tree as sglang_tree
 
 
 def _fake_checkout(root, layout="kernels/jit"):
@@ -68,8 +68,7 @@ def test_version_not_in_index():
 
 
 def test_requirement_and_tvm_ffi_pin(tmp_path, monkeypatch):
-    from astra import build_cmd
-    from harness import toolchain
+    from astra.spec import builds as build_cmd
 
     root = _fake_checkout(tmp_path)
     meta = root / "python" / "sglang-9.1.2.dist-info"
@@ -78,7 +77,7 @@ def test_requirement_and_tvm_ffi_pin(tmp_path, monkeypatch):
     tree = sglang_tree.from_source(root)
     assert tree.requirement("apache-tvm-ffi") == "==0.1.11"
     assert tree.requirement("flashinfer") is None
-    monkeypatch.setattr(toolchain, "tvm_ffi_version", lambda: "0.1.15")
+    monkeypatch.setattr(build_cmd, "tvm_ffi_version", lambda: "0.1.15")
     assert "pins apache-tvm-ffi 0.1.11 but 0.1.15 is installed" in build_cmd.tvm_ffi_mismatch(tree)
-    monkeypatch.setattr(toolchain, "tvm_ffi_version", lambda: "0.1.11")
+    monkeypatch.setattr(build_cmd, "tvm_ffi_version", lambda: "0.1.11")
     assert build_cmd.tvm_ffi_mismatch(tree) is None

@@ -5,8 +5,9 @@ import copy
 import pytest
 import yaml
 
-from astra import jobs, spec
 from astra.errors import SpecError
+from astra.spec import jobs
+from astra.spec import model as spec
 
 
 @pytest.fixture

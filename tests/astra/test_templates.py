@@ -1,12 +1,12 @@
-"""astra.templates: strict rendering of the prompt data files."""
+"""astra.optimize.templates: strict rendering of the prompt data files."""
 
 from __future__ import annotations
 
 import pytest
 
-from astra import templates
-from astra.edits import apply_reply
-from astra.templates import TemplateError, render, variables
+from astra.optimize import templates
+from astra.optimize.edits import apply_reply
+from astra.optimize.templates import TemplateError, render, variables
 
 ROLES = {
     "testing": ["kernel", "sglang_version", "kernel_file", "description", "arguments", "dims", "constraints",

@@ -15,7 +15,6 @@ from harness.build import (
     build,
     build_key,
     build_many,
-    build_torch_extension,
     export_signatures,
     load_module,
     plan_build,
@@ -324,21 +323,3 @@ def test_sglang_fused_add_rmsnorm_builds_without_spills(sglang_0523, tmp_path):
     result = build(req, tmp_path)
     assert result.ok, result.error
     assert result.resources and all(r.spills == 0 for r in result.resources), format_table(result.resources)
-
-
-@pytest.mark.gpu
-def test_torch_extension_builds(tmp_path):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs torch with CUDA")
-    source = tmp_path / "ext.cu"
-    source.write_text(
-        "#include <torch/extension.h>\n"
-        "__global__ void twice(float* x, int64_t n) { int64_t i = blockIdx.x * 256 + threadIdx.x;"
-        " if (i < n) x[i] *= 2; }\n"
-        "void run(torch::Tensor x) { twice<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), x.numel()); }\n"
-        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"run\", &run); }\n"
-    )
-    result = build_torch_extension("twice_ext", [str(source)], ["-O3"], tmp_path / "cache")
-    assert result.ok, result.error
-    assert Path(result.so_path).is_file()

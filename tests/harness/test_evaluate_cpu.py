@@ -10,13 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.acceptance import slower_shapes, verified_faster
 from harness.check import check_case, deterministic
-from harness.evaluate import build_requests, default_cache_dir
+from harness.evaluate import default_cache_dir
 from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant
+from harness.plan import build_requests
 from harness.roofline import roofline, suspect
 from harness.stats import Stats
 from harness.timing import sets_needed
-from harness.verdict import CaseResult, Verdict, band_speedups, decide, is_faster, slower_shapes
+from harness.verdict import CaseResult, ModeTiming, Verdict, band_speedups, decide
 
 # ---------------------------------------------------------------- a y = x * alpha + b job on the CPU
 
@@ -148,8 +150,8 @@ def test_reference_rule_two_times_original_error_or_floor():
 def _timed(case_id: str, band: str, speedups: dict[str, float], timed: bool = True) -> CaseResult:
     result = CaseResult(id=case_id, band=band, label="m", dtype="bfloat16", dims={}, timed=timed, bytes=1 << 20)
     for mode, value in speedups.items():
-        result.timings[mode] = {"orig": Stats(10.0 * value, 9.0, 11.0, 20, 0.005),
-                                "cand": Stats(10.0, 9.0, 11.0, 20, 0.005), "speedup": value}
+        result.timings[mode] = ModeTiming(orig=Stats(10.0 * value, 9.0, 11.0, 20, 0.005),
+                                          cand=Stats(10.0, 9.0, 11.0, 20, 0.005), speedup=value)
     return result
 
 
@@ -170,18 +172,18 @@ def test_slower_shapes_and_faster():
              _timed("c", "prefill", {"graph": 0.99})]
     slower = slower_shapes(cases, threshold=0.02)
     assert slower == [{"id": "b", "mode": "graph", "speedup": 0.97}]
-    bands = band_speedups(cases, ["graph", "cold"])
-    assert is_faster(bands, slower, 0.02) is False
+    assert decide(cases, ["graph", "cold"], 0.02).faster is False
     fast = [_timed("a", "decode", {"graph": 1.2, "cold": 1.01}), _timed("c", "prefill", {"graph": 0.99})]
-    assert is_faster(band_speedups(fast, ["graph", "cold"]), [], 0.02) is True
+    assert decide(fast, ["graph", "cold"], 0.02).faster is True
     noisy = _timed("n", "decode", {"cold": 0.97})
-    noisy.timings["cold"]["ratio_rel_stderr"] = 0.012  # 3 sigma = 3.6%: a 3% slowdown is noise
+    noisy.timings["cold"].ratio_rel_stderr = 0.012  # 3 sigma = 3.6%: a 3% slowdown is noise
     assert slower_shapes([noisy], 0.02) == []
-    noisy.timings["cold"]["ratio_rel_stderr"] = 0.005
+    noisy.timings["cold"].ratio_rel_stderr = 0.005
     assert slower_shapes([noisy], 0.02) == [{"id": "n", "mode": "cold", "speedup": 0.97}]
     same = [_timed("a", "decode", {"graph": 1.0})]
-    assert is_faster(band_speedups(same, ["graph"]), [], 0.02) is False
-    assert is_faster({}, [], 0.02) is None
+    assert decide(same, ["graph"], 0.02).faster is False
+    assert not verified_faster(decide(same, ["graph"], 0.02)).ok
+    assert decide([_timed("a", "decode", {})], ["graph"], 0.02).faster is None
 
 
 def test_decide_statuses():
@@ -214,15 +216,15 @@ def test_suspect_flags():
 def test_verdict_json_round_trip():
     case = _timed("a", "decode", {"graph": 1.25})
     case.checks["y"] = {"ok": True, "max_abs": 0.0}
-    case.timings["graph"]["orig"] = Stats(5.0, 4.0, 6.0, 1, math.inf)
+    case.timings["graph"].orig = Stats(5.0, 4.0, 6.0, 1, math.inf)
     verdict = decide([case], ["graph"], 0.02)
     verdict.env = {"gpu": "NVIDIA H100", "copy_bandwidth_Bps": 3.0e12}
     text = verdict.to_json()
     data = json.loads(text)
     assert data["cases"][0]["timings"]["graph"]["orig"]["rel_stderr"] is None
     back = Verdict.from_json(text)
-    assert back.cases[0].timings["graph"]["cand"] == case.timings["graph"]["cand"]
-    assert back.cases[0].timings["graph"]["orig"].rel_stderr == math.inf
+    assert back.cases[0].timings["graph"].cand == case.timings["graph"].cand
+    assert back.cases[0].timings["graph"].orig.rel_stderr == math.inf
     assert back.band_speedups == verdict.band_speedups and back.status == verdict.status
     data["worker"] = {"seconds": 1.0}
     data["unknown_key"] = 1

@@ -122,14 +122,14 @@ def test_original_against_itself(source_root, cache_dir):
     assert len(timed) == 3 and all(set(c.timings) == {"graph", "cold"} for c in timed)
     for case in timed:
         for mode, entry in case.timings.items():
-            assert 0.8 < entry["speedup"] < 1.25, (case.id, mode, entry["speedup"])
-            assert entry["orig"].median_us > 0 and entry["orig"].p10_us <= entry["orig"].p90_us
-        info = case.timings["graph"]["info"]
+            assert 0.8 < entry.speedup < 1.25, (case.id, mode, entry.speedup)
+            assert entry.orig.median_us > 0 and entry.orig.p10_us <= entry.orig.p90_us
+        info = case.timings["graph"].info
         assert info["rotation_bytes"] >= 3 * info["l2_bytes"] or info["input_sets"] == 16384
         assert case.roofline["graph"]["cand_fraction"] > 0 and case.copy_us is not None
         assert case.deterministic_orig and case.deterministic_cand
     big = timed[-1]
-    assert big.timings["graph"]["orig"].median_us < big.timings["cold"]["orig"].median_us * 1.2
+    assert big.timings["graph"].orig.median_us < big.timings["cold"].orig.median_us * 1.2
     assert verdict.signatures["bfloat16"]["axpb"]["orig"] == verdict.signatures["bfloat16"]["axpb"]["cand"]
     assert verdict.phases["build_s"] >= 0 and verdict.phases["time_s"] > 0
     assert type(verdict).from_json(verdict.to_json()).status == "correct"
@@ -141,7 +141,7 @@ def test_same_source_as_candidate_builds_separately_and_matches(source_root, cac
     assert {b["side"] for b in verdict.builds} == {"orig", "cand"}
     for case in verdict.cases:
         for entry in case.timings.values():
-            assert 0.8 < entry["speedup"] < 1.25
+            assert 0.8 < entry.speedup < 1.25
 
 
 def test_wrong_candidate_is_incorrect(source_root, cache_dir):

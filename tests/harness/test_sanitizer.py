@@ -166,16 +166,16 @@ def test_verify_job_turns_findings_into_a_sanitizer_verdict(fake_tool):
     (fake_tool / "memcheck.log").write_text(MEMCHECK_LOG)
     (fake_tool / "racecheck.log").write_text(CLEAN_LOG)
     verdict = verify_job(tiny_job(), timeout_s=60, sanitizer_timeout_s=60)
-    assert verdict["status"] == "sanitizer" and verdict["correct"] is False
-    assert verdict["reason"].startswith("memcheck: Invalid __global__ read of size 2 bytes")
-    assert verdict["sanitizer"]["findings"][0]["kind"] == "invalid_global_read"
+    assert verdict.status == "sanitizer" and verdict.correct is False
+    assert verdict.reason.startswith("memcheck: Invalid __global__ read of size 2 bytes")
+    assert verdict.sanitizer["findings"][0]["kind"] == "invalid_global_read"
 
 
 def test_verify_job_skips_the_sanitizer_when_disabled_or_failing(fake_tool):
     (fake_tool / "memcheck.log").write_text(MEMCHECK_LOG)
     (fake_tool / "racecheck.log").write_text(MEMCHECK_LOG)
-    assert verify_job(tiny_job(sanitizer=False), timeout_s=60)["status"] == "correct"
-    assert verify_job(tiny_job("raise"), timeout_s=60)["status"] == "crashed"
+    assert verify_job(tiny_job(sanitizer=False), timeout_s=60).status == "correct"
+    assert verify_job(tiny_job("raise"), timeout_s=60).status == "crashed"
 
 
 def test_worker_failing_under_the_tool_is_inconclusive_not_a_finding(fake_tool):

@@ -15,7 +15,7 @@ import pytest
 from harness.job import BuildBase, Job
 from harness.process import ProcessOutcome, describe_exit, telling_line, write_json_atomic
 from harness.verdict import Verdict
-from harness.worker import EVALUATE_ENV, collect_verdict, run_job, run_jobs
+from harness.worker import EVALUATE_ENV, collect_verdict, run_job
 
 FAKE = Path(__file__).with_name("fake_evals.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -55,33 +55,33 @@ def wait_dead(pids: list[int], within_s: float = 5.0) -> list[int]:
 
 def test_success_round_trips(fake_env):
     verdict = run_job(fake_job("succeed"), timeout_s=60, env=fake_env)
-    assert verdict["status"] == "correct" and verdict["worker"]["returncode"] == 0
+    assert verdict.status == "correct" and verdict.worker["returncode"] == 0
     expected = Verdict(status="correct", reason="succeed: all fine", correct=True, faster=True, name="succeed",
                        candidate_label="label-succeed", band_speedups={"graph": {"decode": 1.25, "all": 1.25}},
                        notes=["from fake_evals"]).to_dict()
-    assert {k: v for k, v in verdict.items() if k != "worker"} == {k: v for k, v in expected.items() if k != "worker"}
-    assert Verdict.from_dict(verdict).band_speedups == {"graph": {"decode": 1.25, "all": 1.25}}
+    got = verdict.to_dict()
+    assert {k: v for k, v in got.items() if k != "worker"} == {k: v for k, v in expected.items() if k != "worker"}
 
 
 def test_segfault_is_crashed(fake_env):
     verdict = run_job(fake_job("segfault"), timeout_s=60, env=fake_env)
-    assert verdict["status"] == "crashed" and verdict["correct"] is False
-    assert "SIGSEGV" in verdict["reason"]
-    assert "Segmentation fault" in verdict["reason"]  # faulthandler's line, from stderr
-    assert verdict["worker"]["returncode"] < 0
+    assert verdict.status == "crashed" and verdict.correct is False
+    assert "SIGSEGV" in verdict.reason
+    assert "Segmentation fault" in verdict.reason  # faulthandler's line, from stderr
+    assert verdict.worker["returncode"] < 0
 
 
 def test_abort_is_crashed(fake_env):
     verdict = run_job(fake_job("abort"), timeout_s=60, env=fake_env)
-    assert verdict["status"] == "crashed" and "SIGABRT" in verdict["reason"]
+    assert verdict.status == "crashed" and "SIGABRT" in verdict.reason
 
 
 def test_hang_is_timeout_and_kills_the_group(fake_env, tmp_path):
     start = time.monotonic()
     verdict = run_job(fake_job("hang"), timeout_s=4, env=fake_env)
     elapsed = time.monotonic() - start
-    assert verdict["status"] == "timeout", verdict
-    assert "4 s" in verdict["reason"] and "tokens=1" in verdict["reason"]  # the last thing it said
+    assert verdict.status == "timeout", verdict
+    assert "4 s" in verdict.reason and "tokens=1" in verdict.reason  # the last thing it said
     assert elapsed < 4 + 10
     pids = json.loads((tmp_path / "pids.json").read_text())
     assert pids["pgid"] == pids["worker"]  # the worker leads its own group
@@ -90,34 +90,34 @@ def test_hang_is_timeout_and_kills_the_group(fake_env, tmp_path):
 
 def test_raise_is_crashed_with_the_message(fake_env):
     verdict = run_job(fake_job("raise"), timeout_s=60, env=fake_env)
-    assert verdict["status"] == "crashed"
-    assert "ValueError: the fake evaluation failed: bad tolerance table" in verdict["reason"]
-    assert "exited with status 1" in verdict["reason"]
+    assert verdict.status == "crashed"
+    assert "ValueError: the fake evaluation failed: bad tolerance table" in verdict.reason
+    assert "exited with status 1" in verdict.reason
 
 
 def test_cuda_error_is_caught_in_the_worker(fake_env):
     verdict = run_job(fake_job("cuda_error"), timeout_s=120, env=fake_env)
-    assert verdict["status"] == "crashed"
-    assert verdict["reason"] == "CUDA error: an illegal memory access was encountered"
-    assert verdict["worker"]["returncode"] == 0  # the worker wrote this verdict itself
+    assert verdict.status == "crashed"
+    assert verdict.reason == "CUDA error: an illegal memory access was encountered"
+    assert verdict.worker["returncode"] == 0  # the worker wrote this verdict itself
 
 
 def test_passing_verdict_then_nonzero_exit_is_crashed(fake_env):
     verdict = run_job(fake_job("exit_after_verdict"), timeout_s=60, env=fake_env)
-    assert verdict["status"] == "crashed" and verdict["correct"] is False
-    assert "exited with status 3 after writing its verdict" in verdict["reason"]
-    assert "terminate called" in verdict["reason"]
+    assert verdict.status == "crashed" and verdict.correct is False
+    assert "exited with status 3 after writing its verdict" in verdict.reason
+    assert "terminate called" in verdict.reason
 
 
 def test_exit_without_verdict_is_crashed(fake_env):
     verdict = run_job(fake_job("silent_exit"), timeout_s=60, env=fake_env)
-    assert verdict["status"] == "crashed" and "wrote no verdict" in verdict["reason"]
+    assert verdict.status == "crashed" and "wrote no verdict" in verdict.reason
 
 
 def test_run_jobs_isolates_each_job(fake_env):
     names = ["segfault", "succeed", "hang", "succeed", "raise", "succeed"]
-    verdicts = run_jobs([fake_job(n) for n in names], timeout_s=4, env=fake_env)
-    assert [v["status"] for v in verdicts] == ["crashed", "correct", "timeout", "correct", "crashed", "correct"]
+    verdicts = [run_job(fake_job(n), timeout_s=4, env=fake_env) for n in names]
+    assert [v.status for v in verdicts] == ["crashed", "correct", "timeout", "correct", "crashed", "correct"]
 
 
 def test_verdict_file_is_the_only_channel(tmp_path):

@@ -1,0 +1,48 @@
+"""`astra` command line. Errors become one line and an exit code here, at the edge, and nowhere else.
+
+Each command is a small function in one of the command-group modules (kernels, verify, optimize,
+patches) that turns arguments into typed options, calls the library, and prints.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from astra.cli.parser import build_parser
+from astra.errors import AstraError
+
+
+def _handlers() -> dict:
+    from astra.cli import kernels, optimize, patches, verify
+
+    return {
+        "list": kernels.cmd_list, "extract": kernels.cmd_extract, "build": kernels.cmd_build,
+        "parse-check": kernels.cmd_parse_check, "spec-check": kernels.cmd_spec_check,
+        "check": verify.cmd_check, "bench": verify.cmd_bench,
+        "optimize": optimize.cmd_optimize, "eval": optimize.cmd_eval, "runs": optimize.cmd_runs,
+        "show": optimize.cmd_show,
+        "patch": patches.cmd_patch, "apply": patches.cmd_apply, "recheck": patches.cmd_recheck,
+        "diff-versions": patches.cmd_diff_versions,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return int(_handlers()[args.command](args) or 0)
+    except AstraError as err:
+        print(f"astra {args.command}: {err}", file=sys.stderr)
+        return err.exit_code
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        print(f"astra {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

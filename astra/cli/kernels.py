@@ -1,0 +1,141 @@
+"""Commands that find, describe and build SGLang's kernels: list, extract, build, parse-check, spec-check."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from astra.cli.common import tree, write_text
+from astra.errors import AstraError, ToolMissing
+from astra.report import table
+from astra.sglang import registry
+from astra.spec import builds, extract, jobs
+from astra.spec import model as spec_mod
+
+
+def cmd_list(args) -> int:
+    t = tree(args)
+    mods = registry.modules(t)
+    if args.buildable:
+        mods = [m for m in mods if m.sm90a in ("yes", "built")]
+    if args.json:
+        print(json.dumps({
+            "sglang": {"version": t.version, "origin": t.origin, "root": str(t.root), "layout": t.layout},
+            "modules": [{**{k: v for k, v in asdict(m).items() if k != "call_sites"},
+                         "files": registry.source_hashes(t, m)} for m in mods],
+        }, indent=1))
+        return 0
+    rows = [[m.name, m.category, ", ".join(m.sources), _short(m.exports),
+             m.sm90a if m.sm90a in ("yes", "built") else f"{m.sm90a}: {m.sm90a_reason}"] for m in mods]
+    print(table.render(["module", "category", "source", "exports", "sm_90a"], rows, align="lllll"))
+    counts: dict[str, int] = {}
+    for m in mods:
+        counts[m.sm90a] = counts.get(m.sm90a, 0) + 1
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    print(f"\n{len(mods)} JIT modules in {t.describe()}  [{summary}]")
+    if counts.get("yes"):
+        print("sm_90a 'yes' is a static judgement (sources, guards, dependencies); 'built' means `astra build` "
+              "compiled it here. `astra build --all` turns the first into the second.")
+    return 0
+
+
+def _short(items: list[str], keep: int = 2) -> str:
+    if not items:
+        return "-"
+    return ", ".join(items[:keep]) + (f" (+{len(items) - keep})" if len(items) > keep else "")
+
+
+def cmd_spec_check(args) -> int:
+    names = args.names or spec_mod.available()
+    if not names:
+        raise AstraError(f"no specs under {spec_mod.paths.specs_dir()}; write one with `astra extract NAME`")
+    failed = 0
+    for name in names:
+        try:
+            spec = spec_mod.load(name)
+        except AstraError as err:
+            failed += 1
+            print(f"FAIL {name}: {err}")
+            continue
+        case_list, variants = jobs.cases(spec)
+        print(f"ok   {name}: {len(case_list)} cases ({sum(c.timed for c in case_list)} timed), "
+              f"{len(variants)} build variant(s), dtypes {', '.join(spec.dtypes)}")
+    return 1 if failed else 0
+
+
+def cmd_extract(args) -> int:
+    result = extract.extract(tree(args), args.name, out_dir=Path(args.out) if args.out else None)
+    print(f"spec draft: {result.draft}")
+    print(f"snapshot:   {result.snapshot} ({len(result.files)} files)")
+    for note in result.notes:
+        print(f"  review: {note}")
+    return 0
+
+
+def cmd_parse_check(args) -> int:
+    from astra.sglang import cuda_parse
+
+    t = tree(args)
+    results = cuda_parse.parse_buildable(t)
+    bad = [r for r in results if not r.ok]
+    if args.json:
+        print(json.dumps([asdict(r) for r in results], indent=1))
+    else:
+        for r in bad:
+            print(f"FAIL {r.path}: {r.first_error}")
+        rate = 100.0 * (len(results) - len(bad)) / max(1, len(results))
+        print(f"{len(results) - len(bad)}/{len(results)} sm_90a-buildable sources of SGLang {t.version} "
+              f"parse with no errors ({rate:.1f}%)")
+    return 0 if len(bad) <= 0.05 * len(results) else 1
+
+
+def cmd_build(args) -> int:
+    from harness import BuildFailure, format_table, nvcc_path
+
+    try:
+        nvcc_path()
+    except BuildFailure as err:
+        raise ToolMissing(str(err)) from None
+    opts = builds.BuildOptions(arch=args.arch, variant=args.variant, jobs=args.jobs,
+                               overrides=dict(kv.split("=", 1) for kv in args.set if "=" in kv))
+    arch = builds.arch_of(opts.arch)
+    t = tree(args)
+    mismatch = builds.tvm_ffi_mismatch(t)
+    if mismatch:
+        print(f"note: {mismatch}")
+    if args.all:
+        names = [m.name for m in registry.modules(t) if m.sm90a in ("yes", "built", "build-failed")]
+    elif args.name:
+        names = [args.name]
+    else:
+        raise AstraError("name a module (see `astra list`) or pass --all")
+    planned, skipped = [], []
+    for name in names:
+        try:
+            planned += builds.plan(t, name, opts)
+        except AstraError as err:
+            if not args.all:
+                raise
+            skipped.append((name, str(err)))
+    results = builds.build_all(t, planned, opts)
+    summary = [builds.summary(p, res) for p, res in zip(planned, results)]
+    if not args.all:
+        for p, res in zip(planned, results):
+            state = "ok" if res.ok else "FAILED"
+            print(f"{p.module} [{p.label}] sm_{arch}: {state} in {res.seconds:.1f}s{' (cached)' if res.cache_hit else ''}")
+            for note in p.notes:
+                print(f"  note: {note}")
+            print(format_table(res.resources) if res.ok else (res.error or res.log[-2000:]))
+    failed = sum(not res.ok for res in results)
+    if args.all:
+        rows = [[s["module"], "ok" if s["ok"] else "FAILED", s["seconds"],
+                 max((r["registers"] or 0 for r in s["resources"]), default=0),
+                 sum(r.get("spill_stores", 0) + r.get("spill_loads", 0) for r in s["resources"]),
+                 (s["error"] or "").splitlines()[0][:70] if s["error"] else ""] for s in summary]
+        print(table.render(["module", "build", "s", "max regs", "spill B", "error"], rows))
+        print(f"\n{len(summary) - failed}/{len(summary)} modules built for sm_{arch}; "
+              f"{len(skipped)} skipped (template arguments unknown)")
+    write_text(args.json, json.dumps({"sglang": t.version, "arch": arch, "results": summary,
+                                      "skipped": [{"module": n, "reason": r} for n, r in skipped]}, indent=1))
+    return 1 if failed else 0

@@ -1,0 +1,95 @@
+"""Commands of the optimize loop: optimize, eval, runs, show."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from astra.cli.common import tree_for_spec, write_text
+from astra.errors import AstraError
+from astra.optimize.evaluation import run_eval
+from astra.optimize.rundir import RunDir
+from astra.optimize.session import OptimizeOptions, emit_best_patch, run_optimize
+from astra.report import run_text, table
+from astra.spec import model as spec_mod
+
+
+def loop_options(args) -> OptimizeOptions:
+    """The typed options of `optimize` and `eval` (the library never sees argparse)."""
+    return OptimizeOptions(rounds=args.rounds, offline=args.offline, model=args.model, base_url=args.base_url,
+                           budget_tokens=args.budget_tokens, budget_usd=args.budget_usd, wall_min=args.wall_min,
+                           sanitizer=not args.no_sanitizer, dry_run=args.dry_run, quick_search=args.quick_search,
+                           resume=getattr(args, "resume", None))
+
+
+def _printer(kind: str, data: dict) -> None:
+    stamp = time.strftime("%H:%M:%S")
+    if kind == "baseline":
+        print(f"[{stamp}] timing the original against itself (baseline profile)", flush=True)
+    elif kind == "candidate":
+        rationale = data.get("rationale") or ""
+        print(f"[{stamp}] #{data['n']:03d} {data['description']}" + (f"  [{rationale}]" if rationale else ""),
+              flush=True)
+    elif kind == "verdict":
+        mark = "ACCEPTED" if data["accepted"] else "rejected"
+        print(f"[{stamp}]      {mark}: {data['why']}", flush=True)
+    elif kind == "stopped":
+        print(f"[{stamp}] stopped: {data['reason']}", flush=True)
+
+
+def _finish(run, spec, t) -> None:
+    from astra.report import run_html
+
+    print(run_text.summary(run))
+    print(f"report: {run_html.write(run)}")
+
+
+def cmd_optimize(args) -> int:
+    spec = spec_mod.load(args.name)
+    opts = loop_options(args)
+    t = tree_for_spec(args, spec.name)
+    run, state = run_optimize(spec, t, opts, events=_printer)
+    _finish(run, spec, t)
+    if state.best is not None:
+        print(emit_best_patch(run, spec, t))
+    return 0 if state.best is not None or opts.dry_run else 1
+
+
+def cmd_eval(args) -> int:
+    names = [n.strip() for n in args.kernels.split(",") if n.strip()]
+    if not names:
+        raise AstraError("--kernels: name at least one spec, e.g. --kernels rmsnorm,qknorm (see `astra spec-check`)")
+    specs = [spec_mod.load(n) for n in names]
+    result = run_eval(specs, lambda name: tree_for_spec(args, name), loop_options(args), events=_printer)
+    rows = result["rows"]
+    print(table.render(["kernel", "lines before", "lines after", "us before", "us after", "speedup", "correct",
+                        "candidates"],
+                       [[r["kernel"], r["lines_before"], r["lines_after"], r["us_before"], r["us_after"], r["speedup"],
+                         {True: "yes", False: "NO", None: "(original kept)"}[r["correct"]], r["candidates"]]
+                        for r in rows]))
+    mean = result["geomean_speedup"]
+    print(f"average speedup (geomean over kernels): {'x%.3f' % mean if mean else 'n/a (nothing timed)'}; "
+          "the Astra paper reports 1.32x (o4-mini, five rounds, simplified kernels)")
+    write_text(args.json, json.dumps(result, indent=1))
+    return 0
+
+
+def cmd_runs(args) -> int:
+    from astra import paths
+
+    text = run_text.runs_table()
+    print(text if text is not None else f"no runs under {paths.sub('runs')}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    run = RunDir.open(args.run)
+    if args.html:
+        from astra.report import run_html
+
+        print(run_html.write(run))
+    elif args.json:
+        print(json.dumps({"state": run.state().to_dict()}, indent=1))
+    else:
+        print(run_text.summary(run))
+    return 0

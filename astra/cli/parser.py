@@ -1,0 +1,133 @@
+"""The `astra` argument parser: every command, its flags and their help. No behaviour lives here."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _sglang_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("which SGLang (default: the installed package, else the pinned default wheel)")
+    g.add_argument("--sglang", metavar="VERSION", help="download (once) and use this SGLang release's wheel")
+    g.add_argument("--sglang-src", metavar="PATH", help="a git checkout of SGLang, or an unpacked package")
+
+
+def _loop_options(p: argparse.ArgumentParser) -> None:
+    """What `optimize` and `eval` share: the agent, the endpoint, the budgets."""
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--offline", action="store_true", help="use the built-in search agent even if an LLM is configured")
+    p.add_argument("--model", help="LLM model name (OpenAI-compatible endpoint)")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:30000/v1")
+    p.add_argument("--budget-tokens", type=int, default=None)
+    p.add_argument("--budget-usd", type=float, default=None)
+    p.add_argument("--wall-min", type=float, default=60.0, help="wall-time budget in minutes")
+    p.add_argument("--no-sanitizer", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="no GPU: build every candidate with nvcc, verify none")
+    p.add_argument("--quick-search", action="store_true",
+                   help="search on the timed dtype only; verify the best on the full suite at the end")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="astra", description="Find, verify and speed up the CUDA kernels of SGLang.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("list", help="list SGLang's JIT modules")
+    _sglang_options(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--buildable", action="store_true", help="only modules that build for sm_90a")
+
+    p = sub.add_parser("extract", help="write a spec draft and snapshot a module's sources")
+    p.add_argument("name")
+    _sglang_options(p)
+    p.add_argument("--out", help="directory for the draft (default $ASTRA_HOME/drafts/NAME/)")
+
+    p = sub.add_parser("build", help="compile a module with nvcc exactly as SGLang does (no GPU needed)")
+    p.add_argument("name", nargs="?")
+    _sglang_options(p)
+    p.add_argument("--arch", default="sm_90a", help="target, e.g. sm_90a (default), sm_80, sm_100a")
+    p.add_argument("--variant", help="a spec variant: its index or a substring of its entry")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="template argument value for a module without a spec (repeatable)")
+    p.add_argument("--all", action="store_true", help="build every module that `list` shows as buildable")
+    p.add_argument("--jobs", type=int, default=None, help="parallel builds (default: CPU count)")
+    p.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+
+    p = sub.add_parser("parse-check", help="parse every CUDA source with libclang and report failures")
+    _sglang_options(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("spec-check", help="validate kernel specs (all, or the named ones)")
+    p.add_argument("names", nargs="*")
+
+    p = sub.add_parser("check", help="verify and time a candidate against the original kernel (GPU)")
+    p.add_argument("name")
+    p.add_argument("--candidate", required=True, help="the candidate's version of the spec's kernel_file")
+    _sglang_options(p)
+    p.add_argument("--modes", default="graph,cold", help="timing modes: graph, cold, or both")
+    p.add_argument("--no-sanitizer", action="store_true", help="skip compute-sanitizer")
+    p.add_argument("--json", metavar="OUT", help="write the full verdict as JSON")
+    p.add_argument("--quick", action="store_true", help="one seed, fewer shapes (for iteration)")
+
+    p = sub.add_parser("optimize", help="run the optimize loop on a spec'd kernel (GPU; --dry-run without)")
+    p.add_argument("name")
+    _sglang_options(p)
+    _loop_options(p)
+    p.add_argument("--resume", metavar="RUN", help="continue a run from its directory")
+
+    p = sub.add_parser("eval", help="optimize several kernels and print a table like the Astra paper's Table 2")
+    p.add_argument("--kernels", required=True, help="comma-separated spec names")
+    _sglang_options(p)
+    _loop_options(p)
+    p.add_argument("--json", metavar="OUT")
+
+    p = sub.add_parser("runs", help="list optimize runs")
+
+    p = sub.add_parser("show", help="print one optimize run")
+    p.add_argument("run")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--html", action="store_true", help="write the run's static HTML report and print its path")
+
+    p = sub.add_parser("bench", help="time the original kernel over its shape suite with roofline (GPU)")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    _sglang_options(p)
+    p.add_argument("--modes", default="graph,cold")
+    p.add_argument("--budget-ms", type=float, default=None, help="timing budget per shape and side")
+    p.add_argument("--json", metavar="OUT", help="write the verdicts as JSON")
+    p.add_argument("--report", metavar="DIR", help="write baseline.md, baseline.json and roofline.svg there")
+    p.add_argument("--ncu", action="store_true",
+                   help="also measure each shape with Nsight Compute (gpu__time_duration) and compare with cold")
+    _patch_commands(sub)
+    return parser
+
+
+# ---- patches: patch / apply / recheck / diff-versions (astra/patches/)
+def _patch_commands(sub) -> None:
+    p = sub.add_parser("patch", help="emit a verified candidate as a git patch for SGLang (repo and package layout)")
+    p.add_argument("name")
+    p.add_argument("--candidate", required=True, help="the candidate's version of the spec's kernel_file")
+    p.add_argument("--verdict", required=True, metavar="JSON", help="its verdict (`astra check --json`)")
+    p.add_argument("--why", metavar="TEXT", help="what changed and why (default: from the candidate label)")
+    p.add_argument("--out", default="patches", metavar="DIR", help="where the patches go (default patches/)")
+    p.add_argument("--threshold", type=float, default=0.02, help="refuse if any shape is slower than 1 - this")
+    _sglang_options(p)
+
+    p = sub.add_parser("apply", help="apply an Astra patch to an SGLang checkout or installed package")
+    p.add_argument("patch")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--sglang-src", metavar="DIR", help="a git checkout of SGLang, or an unpacked package")
+    where.add_argument("--installed", action="store_true", help="the sglang package importable from this Python")
+    p.add_argument("--force", action="store_true", help="try even if the file's sha256 is not the patch's base")
+    p.add_argument("--check", action="store_true", help="only check that the patch would apply")
+
+    p = sub.add_parser("recheck", help="after an SGLang upgrade: does each patch still apply, pass and win?")
+    p.add_argument("patches", nargs="+", metavar="PATCH")
+    _sglang_options(p)
+    p.add_argument("--json", metavar="OUT", help="write the report as JSON")
+    p.add_argument("--markdown", metavar="OUT", help="write the report as markdown (it is also printed)")
+
+    p = sub.add_parser("diff-versions",
+                       help="did a kernel's sources (and, on a GPU, its speed) change between versions?")
+    p.add_argument("name")
+    p.add_argument("--from", dest="from_version", required=True, metavar="A", help="the older SGLang version")
+    p.add_argument("--to", dest="to_version", required=True, metavar="B", help="the newer SGLang version")
+    p.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")

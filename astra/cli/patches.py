@@ -1,0 +1,77 @@
+"""Commands that turn verified candidates into patches and keep them honest: patch, apply, recheck,
+diff-versions (exit codes: docs/exit-codes.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from astra.cli.common import tree, tree_for_spec, write_text
+from astra.cli.verify import read_source
+from astra.errors import AstraError
+from astra.patches import apply as apply_mod
+from astra.patches import recheck, versions
+from astra.patches.emit import emit_patch
+from astra.report import recheck_md
+from astra.sglang import tree as sglang_tree
+from astra.spec import model as spec_mod
+from harness import Verdict
+
+
+def read_verdict(path: Path) -> Verdict:
+    """A verdict written by `astra check --json`; anything else is a one-line error saying how to make one."""
+    if not path.is_file():
+        raise AstraError(f"--verdict {path}: no such file")
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise AstraError(f"--verdict {path}: not JSON ({err}); write it with `astra check --json OUT`") from None
+    if not isinstance(data, dict) or "status" not in data:
+        raise AstraError(f"--verdict {path}: not a verdict (no `status`); write one with `astra check --json OUT`")
+    try:
+        return Verdict.from_dict(data)
+    except (TypeError, ValueError, KeyError, AttributeError) as err:
+        raise AstraError(f"--verdict {path}: not a verdict Astra wrote ({err}); write one with "
+                         "`astra check --json OUT`") from None
+
+
+def cmd_patch(args) -> int:
+    spec = spec_mod.load(args.name)
+    candidate = Path(args.candidate)
+    if not candidate.is_file():
+        raise AstraError(f"--candidate {candidate}: no such file")
+    source = read_source(candidate, "--candidate")
+    verdict = read_verdict(Path(args.verdict))
+    result = emit_patch(spec, tree_for_spec(args, spec.name), source, verdict, Path(args.out),
+                        slowdown_threshold=args.threshold, why=args.why)
+    if result.refused:
+        print(f"no patch: {result.refused}")
+        return 1
+    print(f"wrote {result.repo_patch}  (SGLang repository: git am / git apply)")
+    print(f"wrote {result.package_patch}  (installed package: astra apply --installed)")
+    return 0
+
+
+def cmd_apply(args) -> int:
+    t = apply_mod.tree_for(args.sglang_src, args.installed)
+    result = apply_mod.apply(Path(args.patch), t, force=args.force, check_only=args.check)
+    print(result.message)
+    return 0
+
+
+def cmd_recheck(args) -> int:
+    result = recheck.recheck([Path(p) for p in args.patches], tree(args))
+    markdown = recheck_md.markdown(result)
+    write_text(args.json, json.dumps(result, indent=1))
+    write_text(args.markdown, markdown, "--markdown")
+    print(markdown, end="")
+    return result["exit_code"]
+
+
+def cmd_diff_versions(args) -> int:
+    spec = spec_mod.load(args.name)
+    old, new = sglang_tree.from_wheel(args.from_version), sglang_tree.from_wheel(args.to_version)
+    result = versions.diff_versions(spec, old, new)
+    write_text(args.json, json.dumps(result, indent=1))
+    print(recheck_md.diff_versions_markdown(result), end="")
+    return 0

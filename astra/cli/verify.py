@@ -1,0 +1,68 @@
+"""Commands that run a spec'd kernel on the GPU: check (a candidate) and bench (the original)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from astra.cli.common import tree_for_spec, write_text
+from astra.errors import AstraError
+from astra.report import text
+from astra.spec import model as spec_mod
+from astra.verify import runner
+
+
+def _modes(value: str) -> list[str]:
+    return [m.strip() for m in value.split(",") if m.strip()]
+
+
+def cmd_check(args) -> int:
+    spec = spec_mod.load(args.name)
+    path = Path(args.candidate)
+    if not path.is_file():
+        raise AstraError(f"--candidate {path}: no such file (give your version of {spec.kernel_file})")
+    source = read_source(path, "--candidate")
+    opts = runner.CheckOptions(modes=_modes(args.modes), sanitizer=not args.no_sanitizer, quick=args.quick)
+    verdict = runner.check_candidate(spec, tree_for_spec(args, args.name), source, path.name, opts)
+    write_text(args.json, verdict.to_json())
+    print(text.format_check(verdict))
+    return 0 if verdict.correct and verdict.status == "correct" else 1
+
+
+def cmd_bench(args) -> int:
+    specs = [spec_mod.load(name) for name in args.names]
+    opts = runner.CheckOptions(modes=_modes(args.modes), sanitizer=False, budget_ms=args.budget_ms, ncu=args.ncu)
+    runner.require_gpu()
+    verdicts, ok = {}, True
+    for spec in specs:
+        verdict = runner.bench_original(spec, tree_for_spec(args, spec.name), opts)
+        verdicts[spec.name] = verdict
+        ok = ok and verdict.status == "correct"
+        print(f"== {spec.name}", flush=True)
+        print(text.format_bench(verdict), flush=True)
+        if verdict.ncu:
+            print(text.format_ncu(verdict.ncu), flush=True)
+        _save(args, verdicts, final=False)  # a run cut short keeps what it measured
+    _save(args, verdicts, final=True)
+    return 0 if ok else 1
+
+
+def _save(args, verdicts: dict, *, final: bool) -> None:
+    write_text(args.json, json.dumps({name: v.to_dict() for name, v in verdicts.items()}, indent=1))
+    if args.report:
+        from astra.report import baseline
+
+        for path in baseline.write(verdicts, Path(args.report)):
+            if final:
+                print(f"wrote {path}")
+
+
+def read_source(path: Path, flag: str) -> str:
+    """A candidate source file as text; a binary or undecodable file is a one-line error."""
+    data = path.read_bytes()
+    if b"\0" in data:
+        raise AstraError(f"{flag} {path}: a binary file, not CUDA source")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise AstraError(f"{flag} {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None

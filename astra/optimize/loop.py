@@ -1,0 +1,195 @@
+"""The optimize loop: rounds of propose (plan + code), test, profile; keep only what verified.
+
+Every candidate is judged against the ORIGINAL kernel (never against the moving best), in its own
+worker. A candidate becomes the base for later rounds only when `harness.acceptance.improves_on` says
+so: verified faster than the original (the one rule the patch emitter and recheck also use) and
+better than the current best. A failed or
+slower candidate is recorded and forgotten. The run stops on: rounds, wall time, tokens or cost,
+reaching the roofline target, no progress for `patience` rounds, or an agent with nothing to try.
+Roles differ by agent (offline search or LLM), not by this loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Protocol
+
+from astra.errors import AstraError, BudgetSpent
+from astra.optimize.rundir import HistoryEntry, RunDir, RunState
+from astra.optimize.transforms import Proposal
+from harness import Verdict, improves_on, score
+from harness.acceptance import BAND_GAIN
+
+Evaluator = Callable[..., Verdict]  # (candidate source, label) -> its Verdict against the original
+Events = Callable[[str, dict], None]  # (kind, data): progress display
+
+
+@dataclass
+class Budget:
+    rounds: int = 5
+    wall_s: float = 3600.0
+    tokens: int | None = None
+    cost_usd: float | None = None
+    roofline_target: float = 0.95  # stop once every timed shape reaches this fraction (graph mode)
+    patience: int = 2  # rounds without an accepted candidate
+
+
+@dataclass
+class Context:
+    kernel: str
+    round: int
+    base_source: str  # the best verified source so far (the original at first)
+    base_verdict: Verdict | None  # its verdict against the original (the baseline self-check at first)
+    history: list[HistoryEntry] = field(default_factory=list)
+
+
+class Agent(Protocol):
+    name: str
+
+    def propose(self, ctx: Context) -> list[Proposal]:
+        """Candidates to try this round (whole files); empty when there is nothing left to try."""
+
+    def usage(self) -> tuple[int, float]:
+        """(tokens, cost in USD) spent so far."""
+
+
+def source_id(source: str) -> str:
+    """The identity of a source text in a run's history (which base a proposal was made on)."""
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def at_roofline(verdict: Verdict | None, target: float, mode: str = "graph") -> bool:
+    fractions = [c.roofline.get(mode, {}).get("cand_fraction") for c in (verdict.cases if verdict else [])
+                 if c.timed]
+    fractions = [f for f in fractions if f is not None]
+    return bool(fractions) and min(fractions) >= target
+
+
+def run_loop(run: RunDir, agent: Agent, evaluate: Evaluator, budget: Budget,
+             events: Events = lambda kind, data: None) -> RunState:
+    state = run.state()
+    start = time.time()
+    best_verdict = run.candidate(state.best)[2] if state.best else None
+    if best_verdict is None:
+        events("baseline", {})
+        best_verdict = _baseline(run, evaluate)
+    idle_rounds = 0
+    while state.stopped is None:
+        reason = _stop_reason(state, agent, budget, start, idle_rounds, best_verdict)
+        if reason:
+            state.stopped = reason
+            break
+        ctx = Context(state.kernel, state.round, run.best_source(), best_verdict, state.history)
+        try:
+            proposals = agent.propose(ctx)
+        except AstraError as err:  # an unreachable endpoint, a wrong key, a spent budget: keep what verified
+            state.stopped = f"stopped by the agent: {err}"
+            run.save(state)
+            events("stopped", {"reason": state.stopped})
+            if isinstance(err, BudgetSpent):
+                return state
+            raise
+        if not proposals:
+            state.stopped = "the agent has nothing left to try"
+            break
+        improved = False
+        base = source_id(ctx.base_source)
+        for proposal in proposals:
+            n = run.add_candidate(proposal.source, {"name": proposal.name, "family": proposal.family,
+                                                    "description": proposal.description, "round": state.round})
+            events("candidate", {"n": n, "name": proposal.name, "description": proposal.description,
+                                "rationale": getattr(agent, "rationale", "")})
+            verdict = evaluate(proposal.source, proposal.name)
+            run.save_verdict(n, verdict)
+            decision = improves_on(verdict, best_verdict if state.best else None)
+            ok = decision.ok
+            state.history.append(HistoryEntry(n=n, round=state.round, name=proposal.name, base=base,
+                                              status=verdict.status, score=score(verdict), accepted=ok,
+                                              why=decision.reason, bands=band_summary(verdict)))
+            if ok:
+                state.best, state.best_score, best_verdict, improved = n, score(verdict), verdict, True
+            state.tokens, state.cost_usd = agent.usage()
+            run.save(state)
+            events("verdict", asdict(state.history[-1]))
+            if time.time() - start > budget.wall_s:
+                break
+        idle_rounds = 0 if improved else idle_rounds + 1
+        state.round += 1
+        run.save(state)
+    run.save(state)
+    events("stopped", {"reason": state.stopped})
+    return state
+
+
+def _baseline(run: RunDir, evaluate: Evaluator) -> Verdict:
+    """The original against itself: the profile the first round plans from (kept, not a candidate;
+    a resumed run reuses it)."""
+    saved = run.baseline()
+    if saved is not None:
+        return saved
+    verdict = evaluate(run.original(), "original")
+    run.save_baseline(verdict)
+    return verdict
+
+
+def _stop_reason(state: RunState, agent: Agent, budget: Budget, start: float, idle: int,
+                 best: Verdict | None) -> str | None:
+    tokens, cost = agent.usage()
+    if state.round >= budget.rounds:
+        return f"{budget.rounds} round(s) done"
+    if time.time() - start > budget.wall_s:
+        return f"wall-time budget of {budget.wall_s:.0f}s spent"
+    if budget.tokens is not None and tokens >= budget.tokens:
+        return f"token budget of {budget.tokens} spent"
+    if budget.cost_usd is not None and cost >= budget.cost_usd:
+        return f"cost budget of ${budget.cost_usd:.2f} spent"
+    if idle >= budget.patience:
+        return f"no progress in {idle} round(s)"
+    if state.best is not None and at_roofline(best, budget.roofline_target):
+        return f"every timed shape at >= {budget.roofline_target:.0%} of roofline"
+    return None
+
+
+def band_wins(verdict: Verdict | None, mode: str = "graph") -> dict[str, float]:
+    """Bands a correct candidate speeds up beyond their noise band (and by at least BAND_GAIN) with no
+    shape of that band slower in any mode: a verified improvement there even when the candidate is
+    slower elsewhere (and so not the base), the evidence for dispatching on shape."""
+    from harness.acceptance import faster_bands
+
+    if score(verdict, mode) == 0.0:
+        return {}
+    band_of = {case.id: case.band for case in verdict.cases}
+    slowed = {band_of.get(s["id"]) for s in verdict.slower_shapes}
+    return {band: value for band, value in faster_bands(verdict, mode).items()
+            if band != "all" and band not in slowed and value >= 1.0 + BAND_GAIN}
+
+
+def band_summary(verdict: Verdict | None, mode: str = "graph") -> dict[str, float]:
+    bands = (verdict.band_speedups.get(mode) or {}) if verdict else {}
+    return {b: v for b, v in bands.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+def band_leaders(run: RunDir) -> dict[str, tuple[int, str, float]]:
+    """Per band, the candidate with the largest verified band-only win (`band_wins`):
+    {band: (candidate number, description, geomean speedup)}."""
+    leaders: dict[str, tuple[int, str, float]] = {}
+    for entry in run.state().history:
+        if entry.status != "correct":
+            continue
+        _, meta, verdict = run.candidate(entry.n)
+        for band, value in band_wins(verdict).items():
+            if value > leaders.get(band, (0, "", 0.0))[2]:
+                leaders[band] = (entry.n, meta.get("description", entry.name), value)
+    return leaders
+
+
+def band_wins_line(run: RunDir) -> str:
+    leaders = band_leaders(run)
+    if not leaders:
+        return (f"per band: no candidate was verified faster on any band ({100 * BAND_GAIN:g}% or more, beyond "
+                "noise, no shape of the band slower)")
+    return "per band, verified faster with no shape of the band slower (graph geomean vs the original): " + "; ".join(
+        f"{band} #{n:03d} {desc} x{value:.3f}" for band, (n, desc, value) in leaders.items())

@@ -1,0 +1,73 @@
+"""The offline search agent: no LLM, deterministic. It plans from the profile (which band is far from
+its roofline) and proposes catalog transformations of the current best source, each once per base."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from astra.optimize.loop import Context, source_id
+from astra.optimize.transforms import Proposal, catalog, kernels_of
+from harness import Verdict
+
+# Which transformation families to try first, by where the gap is.
+_ORDER_LATENCY = ["launch", "bounds", "unroll", "restrict", "fastmath"]  # small shapes: launch shape first
+_ORDER_BANDWIDTH = ["restrict", "unroll", "launch", "bounds", "fastmath"]  # large shapes: memory path first
+
+
+def band_gaps(verdict: Verdict | None, mode: str = "graph") -> dict[str, float]:
+    """Mean roofline fraction per band of the base (1.0 where unknown)."""
+    sums: dict[str, list[float]] = {}
+    for case in verdict.cases if verdict else []:
+        frac = (case.roofline.get(mode) or {}).get("cand_fraction")
+        if case.timed and frac is not None:
+            sums.setdefault(case.band, []).append(frac)
+    return {band: sum(v) / len(v) for band, v in sums.items()}
+
+
+def plan(verdict: Verdict | None) -> tuple[list[str], str]:
+    """Family order and a one-line rationale from the profile."""
+    gaps = band_gaps(verdict)
+    if not gaps:
+        return _ORDER_LATENCY, "no profile yet: launch-shape changes first"
+    worst = min(gaps, key=gaps.get)
+    text = ", ".join(f"{b} {100 * f:.0f}%" for b, f in sorted(gaps.items()))
+    if gaps[worst] >= 0.9:
+        return _ORDER_BANDWIDTH, f"every band at >= 90% of roofline ({text}): little left to gain"
+    order = _ORDER_LATENCY if worst in ("decode", "middle") else _ORDER_BANDWIDTH
+    return order, f"largest gap in {worst} ({text}): trying {order[0]} first"
+
+
+class OfflineAgent:
+    name = "offline"
+
+    def __init__(self, kernel_file: str, source_root: Path, include_dirs: list[str], per_round: int = 12):
+        self.kernel_file = kernel_file
+        self.source_root = Path(source_root)
+        self.include_dirs = include_dirs
+        self.per_round = per_round
+        self.tried: set[tuple[str, str]] = set()
+        self.rationale = ""
+
+    def usage(self) -> tuple[int, float]:
+        return 0, 0.0
+
+    def propose(self, ctx: Context) -> list[Proposal]:
+        base = source_id(ctx.base_source)
+        for entry in ctx.history:  # a resumed run does not retry what it already tried on this base
+            if entry.base == base:
+                self.tried.add((base, entry.name))
+        order, self.rationale = plan(ctx.base_verdict)
+        proposals = catalog(ctx.base_source, self._kernels(ctx.base_source))
+        proposals.sort(key=lambda p: order.index(p.family) if p.family in order else len(order))
+        fresh = [p for p in proposals if (base, p.name) not in self.tried][: self.per_round]
+        self.tried.update((base, p.name) for p in fresh)
+        return fresh
+
+    def _kernels(self, source: str) -> list:
+        """Parse the source where it would live, so its relative includes resolve to the real tree."""
+        original = self.source_root / self.kernel_file
+        with tempfile.TemporaryDirectory(prefix="astra-parse-") as tmp:
+            path = Path(tmp) / Path(self.kernel_file).name
+            path.write_text(source)
+            return kernels_of(path, [str(original.parent), *self.include_dirs, str(self.source_root)])

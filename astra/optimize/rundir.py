@@ -1,0 +1,145 @@
+"""A run directory holds everything an optimize run did, and lets it resume.
+
+    $ASTRA_HOME/runs/<run id>/
+        state.json                 round, best candidate, budgets spent, history, stop reason (rewritten atomically)
+        original.cuh               the kernel file the run started from
+        baseline.json              the original timed against itself (the first round's profile)
+        candidates/<n>/kernel.cuh  every candidate's source ...
+        candidates/<n>/verdict.json  ... and its verdict (or build-only result)
+        candidates/<n>/meta.json   who proposed it, the plan, the edit
+        transcript.jsonl           the agents' exchanges (never an API key)
+
+Verdicts are harness `Verdict`s in memory and JSON only on disk; history entries are `HistoryEntry`s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from astra import paths
+from astra.errors import AstraError
+from harness import Verdict
+
+
+@dataclass
+class HistoryEntry:
+    """One candidate as the loop saw it."""
+
+    n: int  # candidate number
+    round: int
+    name: str  # the change, e.g. "kWarpsPerBlock=8" or the planner's idea
+    status: str  # the verdict's status, or "built"/"build_failed" in a dry run
+    score: float  # geomean speedup, graph mode, all timed shapes (0: not verified correct)
+    accepted: bool  # became the run's best
+    why: str  # the acceptance decision in one line
+    base: str = ""  # source_id of the source it was made from
+    bands: dict[str, float] = field(default_factory=dict)  # graph-mode geomean per band
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HistoryEntry":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class RunState:
+    run_id: str
+    kernel: str
+    sglang_version: str
+    agent: str  # "offline" or "llm:<model>"
+    round: int = 0
+    best: int | None = None  # candidate number of the best verified candidate (None: the original)
+    best_score: float = 1.0  # geomean speedup (graph mode, all timed shapes) of the best
+    history: list[HistoryEntry] = field(default_factory=list)
+    tokens: int = 0
+    cost_usd: float = 0.0
+    started: float = field(default_factory=time.time)
+    stopped: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunState":
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}
+        data["history"] = [HistoryEntry.from_dict(h) for h in data.get("history") or []]
+        return cls(**data)
+
+
+class RunDir:
+    def __init__(self, root: Path):
+        self.root = root
+
+    @classmethod
+    def create(cls, kernel: str, sglang_version: str, agent: str, original: str) -> "RunDir":
+        run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{kernel}"
+        root = paths.sub("runs") / run_id
+        suffix = 1
+        while root.exists():
+            suffix += 1
+            root = paths.sub("runs") / f"{run_id}-{suffix}"
+        (root / "candidates").mkdir(parents=True)
+        run = cls(root)
+        (root / "original.cuh").write_text(original)
+        run.save(RunState(root.name, kernel, sglang_version, agent))
+        return run
+
+    @classmethod
+    def open(cls, run_id: str) -> "RunDir":
+        root = paths.sub("runs") / run_id
+        if not (root / "state.json").exists():
+            known = ", ".join(list_runs()[-5:]) or "none"
+            raise AstraError(f"no run {run_id!r} under {paths.sub('runs')} (recent: {known})")
+        return cls(root)
+
+    def state(self) -> RunState:
+        return RunState.from_dict(json.loads((self.root / "state.json").read_text()))
+
+    def save(self, state: RunState) -> None:
+        tmp = self.root / "state.json.tmp"
+        tmp.write_text(json.dumps(state.to_dict(), indent=1))
+        os.replace(tmp, self.root / "state.json")
+
+    def original(self) -> str:
+        return (self.root / "original.cuh").read_text()
+
+    def add_candidate(self, source: str, meta: dict) -> int:
+        n = len(list((self.root / "candidates").iterdir())) + 1
+        folder = self.root / "candidates" / f"{n:03d}"
+        folder.mkdir()
+        (folder / "kernel.cuh").write_text(source)
+        (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+        return n
+
+    def save_verdict(self, n: int, verdict: Verdict) -> None:
+        (self.root / "candidates" / f"{n:03d}" / "verdict.json").write_text(verdict.to_json())
+
+    def candidate(self, n: int) -> tuple[str, dict, Verdict | None]:
+        folder = self.root / "candidates" / f"{n:03d}"
+        verdict = folder / "verdict.json"
+        return ((folder / "kernel.cuh").read_text(), json.loads((folder / "meta.json").read_text()),
+                Verdict.from_json(verdict.read_text()) if verdict.exists() else None)
+
+    def baseline(self) -> Verdict | None:
+        path = self.root / "baseline.json"
+        return Verdict.from_json(path.read_text()) if path.exists() else None
+
+    def save_baseline(self, verdict: Verdict) -> None:
+        (self.root / "baseline.json").write_text(verdict.to_json())
+
+    def best_source(self) -> str:
+        state = self.state()
+        return self.original() if state.best is None else self.candidate(state.best)[0]
+
+    @property
+    def transcript(self) -> Path:
+        return self.root / "transcript.jsonl"
+
+
+def list_runs() -> list[str]:
+    return sorted(p.name for p in paths.sub("runs").iterdir() if (p / "state.json").exists())

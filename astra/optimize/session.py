@@ -1,0 +1,171 @@
+"""One optimize run wired to the harness: options, the agent rule, evaluators, the loop, the patch.
+
+Library code: `run_optimize(spec, tree, OptimizeOptions(...))`; the CLI only builds the options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from astra import paths
+from astra.errors import AstraError
+from astra.optimize.loop import Budget, run_loop
+from astra.optimize.offline import OfflineAgent
+from astra.optimize.rundir import HistoryEntry, RunDir, RunState
+from astra.sglang.tree import SglangTree
+from astra.spec import jobs
+from astra.spec.model import KernelSpec
+from astra.verify.runner import require_gpu, timeout_for
+from harness import Options, Verdict, build_many, run_job, verified_faster, verify_job
+
+Printer = Callable[[str], None]
+
+
+@dataclass
+class OptimizeOptions:
+    """What `optimize` and `eval` share: the agent, the endpoint, the budgets."""
+
+    rounds: int = 5
+    offline: bool = False  # the built-in search agent even when an LLM is configured
+    model: str | None = None
+    base_url: str | None = None
+    budget_tokens: int | None = None
+    budget_usd: float | None = None
+    wall_min: float = 60.0
+    sanitizer: bool = True
+    dry_run: bool = False  # no GPU: build every candidate with nvcc, verify none
+    quick_search: bool = False  # search on the timed dtype; verify the best on the full suite at the end
+    resume: str | None = None  # a run id to continue
+
+    def budget(self) -> Budget:
+        return Budget(rounds=self.rounds, wall_s=self.wall_min * 60, tokens=self.budget_tokens,
+                      cost_usd=self.budget_usd, patience=1 if self.dry_run else 2)
+
+
+def llm_config(opts: OptimizeOptions):
+    """The LLM settings from flags > $ASTRA_HOME/config.yaml > environment (astra.optimize.llm)."""
+    from astra.optimize import llm
+
+    flags = {"base_url": opts.base_url, "model": opts.model, "budget_tokens": opts.budget_tokens,
+             "budget_usd": opts.budget_usd}
+    return llm.resolve_config({k: v for k, v in flags.items() if v is not None})
+
+
+def agent_kind(opts: OptimizeOptions) -> str:
+    """The one rule choosing the agent: `--offline` forces the search agent; otherwise a model named by
+    a flag, the config file or $ASTRA_MODEL selects the LLM agent; with none, the search agent."""
+    if opts.offline:
+        return "offline"
+    cfg = llm_config(opts)
+    return f"llm:{cfg.model}" if cfg.model else "offline"
+
+
+def make_agent(opts: OptimizeOptions, spec: KernelSpec, tree: SglangTree, run: RunDir):
+    if agent_kind(opts) == "offline":
+        return OfflineAgent(spec.kernel_file, tree.csrc_dir, [str(tree.include_dir)])
+    from astra.optimize import llm
+    from astra.optimize.llm_agent import LLMAgent
+
+    return LLMAgent(llm.Client(llm_config(opts), transcript=run.transcript), spec, tree)
+
+
+def harness_evaluator(spec: KernelSpec, tree: SglangTree, sanitizer: bool = True, extra_shapes=lambda: [],
+                      quick: bool = False):
+    """Each candidate in its own worker against the original (GPU); `extra_shapes()` are the testing
+    role's additions to the spec's suite. `quick`: the search checks the timed dtype only (fewer
+    builds and checks); the run's best is then verified on the full suite before it counts."""
+
+    def evaluate(source: str, label: str, *, full: bool = False) -> Verdict:
+        is_original = label == "original"
+        job = jobs.make_job(spec, tree, candidate_source=None if is_original else source, label=label,
+                            options=Options(sanitizer=sanitizer and not is_original), extra_shapes=extra_shapes())
+        if quick and not full:
+            job.cases = [c for c in job.cases if c.dtype == spec.dtypes[0]]
+        runner = run_job if is_original else verify_job
+        return runner(job, timeout_s=timeout_for(job))
+
+    return evaluate
+
+
+def build_only_evaluator(spec: KernelSpec, tree: SglangTree):
+    """No GPU: build each candidate with nvcc exactly as SGLang would (the same requests the worker
+    builds, `jobs.spec_build_requests`); nothing is verified."""
+
+    def evaluate(source: str, label: str, **_) -> Verdict:
+        requests = jobs.spec_build_requests(spec, tree, candidate_source=None if label == "original" else source)
+        side = "orig" if label == "original" else "cand"
+        chosen = [req for s, _, req in requests if s == side][:1]
+        res = build_many(chosen, paths.sub("builds"))[0]
+        regs = max((r.registers or 0 for r in res.resources), default=0)
+        spills = sum(r.spills for r in res.resources)
+        reason = (f"built in {res.seconds:.1f}s, max {regs} registers, {spills} B spills; not verified (no GPU)"
+                  if res.ok else (res.error or "build failed").splitlines()[0])
+        return Verdict(status="built" if res.ok else "build_failed", reason=reason, correct=False, faster=False,
+                       name=spec.name, candidate_label=label,
+                       builds=[{"side": side, "ok": res.ok, "resources": [r.__dict__ for r in res.resources]}])
+
+    return evaluate
+
+
+def confirm_best(run: RunDir, evaluate, events: Printer = print) -> bool:
+    """Re-verify the best candidate of a quick search on the full suite; on failure the run falls
+    back to the original (a quick search never ships what the full suite rejects)."""
+    state = run.state()
+    if state.best is None:
+        return True
+    source, meta, _ = run.candidate(state.best)
+    verdict = evaluate(source, meta.get("name", "best"), full=True)
+    run.save_verdict(state.best, verdict)
+    decision = verified_faster(verdict)
+    events(f"full-suite verification of #{state.best:03d}: {'passed' if decision.ok else 'FAILED'}: "
+           f"{decision.reason}")
+    if not decision.ok:
+        state.history.append(HistoryEntry(n=state.best, round=state.round, name=meta.get("name", "best"),
+                                          status=verdict.status, score=0.0, accepted=False,
+                                          why=f"full suite: {decision.reason}"))
+        state.best, state.best_score = None, 1.0
+        run.save(state)
+    return decision.ok
+
+
+def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, events=None,
+                 say: Printer = print) -> tuple[RunDir, RunState]:
+    """One optimize run of `spec` (or its resumption): agent, evaluator, budget, loop, report."""
+    source = (tree.csrc_dir / spec.kernel_file).read_text()
+    if opts.resume:
+        run = RunDir.open(opts.resume)
+    else:
+        run = RunDir.create(spec.name, tree.version, agent_kind(opts), source)
+    agent = make_agent(opts, spec, tree, run)
+    if opts.dry_run:
+        evaluate = build_only_evaluator(spec, tree)
+    else:
+        try:
+            require_gpu()
+        except AstraError as err:
+            raise AstraError(f"{err} To see what the agent would try, with every candidate built by nvcc: "
+                             "add --dry-run.", exit_code=err.exit_code) from None
+        evaluate = harness_evaluator(spec, tree, sanitizer=opts.sanitizer,
+                                     extra_shapes=lambda: getattr(agent, "extra_shapes", []), quick=opts.quick_search)
+    say(f"run {run.root.name}: {spec.name} from SGLang {tree.version}, agent {agent.name}; directory {run.root}")
+    state = run_loop(run, agent, evaluate, opts.budget(), events=events or (lambda kind, data: None))
+    if opts.quick_search and not opts.dry_run:
+        confirm_best(run, evaluate, say)
+        state = run.state()
+    return run, state
+
+
+def emit_best_patch(run: RunDir, spec: KernelSpec, tree: SglangTree) -> str:
+    """The run's best verified candidate as patches in the run directory (the emitter refuses what
+    does not meet its bar, and says why)."""
+    from astra.patches.emit import emit_patch
+
+    source, meta, verdict = run.candidate(run.state().best)
+    if verdict is None:
+        return "patch: not emitted: the best candidate has no verdict"
+    result = emit_patch(spec, tree, source, verdict, run.root / "patches",
+                        why=f"Found by `astra optimize` ({run.state().agent}): {meta.get('description', '')}.")
+    if result.refused:
+        return f"patch: not emitted: {result.refused}"
+    return f"patch: {result.repo_patch}\n       {result.package_patch}"

@@ -1,0 +1,139 @@
+"""Source transformations for the offline search agent, located in the kernel file by parsing.
+
+Each transformation proposes whole-file variants (`Proposal`s) of the kernel source; none is assumed
+to help or even to be correct: every proposal is built and verified by the harness like any other
+candidate. The catalog covers the knobs that decide memory-bound kernels on Hopper: launch shape
+(threads, vector width, tile constants), `__launch_bounds__`, unrolling, `__restrict__` aliasing
+information, and fast-math intrinsics where the spec's tolerance allows.
+
+Locations come from libclang's view of the file (the `__global__` kernels and their parameters,
+through astra.cuda_parse) where the edit depends on C++ structure, and from token-level patterns
+where it is purely lexical (a `constexpr` integer constant, a `for` statement, a math call).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Proposal:
+    name: str  # stable id, e.g. "const:kNumThreads=512"
+    family: str  # launch | bounds | unroll | restrict | fastmath
+    description: str
+    source: str  # the whole new file
+
+
+# Integer compile-time constants that shape a launch or a tile (names as SGLang's kernels spell them).
+_TUNABLE = re.compile(
+    r"(?P<head>\b(?:static\s+)?(?:inline\s+)?constexpr\s+(?:auto|int|uint32_t|int32_t|int64_t|size_t|unsigned)\s+"
+    r"(?P<name>k\w*(?:Threads|ThreadNum|BlockSize|BlockDim|NumWarps|Warps|VecSize|Vec|Unroll|Tile\w*|ItemsPerThread|"
+    r"RowsPerBlock|LoopCount|Stages)\w*)\s*=\s*)(?P<value>\d+)(?P<tail>[uUlL]*\s*;)")
+_FOR = re.compile(r"^(?P<indent>[ \t]*)for\s*\(", re.M)
+_PRAGMA_BEFORE = re.compile(r"#pragma\s+unroll[^\n]*\n[ \t]*$")
+_FASTMATH = [(r"(?<![\w_])expf\(", "__expf(", "expf -> __expf"),
+             (r"(?<![\w_])logf\(", "__logf(", "logf -> __logf"),
+             (r"1\.0f\s*/\s*sqrtf\(", "rsqrtf(", "1/sqrtf -> rsqrtf")]
+
+
+def tunable_constants(text: str) -> list[Proposal]:
+    """Halve and double each launch/tile constant that is a power of two (kept within 1..1024)."""
+    out = []
+    for m in _TUNABLE.finditer(text):
+        value = int(m.group("value"))
+        if value <= 0 or value & (value - 1):
+            continue
+        for new in (value * 2, value // 2):
+            if not 1 <= new <= 1024 or new == value:
+                continue
+            source = text[: m.start("value")] + str(new) + text[m.end("value"):]
+            out.append(Proposal(f"const:{m.group('name')}={new}", "launch",
+                                f"{m.group('name')} {value} -> {new} (launch/tile shape)", source))
+    return out
+
+
+def unroll_loops(text: str) -> list[Proposal]:
+    """Add `#pragma unroll` before device-side `for` loops that have none (one proposal per loop)."""
+    out = []
+    for i, m in enumerate(_FOR.finditer(text)):
+        before = text[: m.start()]
+        if _PRAGMA_BEFORE.search(before) or not _in_device_code(text, m.start()):
+            continue
+        line = text.count("\n", 0, m.start()) + 1
+        source = before + f"{m.group('indent')}#pragma unroll\n" + text[m.start():]
+        out.append(Proposal(f"unroll:line{line}", "unroll", f"#pragma unroll on the loop at line {line}", source))
+    return out
+
+
+def _in_device_code(text: str, pos: int) -> bool:
+    """Whether `pos` lies in a function marked __device__ or __global__ (nearest enclosing signature)."""
+    head = text[:pos]
+    sig = max(head.rfind("__global__"), head.rfind("__device__"))
+    host = max(head.rfind("static void run"), head.rfind("__host__ "))
+    return sig > host
+
+
+def restrict_pointers(text: str, kernels: list) -> list[Proposal]:
+    """Mark every raw pointer parameter of each `__global__` kernel `__restrict__` (a single proposal):
+    the compiler may then use the read-only path and reorder loads. Wrong if the caller aliases them
+    (an in-place kernel): the harness's in-place cases catch that."""
+    source = text
+    changed = []
+    for kernel in kernels:
+        for param in kernel.params:
+            if "*" in param.type and "__restrict__" not in param.type and param.name:
+                pattern = re.compile(r"(\*)(\s*)(" + re.escape(param.name) + r")\b(?=\s*[,)])")
+                source, n = pattern.subn(r"\1 __restrict__ \3", source, count=1)
+                if n:
+                    changed.append(f"{kernel.name}.{param.name}")
+    if not changed:
+        return []
+    return [Proposal("restrict:all", "restrict", f"__restrict__ on {', '.join(changed[:6])}"
+                     + (" ..." if len(changed) > 6 else ""), source)]
+
+
+def launch_bounds(text: str, kernels: list) -> list[Proposal]:
+    """`__launch_bounds__(N)` for N in 256, 512, 1024 on kernels that declare none. It is a hint for
+    register allocation; a launch with more than N threads fails loudly, which the harness turns
+    into a verdict, so a wrong N costs one rejected candidate and never a silent error."""
+    out = []
+    for n in (256, 512, 1024):
+        source, count = re.subn(r"__global__(\s+)void\s+(?!__launch_bounds__)",
+                                f"__global__\\1void __launch_bounds__({n}) ", text)
+        if count:
+            out.append(Proposal(f"bounds:{n}", "bounds", f"__launch_bounds__({n}) on {count} kernel(s)", source))
+    return out if any(k for k in kernels) else []
+
+
+def fast_math(text: str) -> list[Proposal]:
+    out = []
+    for pattern, repl, what in _FASTMATH:
+        source, n = re.subn(pattern, repl, text)
+        if n:
+            out.append(Proposal(f"fastmath:{what.split()[0]}", "fastmath", f"{what} ({n} site(s))", source))
+    return out
+
+
+def catalog(text: str, kernels: list) -> list[Proposal]:
+    """Every proposal for this source, in a fixed order (largest expected effect first)."""
+    proposals = (tunable_constants(text) + restrict_pointers(text, kernels) + launch_bounds(text, kernels)
+                 + unroll_loops(text) + fast_math(text))
+    seen, unique = set(), []
+    for p in proposals:
+        if p.source != text and p.source not in seen:
+            seen.add(p.source)
+            unique.append(p)
+    return unique
+
+
+def kernels_of(path: Path, include_dirs: list[str]) -> list:
+    """The `__global__` kernels libclang finds in the file (empty when libclang is unavailable)."""
+    from astra.errors import ToolMissing
+    from astra.sglang import cuda_parse
+
+    try:
+        return cuda_parse.parse_source(path, include_dirs).kernels
+    except ToolMissing:
+        return []

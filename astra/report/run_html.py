@@ -1,0 +1,90 @@
+"""A static HTML report of one optimize run: no server, no external assets, one file.
+
+Sections: the trajectory (round, change, verdict, speedup, kept), the original against the best per
+shape (both timing modes), and a roofline chart (inline SVG from astra.report). Every number comes
+from the run directory's verdicts.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from astra.optimize.loop import band_wins_line
+from astra.optimize.rundir import RunDir
+from astra.report import baseline
+from harness import Verdict
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 13px; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+th { background: #f2f2f2; } td.l, th.l { text-align: left; }
+tr.kept td { background: #eaf7ea; } .bad { color: #b00; }
+"""
+
+
+def _cell(value, left: bool = False) -> str:
+    if isinstance(value, float):
+        value = f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+    text = html.escape("-" if value is None else str(value))
+    return f'<td class="l">{text}</td>' if left else f"<td>{text}</td>"
+
+
+def _table(headers: list[str], rows: list[list], left: int = 1, row_class=None) -> str:
+    head = "".join(f'<th class="l">{html.escape(h)}</th>' if i < left else f"<th>{html.escape(h)}</th>"
+                   for i, h in enumerate(headers))
+    body = []
+    for i, row in enumerate(rows):
+        cls = f' class="{row_class(i)}"' if row_class and row_class(i) else ""
+        body.append(f"<tr{cls}>" + "".join(_cell(v, j < left or isinstance(v, str)) for j, v in enumerate(row))
+                    + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def trajectory(run: RunDir) -> str:
+    state = run.state()
+    rows = [[h.round, h.name, h.status, h.score or None, "kept" if h.accepted else "", h.why]
+            for h in state.history]
+    return _table(["round", "change", "verdict", "x (graph, all)", "kept", "why"], rows, left=0,
+                  row_class=lambda i: "kept" if state.history[i].accepted else "")
+
+
+def per_shape(verdict: Verdict | None) -> str:
+    if not verdict:
+        return "<p>No candidate was verified faster than the original; nothing to compare.</p>"
+    rows = []
+    for case in verdict.timed_cases():
+        row = [case.id, case.band]
+        for mode in ("graph", "cold"):
+            row += [case.median_us(mode, "orig"), case.median_us(mode, "cand"), case.speedup(mode)]
+        row.append((case.roofline.get("graph") or {}).get("cand_fraction"))
+        rows.append(row)
+    return _table(["shape", "band", "graph orig us", "graph best us", "graph x", "cold orig us", "cold best us",
+                   "cold x", "roofline (best, graph)"], rows, left=2)
+
+
+def render(run: RunDir) -> str:
+    state = run.state()
+    best = run.candidate(state.best)[2] if state.best else None
+    chart_source = {"best": baseline.roofline_points(best, "cand")} if best else {}
+    original = run.baseline()
+    if original is not None:
+        chart_source = {"original": baseline.roofline_points(original, "orig"), **chart_source}
+    title = f"Astra run {state.run_id}"
+    summary = (f"Kernel <b>{html.escape(state.kernel)}</b> from SGLang {html.escape(state.sglang_version)}, agent "
+               f"{html.escape(state.agent)}, {len(state.history)} candidate(s), best: "
+               + (f"#{state.best:03d} (x{state.best_score:.3f} overall, graph)" if state.best else "the original")
+               + f". Stopped: {html.escape(str(state.stopped))}.")
+    chart = baseline.svg(chart_source) if any(chart_source.values()) else "<p>No timings yet.</p>"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>{summary}</p>"
+            f"<p>{html.escape(band_wins_line(run))}</p>"
+            f"<h2>Trajectory</h2>{trajectory(run)}<h2>Original against best, per shape</h2>{per_shape(best)}"
+            f"<h2>Roofline</h2>{chart}</body></html>\n")
+
+
+def write(run: RunDir) -> Path:
+    path = run.root / "report.html"
+    path.write_text(render(run))
+    return path

@@ -1,0 +1,38 @@
+"""Terminal text of optimize runs: one run's trajectory and best (`astra show`), the list (`astra runs`)."""
+
+from __future__ import annotations
+
+from astra.optimize.loop import band_summary, band_wins_line
+from astra.optimize.rundir import RunDir, list_runs
+from astra.report import table
+
+
+def summary(run: RunDir) -> str:
+    state = run.state()
+    best = run.candidate(state.best)[2] if state.best else None
+    rows = [[h.n, h.round, h.name, h.status, h.score or None, "yes" if h.accepted else "", h.why[:60]]
+            for h in state.history]
+    out = [table.render(["#", "round", "change", "verdict", "x (graph, all)", "kept", "why"], rows)]
+    if best:
+        bands = band_summary(best)
+        out.append("best: #%03d %s; speedup per band (graph): %s" % (
+            state.best, run.candidate(state.best)[1]["description"],
+            ", ".join(f"{b} x{v:.3f}" for b, v in bands.items())))
+    else:
+        out.append("best: the original (no candidate was verified faster)")
+    out.append(band_wins_line(run))
+    out.append(f"stopped: {state.stopped}; tokens {state.tokens}, cost ${state.cost_usd:.4f}; run directory {run.root}")
+    return "\n".join(out)
+
+
+def runs_table() -> str | None:
+    """A table of every run under $ASTRA_HOME/runs, or None when there is none."""
+    names = list_runs()
+    if not names:
+        return None
+    rows = []
+    for name in names:
+        s = RunDir.open(name).state()
+        rows.append([name, s.kernel, s.agent, len(s.history), s.best or "-", round(s.best_score, 3),
+                     s.stopped or "running"])
+    return table.render(["run", "kernel", "agent", "candidates", "best", "x", "state"], rows)

@@ -1,0 +1,105 @@
+"""Terminal text of verdicts: `check`'s per-shape table, `bench`'s baseline table, the ncu cross-check.
+Every number printed comes from a harness Verdict."""
+
+from __future__ import annotations
+
+import math
+
+from astra.report import table
+from harness import Verdict
+
+
+def _pct(value: float | None) -> float | None:
+    return None if value is None else round(100.0 * value, 1)
+
+
+def format_check(verdict: Verdict) -> str:
+    modes = verdict.modes()
+    headers = ["shape", "band"]
+    for mode in modes:
+        headers += [f"{mode} orig us", f"{mode} cand us", f"{mode} x"]
+    headers += ["% roofline (cand)", "err vs ref cand/orig", "ok"]
+    rows = []
+    for case in verdict.cases:
+        if not case.timed and case.correct:
+            continue
+        row = [case.id, case.band]
+        for mode in modes:
+            row += [case.median_us(mode, "orig"), case.median_us(mode, "cand"), case.speedup(mode)]
+        roof = case.roofline.get(modes[0], {}) if modes else {}
+        row.append(_pct(roof.get("cand_fraction")))
+        errs = [(v.get("cand"), v.get("orig")) for v in case.reference.values()]
+        row.append(", ".join(f"{c:.2g}/{o:.2g}" for c, o in errs if c is not None and o is not None) or "-")
+        row.append("yes" if case.correct else "NO: " + "; ".join(case.reasons)[:60])
+        rows.append(row)
+    out = [table.render(headers, rows, max_width=60)] if rows else []
+    out.append(bands_text(verdict))
+    out.append(environment(verdict))
+    speed = {True: "faster", False: "not faster", None: "speed not measured"}[verdict.faster]
+    out.append(f"verdict: {verdict.status} ({verdict.reason}); {speed}")
+    if verdict.slower_shapes:
+        out.append("slower shapes: " + ", ".join(f"{s['id']} ({s['mode']} x{s['speedup']:.3f})"
+                                                 for s in verdict.slower_shapes[:8]))
+    return "\n".join(o for o in out if o)
+
+
+def format_bench(verdict: Verdict) -> str:
+    if verdict.status != "correct" and not verdict.cases:
+        return f"bench failed: {verdict.status}: {verdict.reason}"
+    modes = verdict.modes()
+    headers = ["shape", "band", "bytes"]
+    for mode in modes:
+        headers += [f"{mode} us", f"{mode} p10-p90", f"% roofline {mode}"]
+    headers += ["copy us (graph)", "vs copy", "self-ratio"]
+    rows = []
+    for case in verdict.cases:
+        row = [case.id, case.band, case.bytes]
+        for mode in modes:
+            timing = case.timings.get(mode)
+            orig = timing.orig if timing else None
+            row += [orig.median_us if orig else None, f"{orig.p10_us:.2f}-{orig.p90_us:.2f}" if orig else "-",
+                    _pct(case.roofline.get(mode, {}).get("orig_fraction"))]
+        graph = case.median_us("graph", "orig")
+        copy = case.copy_us
+        row += [copy, (graph / copy) if copy and graph else None, case.speedup(modes[0]) if modes else None]
+        rows.append(row)
+    return "\n".join([table.render(headers, rows, max_width=60), environment(verdict),
+                      "self-ratio: the original timed against itself, interleaved (1.0 = no drift)"])
+
+
+def format_ncu(result: dict) -> str:
+    if result.get("skipped"):
+        return f"ncu cross-check not run: {result['skipped']}"
+    rows = [[r["id"], r["cold_us"], r["ncu_us"], r["ratio"], r.get("net_ratio", "-")] for r in result["rows"]]
+    big = [r for r in result["rows"] if r["ncu_us"] >= 10]
+    within = sum(abs(r["ratio"] - 1) <= 0.05 for r in big)
+    lines = [table.render(["shape", "cold us (events)", "ncu us (gpu__time_duration)", "cold / ncu", "net / ncu"], rows),
+             f"shapes of 10 us and more: {within}/{len(big)} within 5% of Nsight Compute (raw cold)"]
+    overhead = result.get("launch_overhead_us")
+    if overhead is not None:
+        net = sum(abs(r["net_ratio"] - 1) <= 0.05 for r in big)
+        lines.append(f"net of the launch overhead events add ({overhead:.2f} us = cold empty launch "
+                     f"{result['cold_empty_us']:.2f} - ncu empty launch {result['ncu_empty_us']:.2f}): "
+                     f"{net}/{len(big)} within 5%")
+    return "\n".join(lines)
+
+
+def bands_text(verdict: Verdict) -> str:
+    lines = []
+    for mode, bands in verdict.band_speedups.items():
+        parts = [f"{band} x{value:.3f}" for band, value in bands.items() if value and math.isfinite(value)]
+        lines.append(f"speedup ({mode}, geomean): " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def environment(verdict: Verdict) -> str:
+    env = verdict.env
+    if not env:
+        return ""
+    bw = env.get("copy_bandwidth_Bps")
+    bw_text = f", copy {bw / 1e12:.2f} TB/s" if isinstance(bw, (int, float)) else ""
+    phase_text = ", ".join(f"{k} {v:.1f}s" for k, v in verdict.phases.items() if isinstance(v, (int, float)))
+    return (f"GPU: {env.get('gpu')} (sm {env.get('capability')}), driver {env.get('driver')}, "
+            f"CUDA runtime {env.get('cuda_runtime')}, nvcc {env.get('nvcc')}, "
+            f"torch {env.get('torch')}, tvm-ffi {env.get('tvm_ffi')}{bw_text}"
+            + (f"; time: {phase_text}" if phase_text else ""))

@@ -1,0 +1,121 @@
+"""Resolving a kernel spec into the harness's Job: every shape, dtype, wrapper and flag concrete.
+
+This is the one path from a spec to what gets built: `make_job` here, then `harness.build_requests(job)`.
+`astra build`, `optimize --dry-run`, the worker and `recheck` all go through it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from astra.errors import AstraError
+from astra.sglang.tree import SglangTree
+from astra.spec.expr import evaluate, render
+from astra.spec.model import KernelSpec
+from harness import ArgSpec, BuildBase, BuildRequest, Case, Job, Options, Variant, band_of, build_requests
+
+
+def _variant(spec: KernelSpec, names: dict) -> Variant:
+    build = spec.raw["build"]
+    wrappers = [[w["export"], render(w["entry"], names)] for w in build.get("wrappers", [])
+                if w.get("lang", "cuda") == "cuda"]
+    cpp = [[w["export"], render(w["entry"], names)] for w in build.get("wrappers", [])
+           if w.get("lang") == "cpp"]
+    flags = [render(str(f), names) for f in build.get("extra_cuda_cflags", [])]
+    key = " | ".join([e for _, e in wrappers + cpp] + flags)
+    return Variant(key=key, cuda_wrappers=wrappers, cpp_wrappers=cpp, extra_cuda_cflags=flags)
+
+
+def _arg(arg, names: dict) -> ArgSpec:
+    if arg.kind != "tensor":
+        value = arg.value
+        if arg.kind == "scalar" and isinstance(value, str):
+            value = evaluate(value, names)  # a scalar may be an expression over dims
+        return ArgSpec(name=arg.name, kind=arg.kind, role="in", dtype=str(arg.dtype), value=value)
+    init = {k: (evaluate(v, names) if isinstance(v, str) and k not in ("dist",) else v)
+            for k, v in (arg.init or {"dist": "normal"}).items()}
+    return ArgSpec(name=arg.name, kind="tensor", role="alias" if arg.alias else arg.role,
+                   shape=[int(evaluate(e, names)) for e in arg.shape],
+                   dtype=render(str(arg.dtype), names), init=init, alias=arg.alias)
+
+
+def _in_place(args: list[ArgSpec]) -> list[ArgSpec]:
+    """An argument that an output aliases is written by the call: it is compared as an inout."""
+    targets = {a.alias for a in args if a.alias}
+    for a in args:
+        if a.name in targets and a.role == "in":
+            a.role = "inout"
+    return args
+
+
+def cases(spec: KernelSpec, extra_shapes: list[dict] | None = None) -> tuple[list[Case], dict[str, Variant]]:
+    """All cases of the suite (plus `extra_shapes` proposed by a testing agent) and their variants."""
+    variants: dict[str, Variant] = {}
+    out: list[Case] = []
+    shape_cases = spec.shape_cases()
+    for dims in extra_shapes or []:
+        shape_cases.append(replace(shape_cases[0], label="extra", dims=dict(dims), edge=True))
+    for index, dtype in enumerate(spec.dtypes):
+        for sc in shape_cases:
+            names = spec.names_for(sc.dims, dtype)
+            variant = _variant(spec, names)
+            variants.setdefault(variant.key, variant)
+            dims_text = ",".join(f"{k}={v}" for k, v in sc.dims.items())
+            out.append(Case(
+                id=f"{sc.label}/{dtype}/{dims_text}",
+                band=band_of(spec.token_count(sc.dims)),
+                label=sc.label, dtype=dtype, dims=dict(sc.dims), variant=variant.key,
+                bytes=int(evaluate(spec.raw["bytes"], names)),
+                args=_in_place([_arg(a, names) for a in spec.arguments]),
+                timed=index == 0 and not sc.edge,
+            ))
+    return out, variants
+
+
+def make_job(spec: KernelSpec, tree: SglangTree, *, candidate_source: str | None = None,
+             options: Options | None = None, extra_shapes: list[dict] | None = None,
+             label: str = "candidate", kernel_rel: str | None = None) -> Job:
+    """The harness job of `spec` against `tree`. `kernel_rel`: where the kernel file lives below csrc/
+    when it moved in this tree (recheck, diff-versions)."""
+    build = spec.raw["build"]
+    case_list, variants = cases(spec, extra_shapes)
+    job = Job(
+        name=spec.name,
+        entry=spec.entry,
+        kernel_file=spec.kernel_file,
+        build=BuildBase(
+            source_root=str(tree.csrc_dir),
+            include_dirs=[str(tree.include_dir)] + list(build.get("extra_include_paths", [])),
+            cuda_files=list(build.get("cuda_files", [])),
+            cpp_files=list(build.get("cpp_files", [])),
+            extra_cflags=list(build.get("extra_cflags", [])),
+            extra_ldflags=list(build.get("extra_ldflags", [])),
+            header_only=bool(build.get("header_only", True)),
+        ),
+        variants=variants,
+        cases=case_list,
+        tolerance={dt: dict(v) for dt, v in spec.raw["tolerance"].items()},
+        reference=str(spec.reference_path) if spec.reference_path else None,
+        candidate_source=candidate_source,
+        candidate_label=label,
+        options=options or Options(),
+    )
+    if kernel_rel and kernel_rel != spec.kernel_file:
+        job.kernel_file = kernel_rel
+        job.build.cuda_files = [kernel_rel if f == spec.kernel_file else f for f in job.build.cuda_files]
+        job.build.cpp_files = [kernel_rel if f == spec.kernel_file else f for f in job.build.cpp_files]
+    return job
+
+
+def spec_build_requests(spec: KernelSpec, tree: SglangTree, *, arch: str | None = None, variant: str | None = None,
+                        candidate_source: str | None = None) -> list[tuple[str, str, BuildRequest]]:
+    """(side, variant key, request) of the spec's build variants; `variant` picks one by index or by a
+    substring of its key."""
+    job = make_job(spec, tree, candidate_source=candidate_source, label="dry-run")
+    keys = list(dict.fromkeys(case.variant for case in job.cases))
+    if variant is not None:
+        chosen = ([keys[int(variant)]] if variant.isdigit() and int(variant) < len(keys)
+                  else [k for k in keys if variant in k])
+        if not chosen:
+            raise AstraError(f"--variant {variant}: no variant of {spec.name} matches; variants: " + "; ".join(keys))
+        job.cases = [case for case in job.cases if case.variant in chosen]
+    return build_requests(job, arch=arch)

@@ -1,0 +1,88 @@
+"""A spec'd kernel on the GPU: `check` (a candidate against the original) and `bench` (the original
+against itself), each job in an isolated harness worker. Library code: typed options in, Verdicts out;
+printing is the CLI's and the report package's business."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from astra.errors import AstraError
+from astra.sglang.tree import SglangTree
+from astra.spec import jobs
+from astra.spec.model import KernelSpec
+from harness import TIMING_MODES, Job, Options, Verdict, run_job, verify_job
+
+NO_GPU = 7
+MODES = TIMING_MODES
+
+
+@dataclass
+class CheckOptions:
+    """How `check` and `bench` judge and time. `quick`: one seed, the first dtype only."""
+
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    sanitizer: bool = True
+    quick: bool = False
+    budget_ms: float | None = None  # timing budget per shape and side (None: the harness default)
+    ncu: bool = False  # bench: also measure each shape with Nsight Compute
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.modes if m not in MODES]
+        if bad or not self.modes:
+            raise AstraError(f"--modes: unknown mode(s) {bad or self.modes}; use graph, cold or graph,cold")
+
+    def harness_options(self, *, sanitizer: bool | None = None) -> Options:
+        opts = Options(modes=list(self.modes), sanitizer=self.sanitizer if sanitizer is None else sanitizer)
+        if self.quick:
+            opts.seeds = [0]
+            opts.budget_ms_per_case = 100.0
+        if self.budget_ms:
+            opts.budget_ms_per_case = self.budget_ms
+        return opts
+
+
+def require_gpu() -> None:
+    """Raise (exit 7) with what to do instead when no CUDA GPU is usable here."""
+    try:
+        import torch
+    except ImportError:
+        raise AstraError("torch is not installed; `astra check`/`bench` need torch with CUDA", exit_code=NO_GPU)
+    if not torch.cuda.is_available():
+        raise AstraError(
+            "no CUDA GPU here: `astra check` and `astra bench` need one. Without a GPU you can still run "
+            "`astra list`, `astra extract`, `astra build` (nvcc + ptxas report) and `astra spec-check`.",
+            exit_code=NO_GPU)
+
+
+def timeout_for(job: Job) -> float:
+    """Generous: builds, every case's checks and timing, with slack for a cold build cache."""
+    return 300.0 + 10.0 * len(job.cases)
+
+
+def quick_cases(job: Job) -> Job:
+    """Only the first dtype's cases (its timed shapes and edges): for iteration, not for evidence."""
+    first = job.cases[0].dtype
+    job.cases = [c for c in job.cases if c.dtype == first]
+    return job
+
+
+def check_candidate(spec: KernelSpec, tree: SglangTree, source: str, label: str, opts: CheckOptions) -> Verdict:
+    """The verdict on `source` (the candidate's version of `spec.kernel_file`) against the original."""
+    require_gpu()
+    job = jobs.make_job(spec, tree, candidate_source=source, label=label, options=opts.harness_options())
+    if opts.quick:
+        job = quick_cases(job)
+    return verify_job(job, timeout_s=timeout_for(job))
+
+
+def bench_original(spec: KernelSpec, tree: SglangTree, opts: CheckOptions, kernel_rel: str | None = None) -> Verdict:
+    """The original over its timed shapes, against itself (self-ratios measure the noise)."""
+    require_gpu()
+    job = jobs.make_job(spec, tree, options=opts.harness_options(sanitizer=False), kernel_rel=kernel_rel)
+    job.cases = [c for c in job.cases if c.timed]
+    verdict = run_job(job, timeout_s=timeout_for(job))
+    if opts.ncu:
+        from astra.verify.ncu import ncu_comparison
+
+        verdict.ncu = ncu_comparison(job, verdict)
+    return verdict
