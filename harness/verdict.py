@@ -15,8 +15,17 @@ from typing import Any
 from harness.job import BANDS
 from harness.stats import Stats, geomean
 
-STATUSES = ("correct", "incorrect", "build_failed", "missing_export", "signature_mismatch", "crashed",
-            "timeout", "sanitizer", "suspect", "built")  # built: compiled only, never run (a dry run)
+STATUSES = (
+    "correct", "incorrect", "build_failed", "missing_export", "signature_mismatch", "crashed", "timeout",
+    "sanitizer", "suspect",
+    "rejected_source",  # the static scan of the candidate's host code refused it (line named in the reason)
+    "sanitizer_unavailable",  # compute-sanitizer was asked for but missing or timed out: not a pass
+    "reference_error",  # the spec's reference.py does not load or raises: the spec is broken, not the candidate
+    "original_failed",  # the ORIGINAL raised or failed to build on a case of the suite: nothing to compare with
+    "incomplete",  # a timing mode could not be measured (e.g. out of memory): the speed claim is unproven
+    "environment_error",  # the machine failed (disk full, ...), not the candidate
+    "built",  # compiled only, never run (a dry run)
+)
 
 
 @dataclass

@@ -41,7 +41,7 @@ _SECRET_RE = re.compile(r"(sk-[A-Za-z0-9_\-]{3})[A-Za-z0-9_\-*]{6,}")
 
 
 class LLMError(AstraError):
-    exit_code = 7
+    exit_code = 13
 
 
 class LLMConfigError(LLMError):

@@ -17,7 +17,7 @@ from astra.optimize import llm, templates
 from astra.optimize.edits import apply_reply
 from astra.optimize.loop import Context
 from astra.optimize.transforms import Proposal
-from harness import Verdict
+from harness import Verdict, policy_text
 
 _JSON = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
 
@@ -124,7 +124,7 @@ class LLMAgent:
             return False
 
     def _ask(self, role: str, **values) -> str:
-        messages = [{"role": "system", "content": templates.render("system")},
+        messages = [{"role": "system", "content": templates.render("system", acceptance=policy_text())},
                     {"role": "user", "content": templates.render(role, **{**self._common(), **values})}]
         return self.client.chat(messages, role=role).text
 

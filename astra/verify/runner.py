@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from astra.errors import AstraError
+from astra.errors import AstraError, NoGpu
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec.model import KernelSpec
 from harness import TIMING_MODES, Job, Options, Verdict, run_job, verify_job
 
-NO_GPU = 7
 MODES = TIMING_MODES
 
 
@@ -46,12 +45,11 @@ def require_gpu() -> None:
     try:
         import torch
     except ImportError:
-        raise AstraError("torch is not installed; `astra check`/`bench` need torch with CUDA", exit_code=NO_GPU)
+        raise NoGpu("torch is not installed; `astra check`/`bench` need torch with CUDA")
     if not torch.cuda.is_available():
-        raise AstraError(
+        raise NoGpu(
             "no CUDA GPU here: `astra check` and `astra bench` need one. Without a GPU you can still run "
-            "`astra list`, `astra extract`, `astra build` (nvcc + ptxas report) and `astra spec-check`.",
-            exit_code=NO_GPU)
+            "`astra list`, `astra extract`, `astra build` (nvcc + ptxas report) and `astra spec-check`.")
 
 
 def timeout_for(job: Job) -> float:

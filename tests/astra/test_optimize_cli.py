@@ -29,7 +29,7 @@ def _optimize(url: str, model: str, key: str):
 ])
 def test_llm_errors_are_one_line_and_keep_the_run(llm_server, sglang_0523, model, key, needle):
     proc = _optimize(llm_server.url, model, key)
-    assert proc.returncode == 7, proc.stderr
+    assert proc.returncode == 13, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("astra optimize:")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr and key not in proc.stderr + proc.stdout

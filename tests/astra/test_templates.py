@@ -16,7 +16,7 @@ ROLES = {
     "planning": ["kernel", "sglang_version", "kernel_file", "gpu", "description", "source", "profile", "best",
                  "history", "iterations_left"],
     "coding": ["kernel_file", "kernel", "sglang_version", "plan", "exports", "feedback", "source"],
-    "system": [],
+    "system": ["acceptance"],
 }
 
 
@@ -62,3 +62,11 @@ def test_coding_template_example_is_a_valid_edit():
     example = text[text.index("<<<<<<< SEARCH"):text.index(">>>>>>> REPLACE") + len(">>>>>>> REPLACE")]
     result = apply_reply("exact lines from the current file\n", example)
     assert result.ok and result.new_text == "the lines that replace them\n"
+
+
+def test_the_system_prompt_states_the_acceptance_rule_from_its_constants():
+    from harness.acceptance import MIN_GAIN, SIGNIFICANCE, SLOWDOWN_THRESHOLD, policy_text
+
+    text = render("system", acceptance=policy_text())
+    assert f"more than {100 * SLOWDOWN_THRESHOLD:g}% slower" in text
+    assert f"max({100 * MIN_GAIN:g}%, {SIGNIFICANCE:g} standard errors" in text
