@@ -1,4 +1,9 @@
-"""GPU side of Astra: build, check and time one candidate kernel per process (stdlib, torch, tvm_ffi only).
+"""GPU side of Astra: build, check and time one candidate kernel (stdlib, torch, tvm_ffi only).
+
+One job runs in a JUDGE process (`python -m harness run`, started by `run_job`) that never loads
+candidate code; the candidate runs only in a scrubbed CANDIDATE process the judge starts, which hands
+back raw outputs and timings that the judge validates. The verdict is signed with a key only the
+judge holds (docs/threat-model.md).
 
 The public API, which `astra` uses instead of reaching into the modules (importing it needs no torch):
 

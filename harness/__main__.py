@@ -1,10 +1,13 @@
 """The GPU worker's command line.
 
-    python -m harness run job.json --out verdict.json    evaluate one job, write its verdict (atomically)
+    python -m harness run job.json --out verdict.json    the judge: evaluate one job, write its signed verdict
+    python -m harness candidate request.json --work DIR --phase outputs|timing   the candidate process
     python -m harness env [--no-measure]                 GPU, driver, CUDA, torch, tvm-ffi, L2, bandwidth
     python -m harness sanitize job.json [--out report.json] [--tools memcheck,racecheck]
 
-`run` is what `harness.worker.run_job` starts in a fresh process. Known failures of the evaluation
+`run` is what `harness.worker.run_job` starts in a fresh process: the judge. It reads its private
+config (HMAC key, time budget, sanitizer prefix) from stdin (harness.channel) and signs the verdict it
+writes. `candidate` is what the judge starts for candidate code (harness.candidate). Known failures of the evaluation
 (CUDA errors, a lost CUDA context, CUDA out of memory) become a "crashed" verdict written by this
 process; anything else escapes as a traceback and a non-zero exit, which the parent turns into
 "crashed" from stderr. Progress is logged to stderr (INFO), so a timeout's reason names the last step.
@@ -26,6 +29,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Callable
 
+from harness.channel import read_config, sign
 from harness.job import Job
 from harness.process import EVALUATE_ENV, clip, write_json_atomic
 from harness.verdict import Verdict
@@ -97,6 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Evaluate one job and write its verdict; exit 0 whenever a verdict was written."""
     faulthandler.enable()  # a segfault prints the Python stack on stderr before the process dies
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    config = read_config()
     job = Job.from_json(Path(args.job).read_text())
     evaluate = load_evaluate()
     try:
@@ -106,8 +111,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         if reason is None:
             raise
         verdict = crashed_verdict(job, reason)
+    if config.key is not None:
+        verdict = sign(verdict, config.key)
     write_json_atomic(args.out, verdict)
     return 0
+
+
+def cmd_candidate(args: argparse.Namespace) -> int:
+    """The candidate process (harness.candidate): results into --work, nothing on stdout."""
+    faulthandler.enable()
+    from harness.candidate import main as candidate_main
+
+    return candidate_main(args.request, args.work, args.phase)
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -148,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("--out", required=True, help="where the verdict goes (written atomically)")
     p.set_defaults(handler=cmd_run)
+    p = sub.add_parser("candidate", help="(started by the judge) run candidate code, write raw results")
+    p.add_argument("request")
+    p.add_argument("--work", required=True, help="the directory the judge reads results from")
+    p.add_argument("--phase", required=True, choices=("outputs", "timing"))
+    p.set_defaults(handler=cmd_candidate)
     p = sub.add_parser("env", help="print GPU, driver, CUDA, torch and tvm-ffi versions, L2, bandwidth")
     p.add_argument("--no-measure", action="store_true", help="skip the measurements (copy bandwidth, launch floor)")
     p.set_defaults(handler=cmd_env)

@@ -1,8 +1,13 @@
 """Correctness of one case: the candidate against the original (and a float64 reference when given).
 
-Per trial (every seed of the job, plus one `large` trial on a fresh seed when the case has random
-float tensors): fresh inputs, a separate clone for each side, `out` tensors poisoned, one call per
-side with a synchronisation after it. Then
+Split in two so the sides can live in different processes: `run_side` runs ONE side on one trial
+(fresh inputs from `trial_inputs`, `out` tensors poisoned, one stream-ordered call); `judge_trial`
+compares both sides' post-call tensors for one trial. The judge (harness.evaluate) runs the original
+itself and reads the candidate's outputs from the candidate process; `check_case` runs both sides in
+one process (CPU tests, trusted code only).
+
+Trials (`trials_for`): every seed of the job, plus, on fresh seeds, a `large`, a `small` and an
+`extreme` trial where the case has random float tensors (harness.inputs). Per trial:
 
 - every `out`/`inout` tensor is compared (compare.compare_outputs with the output's tolerance);
 - every `in` tensor must still hold its exact bytes on the candidate's side (where the original also
@@ -11,13 +16,16 @@ side with a synchronisation after it. Then
   the tolerance check against the original is still recorded; integer outputs are always exact.
 
 Determinism (two runs of each side on identical inputs, bitwise) is recorded, never decisive.
-A launch that raises fails the case (or, on the original's side, is noted); if the CUDA context is no
-longer usable afterwards `ContextLost` propagates so the worker reports the job as crashed.
+A candidate launch that raises fails the case. Fail closed: the original raising raises
+`OriginalFailed`, a reference.py that raises raises `ReferenceFailed` (the judge turns them into the
+"original_failed" and "reference_error" verdicts). If the CUDA context is no longer usable after a
+launch, `ContextLost` propagates so the worker reports the job as crashed.
 Works on the CPU with Python callables as launches, which is how the CPU tests drive it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 from typing import Any, Callable, Sequence
@@ -32,18 +40,37 @@ from harness.compare import (
     tolerance_for,
     unchanged,
 )
-from harness.inputs import clone_inputs, has_large_trial, make_inputs, poison_outputs, to_call_args
+from harness.inputs import (
+    clone_inputs,
+    has_extreme_trial,
+    has_large_trial,
+    has_small_trial,
+    make_inputs,
+    poison_outputs,
+    to_call_args,
+)
 from harness.job import Case, Job
 from harness.verdict import CaseResult
 
 log = logging.getLogger(__name__)
 Launch = Callable[[Sequence[Any]], Any]
 Reference = Callable[[dict, dict], dict]
+Trial = tuple[str, int]  # (kind: harness.inputs.TRIALS, seed)
 LARGE_SEED_OFFSET = 1000  # the large trial's seed: max(seeds) + this
+SMALL_SEED_OFFSET = 2000
+EXTREME_SEED_OFFSET = 3000
 
 
 class ContextLost(RuntimeError):
     """A launch left the CUDA context unusable (sticky error): evaluation cannot go on in-process."""
+
+
+class OriginalFailed(RuntimeError):
+    """The ORIGINAL raised on a case: there is nothing to compare the candidate with."""
+
+
+class ReferenceFailed(RuntimeError):
+    """The spec's reference.py raised (or does not load): the spec is broken, not the candidate."""
 
 
 def synchronize(device: torch.device) -> None:
@@ -118,7 +145,7 @@ def _ordered_call(launch: Launch, args: dict[str, Any], case: Case, device: torc
 
 
 def load_reference(path: str) -> Reference:
-    """`reference(args, dims)` from a reference.py, imported by path."""
+    """`reference(args, dims)` from a reference.py, imported by path (raises if it does not load)."""
     spec = importlib.util.spec_from_file_location(f"astra_reference_{abs(hash(path))}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
@@ -135,11 +162,42 @@ def reference_args(inputs: dict[str, Any]) -> dict[str, Any]:
             for k, v in inputs.items()}
 
 
-def _trials(case: Case, seeds: list[int]) -> list[tuple[int, bool]]:
-    trials = [(seed, False) for seed in seeds]
+def trials_for(case: Case, seeds: list[int]) -> list[Trial]:
+    """The judge's trial list for `case`: every seed, then large, small and extreme where they apply."""
+    trials: list[Trial] = [("seed", seed) for seed in seeds]
+    top = max(seeds, default=0)
     if has_large_trial(case):
-        trials.append((max(seeds, default=0) + LARGE_SEED_OFFSET, True))
+        trials.append(("large", top + LARGE_SEED_OFFSET))
+    if has_small_trial(case):
+        trials.append(("small", top + SMALL_SEED_OFFSET))
+    if has_extreme_trial(case):
+        trials.append(("extreme", top + EXTREME_SEED_OFFSET))
     return trials
+
+
+def describe(trial: Trial) -> str:
+    """ "seed 0", "seed 1002 (large)", ...: how reasons name a trial."""
+    kind, seed = trial
+    return f"seed {seed}" + ("" if kind == "seed" else f" ({kind})")
+
+
+def trial_inputs(case: Case, trial: Trial, device: torch.device) -> dict[str, Any]:
+    """The inputs of one trial; every process that calls this gets the same data."""
+    return make_inputs(case, trial[1], device, trial=trial[0])
+
+
+def run_side(launch: Launch, inputs: dict[str, Any], case: Case, device: torch.device,
+             where: str) -> tuple[dict[str, Any], str | None]:
+    """One side on one trial: a poisoned clone of `inputs`, one stream-ordered call. Returns the clone
+    (every tensor argument after the call) and the launch's error line (None if it did not raise)."""
+    args = poison_outputs(clone_inputs(inputs), case.args)
+    return args, call(launch, args, case, device, where)
+
+
+def new_result(case: Case) -> CaseResult:
+    """An empty (correct so far) CaseResult for `case`."""
+    return CaseResult(id=case.id, band=case.band, label=case.label, dtype=case.dtype, dims=dict(case.dims),
+                      timed=case.timed, bytes=case.bytes)
 
 
 def _merge_check(result: CaseResult, name: str, check: OutputCheck) -> None:
@@ -161,77 +219,94 @@ def _judge_reference(result: CaseResult, name: str, orig: torch.Tensor, cand: to
         result.fail(f"{where}: {name}: {why}")
 
 
+def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: dict[str, Any],
+                orig: dict[str, Any], cand: dict[str, Any] | None, cand_error: str | None,
+                reference: Reference | None) -> None:
+    """Judge one trial into `result`: `inputs` as generated, `orig`/`cand` every tensor argument after each
+    side's call (`cand` None when the candidate raised `cand_error`). The original must not have raised."""
+    where = describe(trial)
+    result.trials += 1
+    if cand_error is not None or cand is None:
+        result.fail(f"{where}: candidate raised {cand_error or 'an error'}")
+        return
+    tensors = [a for a in case.args if a.kind == "tensor"]
+    compared = [a for a in tensors if a.role in ("out", "inout")]
+    for arg in (a for a in tensors if a.role == "in"):
+        if not unchanged(inputs[arg.name], orig[arg.name]):
+            result.notes.append(f"{where}: original writes read-only {arg.name}; compared as an output")
+            compared.append(arg)
+        elif not unchanged(inputs[arg.name], cand[arg.name]):
+            result.fail(f"{where}: candidate wrote read-only argument {arg.name}")
+    ref_out: dict[str, Any] = {}
+    if reference is not None:
+        try:
+            ref_out = reference(reference_args(inputs), dict(case.dims))
+        except Exception as error:  # fail closed: the spec's reference is broken, not the candidate
+            raise ReferenceFailed(f"{case.id}: {where}: reference.py raised {_first_line(error)}") from error
+    aliases = {a.alias: a.name for a in case.args if a.role == "alias" and a.alias}
+    for arg in compared:
+        if arg.name in aliases and arg.name not in ref_out and aliases[arg.name] in ref_out:
+            ref_out[arg.name] = ref_out[aliases[arg.name]]  # the reference names the in-place output
+        tol = tolerance_for(job.tolerance, arg.dtype, case.dtype)
+        check = compare_outputs(orig[arg.name], cand[arg.name], tol)
+        _merge_check(result, arg.name, check)
+        ref = ref_out.get(arg.name)
+        if ref_out and ref is None and result.trials == 1:
+            result.notes.append(f"reference gives no {arg.name}: compared with the original's tolerances")
+        if ref is not None and orig[arg.name].is_floating_point():
+            if check.nonfinite_mismatches:
+                result.fail(f"{where}: {arg.name}: {check.reason}")
+            _judge_reference(result, arg.name, orig[arg.name], cand[arg.name], ref, tol["floor"], where)
+        elif not check.ok:
+            result.fail(f"{where}: {arg.name}: {check.reason}")
+
+
+def original_outputs(launch: Launch, case: Case, trial: Trial, device: torch.device) -> tuple[dict, dict]:
+    """(inputs, the original's post-call tensors) of one trial; raises OriginalFailed if it raised."""
+    inputs = trial_inputs(case, trial, device)
+    orig, error = run_side(launch, inputs, case, device, f"{case.id}: orig {describe(trial)}")
+    if error is not None:
+        raise OriginalFailed(f"{case.id}: {describe(trial)}: the original raised {error}")
+    return inputs, orig
+
+
 def check_case(case: Case, launches: dict[str, Launch], job: Job, device: torch.device | str,
                reference: Reference | None = None) -> CaseResult:
-    """Correctness of `case` (see the module docstring); `launches` has "orig" and "cand"."""
+    """Correctness of `case` with both sides in this process (see the module docstring); `launches` has
+    "orig" and "cand". Only for trusted code (CPU tests): the judge never runs a candidate itself."""
     device = torch.device(device)
-    result = CaseResult(id=case.id, band=case.band, label=case.label, dtype=case.dtype, dims=dict(case.dims),
-                        timed=case.timed, bytes=case.bytes)
-    tensors = [a for a in case.args if a.kind == "tensor"]
-    outputs = [a for a in tensors if a.role in ("out", "inout")]
-    read_only = [a for a in tensors if a.role == "in"]
-    orig_raised = False
-    for seed, large in _trials(case, job.options.seeds):
-        where = f"seed {seed}{' (large)' if large else ''}"
-        inputs = make_inputs(case, seed, device, large=large)
-        sides = {side: poison_outputs(clone_inputs(inputs), case.args) for side in ("orig", "cand")}
-        errors = {side: call(launches[side], sides[side], case, device, f"{case.id}: {side} {where}")
-                  for side in ("orig", "cand")}
-        result.trials += 1
-        if errors["orig"] is not None:
-            orig_raised, result.timed = True, False
-            outcome = f"candidate raised too: {errors['cand']}" if errors["cand"] else "candidate did not"
-            result.notes.append(f"{where}: original raised {errors['orig']}; {outcome}")
-            continue
-        if errors["cand"] is not None:
-            result.fail(f"{where}: candidate raised {errors['cand']}")
-            continue
-        orig, cand = sides["orig"], sides["cand"]
-        compared = list(outputs)
-        for arg in read_only:
-            orig_wrote = not unchanged(inputs[arg.name], orig[arg.name])
-            if orig_wrote:
-                result.notes.append(f"{where}: original writes read-only {arg.name}; compared as an output")
-                compared.append(arg)
-            elif not unchanged(inputs[arg.name], cand[arg.name]):
-                result.fail(f"{where}: candidate wrote read-only argument {arg.name}")
-        ref_out: dict[str, Any] = {}
-        if reference is not None:
-            try:
-                ref_out = reference(reference_args(inputs), dict(case.dims))
-            except Exception as error:  # a broken reference is the spec's fault: fall back, say so
-                result.notes.append(f"{where}: reference.py raised {_first_line(error)}; tolerances used instead")
-        aliases = {a.alias: a.name for a in case.args if a.role == "alias" and a.alias}
-        for arg in compared:
-            if arg.name in aliases and arg.name not in ref_out and aliases[arg.name] in ref_out:
-                ref_out[arg.name] = ref_out[aliases[arg.name]]  # the reference names the in-place output
-            tol = tolerance_for(job.tolerance, arg.dtype, case.dtype)
-            check = compare_outputs(orig[arg.name], cand[arg.name], tol)
-            _merge_check(result, arg.name, check)
-            ref = ref_out.get(arg.name)
-            if ref_out and ref is None and result.trials == 1:
-                result.notes.append(f"reference gives no {arg.name}: compared with the original's tolerances")
-            if ref is not None and orig[arg.name].is_floating_point():
-                if check.nonfinite_mismatches:
-                    result.fail(f"{where}: {arg.name}: {check.reason}")
-                _judge_reference(result, arg.name, orig[arg.name], cand[arg.name], ref, tol["floor"], where)
-            elif not check.ok:
-                result.fail(f"{where}: {arg.name}: {check.reason}")
-    if not orig_raised:
-        seed = job.options.seeds[0] if job.options.seeds else 0
-        result.deterministic_orig = deterministic(launches["orig"], case, seed, device)
-        result.deterministic_cand = deterministic(launches["cand"], case, seed, device)
+    result = new_result(case)
+    for trial in trials_for(case, job.options.seeds):
+        inputs, orig = original_outputs(launches["orig"], case, trial, device)
+        cand, error = run_side(launches["cand"], inputs, case, device, f"{case.id}: cand {describe(trial)}")
+        judge_trial(result, case, job, trial, inputs, orig, None if error else cand, error, reference)
+    seed = job.options.seeds[0] if job.options.seeds else 0
+    result.deterministic_orig = deterministic(launches["orig"], case, seed, device)
+    result.deterministic_cand = deterministic(launches["cand"], case, seed, device)
     return result
 
 
-def deterministic(launch: Launch, case: Case, seed: int, device: torch.device) -> bool | None:
-    """Two runs on identical inputs give bit-identical outputs (None if a run raised)."""
+def output_names(case: Case) -> list[str]:
+    """The `out` and `inout` tensor arguments: what determinism compares."""
+    return [a.name for a in case.args if a.kind == "tensor" and a.role in ("out", "inout")]
+
+
+def determinism_digests(launch: Launch, case: Case, seed: int, device: torch.device) -> list[str] | None:
+    """sha256 of the outputs of two runs on identical inputs (None if a run raised)."""
     inputs = make_inputs(case, seed, device)
-    runs = []
+    digests = []
     for _ in range(2):
         args = poison_outputs(clone_inputs(inputs), case.args)
         if call(launch, args, case, device, f"{case.id}: determinism") is not None:
             return None
-        runs.append(args)
-    names = [a.name for a in case.args if a.kind == "tensor" and a.role in ("out", "inout")]
-    return all(unchanged(runs[0][n], runs[1][n]) for n in names)
+        hasher = hashlib.sha256()
+        for name in output_names(case):
+            hasher.update(args[name].contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+        digests.append(hasher.hexdigest())
+    return digests
+
+
+def deterministic(launch: Launch, case: Case, seed: int, device: torch.device) -> bool | None:
+    """Two runs on identical inputs give bit-identical outputs (None if a run raised)."""
+    digests = determinism_digests(launch, case, seed, device)
+    return None if digests is None else digests[0] == digests[1]

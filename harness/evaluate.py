@@ -1,25 +1,30 @@
-"""`evaluate(job) -> Verdict`: build, drop-in check, correctness, timing and roofline of one candidate.
+"""`evaluate(job) -> Verdict`: the JUDGE. It decides a candidate's verdict without ever running its code.
 
-Runs inside one worker process on the GPU (harness.worker starts it). Steps:
+Runs in the process `harness.worker.run_job` starts (`python -m harness run`). Steps:
 
-1. build the original and the candidate (the original tree with `job.kernel_file` replaced by
-   `job.candidate_source`) for every variant the cases use, in parallel, through the build cache;
-   with no candidate source the original is checked against itself (speedups measure the noise);
-2. drop-in: the candidate exports every name the original does, with the same typed signatures;
-3. environment: GPU, versions, copy bandwidth and the empty-launch floor, measured here;
-4. correctness of every case (harness.check);
-5. timing of the timed cases in every mode of `job.options.modes` (harness.timing), roofline and
-   suspect flags per mode, the torch-copy floor per shape, band geomeans and slower shapes.
+1. static scan of the candidate's source against the original file (harness.scan): "rejected_source";
+2. build the original and the candidate (nvcc only: building is not executing) through the build cache;
+   a full disk is "environment_error", an original that fails to build is "original_failed";
+3. load the ORIGINAL modules only (never the candidate's), load the reference ("reference_error" if
+   it does not load), measure the environment (copy bandwidth, launch floors; harness.judge_timing);
+4. start the candidate process, phase `outputs` (harness.candidate_run): compare its reported export
+   signatures with the original's ("missing_export", "signature_mismatch"), then per case compute the
+   original's outputs on identical inputs here, read the candidate's raw outputs (harness.exchange:
+   validated against the job, deleted once judged) and judge every trial (harness.check);
+5. when every case is correct, phase `timing` in a new candidate process: its numbers are untrusted,
+   validated, and speedups, roofline and suspect flags are computed here (harness.judge_timing).
 
-Failures become verdicts (build_failed, missing_export, signature_mismatch, incorrect, suspect); a
-sticky CUDA error raises `check.ContextLost`, which the worker turns into "crashed".
+Fail closed: the original raising is "original_failed", reference.py raising "reference_error", a timing
+mode that could not be measured "incomplete", a candidate process that dies "crashed", one that stalls
+"timeout". A sticky CUDA error in this process raises `check.ContextLost` ("crashed" by the worker).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
-import math
 import os
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -28,19 +33,29 @@ from typing import Any
 import torch
 
 from harness.build import BuildResult, build_many, export_signatures, load_module
-from harness.check import ContextLost, Launch, check_case, ensure_usable, load_reference
-from harness.envinfo import driver_version
-from harness.inputs import clone_inputs, make_inputs, set_bytes, to_call_args
-from harness.job import Case, Job
-from harness.plan import SIDES, build_requests, variants_used
-from harness.roofline import copy_floor, measure_copy_bandwidth, roofline_entry, suspect
-from harness.stats import speedup
-from harness.timing import CaptureError, cold_launch_floor, l2_bytes, launch_overhead_floor, time_cold, time_graph
-from harness.toolchain import BuildFailure, nvcc_release, tvm_ffi_version
-from harness.verdict import CaseResult, ModeTiming, Verdict, decide
+from harness.candidate_run import CandidateRun, judge_deadline, progress_timeout
+from harness.check import (
+    ContextLost,
+    OriginalFailed,
+    ReferenceFailed,
+    deterministic,
+    judge_trial,
+    load_reference,
+    new_result,
+    original_outputs,
+    trials_for,
+)
+from harness.exchange import SIGNATURES, Malformed, case_dir, read_manifest, read_signatures, read_trial, trial_error
+from harness.job import Job
+from harness.judge_timing import apply_timings, collect_env
+from harness.plan import build_requests, variants_used
+from harness.verdict import CaseResult, Verdict, decide
 
 __all__ = ["evaluate", "ContextLost", "collect_env", "default_cache_dir"]
 log = logging.getLogger(__name__)
+STARTUP_S = 180.0  # torch import and module load in the candidate process, before its signatures
+FIRST_CASE_EXTRA_S = 30.0  # the first case also pays for the candidate's CUDA context
+_DISK_FULL = ("No space left on device", "ENOSPC", "Disk quota exceeded")
 
 
 def default_cache_dir(job: Job) -> Path:
@@ -73,157 +88,229 @@ def _exports(job: Job, variant: str) -> list[str]:
     return list(dict.fromkeys([w[0] for w in wrappers] + [job.entry]))
 
 
-def _drop_in(job: Job, modules: dict[tuple[str, str], Any]) -> tuple[dict, str | None, str]:
-    """Signatures per variant and export, and (status, reason) of the first drop-in failure."""
-    signatures: dict[str, dict] = {}
-    for key in variants_used(job):
-        names = _exports(job, key)
-        orig = export_signatures(modules[("orig", key)], names)
-        cand = export_signatures(modules[("cand", key)], names)
-        signatures[key] = {name: {"orig": orig[name], "cand": cand[name]} for name in names}
-        for name in names:
-            if orig[name] is None:
-                return signatures, "missing_export", f"the original module of {key} lacks export {name}"
-            if cand[name] is None:
-                return signatures, "missing_export", f"candidate does not export {name} (variant {key})"
-            if cand[name] != orig[name]:
-                return signatures, "signature_mismatch", f"{name}: candidate {cand[name]} != original {orig[name]}"
-    return signatures, None, ""
+def original_source(job: Job) -> str:
+    """The text of the file the candidate replaces ("" when it cannot be found: a new file)."""
+    roots = [job.build.source_root, *job.build.include_dirs]
+    for path in ([job.kernel_file] if os.path.isabs(job.kernel_file) else [os.path.join(r, job.kernel_file) for r in roots]):
+        if os.path.isfile(path):
+            return Path(path).read_text(errors="replace")
+    return ""
 
 
-def collect_env(device: torch.device) -> dict[str, Any]:
-    """GPU, toolkit and library versions, L2 size, copy bandwidth and the empty-launch floor."""
-    props = torch.cuda.get_device_properties(device)
+def scan(job: Job) -> str | None:
+    """The static scan's reason to reject the candidate's source, or None."""
+    if job.candidate_source is None:
+        return None
+    from harness.scan import scan_candidate
+
+    return scan_candidate(original_source(job), job.candidate_source)
+
+
+def disk_full(text: str | None) -> bool:
+    return any(marker in (text or "") for marker in _DISK_FULL)
+
+
+def build_all(job: Job, cache_dir: Path) -> tuple[dict[tuple[str, str], str], list[dict], Verdict | None]:
+    """Build every module (never loading one): {(side, variant): .so path}, summaries, or a failure."""
+    requests = build_requests(job)
     try:
-        nvcc = "%d.%d" % nvcc_release()
-    except BuildFailure:
-        nvcc = None
-    env = {"gpu": props.name, "capability": f"{props.major}.{props.minor}", "sm_count": props.multi_processor_count,
-           "memory_bytes": props.total_memory, "l2_bytes": l2_bytes(device), "driver": driver_version(),
-           "cuda_runtime": torch.version.cuda, "nvcc": nvcc, "torch": torch.__version__, "tvm_ffi": tvm_ffi_version()}
-    env["copy_bandwidth_Bps"] = measure_copy_bandwidth(device)
-    env["launch_floor_us"] = launch_overhead_floor(device).median_us
-    env["cold_launch_floor_us"] = cold_launch_floor(device).median_us
-    return env
-
-
-def time_case(result: CaseResult, case: Case, launches: dict[str, Launch], job: Job, env: dict[str, Any],
-              device: torch.device) -> None:
-    """Both sides in every mode: timings, roofline, suspect flags, and the copy floor (graph mode)."""
-    opts = job.options
-    base = make_inputs(case, opts.seeds[0] if opts.seeds else 0, device)
-    args0 = to_call_args(base, case.args)
-    bandwidth = env["copy_bandwidth_Bps"]
-    for mode in opts.modes:
-        common = {"budget_ms": opts.budget_ms_per_case, "target_rel_stderr": opts.target_rel_stderr, "device": device}
-        try:
-            if mode == "graph":
-                timing = time_graph(launches, lambda i: args0 if i == 0 else to_call_args(clone_inputs(base), case.args),
-                                    set_bytes(base), **common)
-            elif mode == "cold":
-                timing = time_cold(launches, args0, **common)
-            else:
-                result.notes.append(f"unknown timing mode {mode!r} skipped")
-                continue
-        except CaptureError as error:
-            ensure_usable(device, error, f"{case.id}: {mode} timing")
-            if error.side == "cand":
-                result.fail(f"{mode}: {error}")
-            else:
-                result.notes.append(f"{mode}: {error}")
+        results = build_many([r for _, _, r in requests], cache_dir)
+    except OSError as error:
+        why = "the disk is full" if error.errno == errno.ENOSPC else "the build infrastructure failed"
+        return {}, [], _failure(job, "environment_error", f"{why}: {error}")
+    builds = [_build_summary(side, key, res) for (side, key, _), res in zip(requests, results)]
+    order = sorted(zip(requests, results), key=lambda item: item[0][0] != "orig")  # the original's failures first
+    for (side, key, _), res in order:
+        if res.ok:
             continue
-        except torch.cuda.OutOfMemoryError as error:
-            result.notes.append(f"{mode}: timing ran out of memory: {_one_line(str(error))}")
-            continue
-        orig, cand = timing.stats["orig"], timing.stats["cand"]
-        ratio = speedup(orig, cand)
-        noise = math.hypot(orig.rel_stderr, cand.rel_stderr)  # relative standard error of the ratio
-        result.timings[mode] = ModeTiming(orig=orig, cand=cand, speedup=ratio, ratio_rel_stderr=noise,
-                                          info=timing.info)
-        result.roofline[mode] = roofline_entry(case.bytes, orig, cand, bandwidth)
-        floor = env.get("launch_floor_us") if mode == "graph" else None
-        why = suspect(ratio, cand.median_us, case.bytes, bandwidth, launch_floor_us=floor)
-        if why:
-            result.suspect.append(f"{mode}: {why}")
-    if "graph" in opts.modes and case.bytes > 0:
-        stats = copy_floor(case.bytes, device, budget_ms=opts.budget_ms_per_case / 4)
-        result.copy_us = stats.median_us if stats else None
+        if disk_full(res.error):
+            return {}, builds, _failure(job, "environment_error", f"building {key} failed because the disk is full: "
+                                        f"{_one_line(res.error)}", builds=builds)
+        status = "build_failed" if side == "cand" else "original_failed"
+        who = "candidate" if side == "cand" else "original"
+        return {}, builds, _failure(job, status, f"{who} failed to build ({key}): {_one_line(res.error)}",
+                                    builds=builds)
+    paths = {(side, key): str(res.so_path) for (side, key, _), res in zip(requests, results)}
+    if job.candidate_source is None:  # a self-check: the "candidate" process runs the original's module
+        paths.update({("cand", key): paths[("orig", key)] for key in variants_used(job)})
+    return paths, builds, None
 
 
 def _load_all(job: Job, cache_dir: Path) -> tuple[dict, list[dict], Verdict | None]:
-    """Build and load every module; a failure verdict instead where a build or load fails."""
-    requests = build_requests(job)
-    results = build_many([r for _, _, r in requests], cache_dir)
-    builds = [_build_summary(side, key, res) for (side, key, _), res in zip(requests, results)]
+    """Build everything and load the ORIGINAL modules only: {("orig", variant): module}."""
+    paths, builds, failure = build_all(job, cache_dir)
     modules: dict[tuple[str, str], Any] = {}
-    for (side, key, _), res in zip(requests, results):
-        who = "candidate" if side == "cand" else "original"
-        if not res.ok:
-            return modules, builds, _failure(job, "build_failed", f"{who} failed to build ({key}): "
-                                             f"{_one_line(res.error)}", builds=builds)
+    if failure is not None:
+        return modules, builds, failure
+    for key in variants_used(job):
         try:
-            modules[(side, key)] = load_module(res.so_path)
-        except Exception as error:  # an unloadable .so (undefined symbol, ...) is a build failure
-            return modules, builds, _failure(job, "build_failed", f"{who} module failed to load ({key}): "
+            modules[("orig", key)] = load_module(paths[("orig", key)])
+        except Exception as error:  # an unloadable original: nothing to compare with
+            return modules, builds, _failure(job, "original_failed", f"original module failed to load ({key}): "
                                              f"{_one_line(str(error))}", builds=builds)
-    if job.candidate_source is None:
-        modules.update({("cand", key): modules[("orig", key)] for key in variants_used(job)})
     return modules, builds, None
 
 
-def _launch(module: Any, entry: str) -> Launch:
+def _launch(module: Any, entry: str):
     function = module.get_function(entry)
     return lambda args: function(*args)
 
 
-def evaluate(job: Job, device: torch.device | str | None = None) -> Verdict:
-    """The verdict on `job.candidate_source` against the original (see the module docstring)."""
-    start = time.monotonic()
+def drop_in(job: Job, orig: dict[str, dict], cand: dict[str, dict]) -> tuple[dict, str | None, str]:
+    """Signatures per variant and export, and (status, reason) of the first drop-in failure."""
+    signatures: dict[str, dict] = {}
+    for key in variants_used(job):
+        names = _exports(job, key)
+        theirs = cand.get(key) or {}
+        signatures[key] = {name: {"orig": orig[key][name], "cand": theirs.get(name)} for name in names}
+        for name in names:
+            if orig[key][name] is None:
+                return signatures, "original_failed", f"the original module of {key} lacks export {name}"
+            if theirs.get(name) is None:
+                return signatures, "missing_export", f"candidate does not export {name} (variant {key})"
+            if theirs[name] != orig[key][name]:
+                return signatures, "signature_mismatch", f"{name}: candidate {theirs[name]} != original {orig[key][name]}"
+    return signatures, None, ""
+
+
+def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, device: torch.device,
+               reference) -> CaseResult | None:
+    """The verdict on one case from the candidate's streamed results (None: they never came)."""
+    case = job.cases[index]
+    directory = case_dir(run.work, index)
+    if not run.wait_for(directory, progress_timeout(job.options.case_timeout_s + (FIRST_CASE_EXTRA_S if index == 0 else 0.0))):
+        return None
+    result = new_result(case)
+    try:
+        manifest = read_manifest(directory, case, trials)
+        for t, trial in enumerate(trials):
+            entry = manifest["trials"][t]
+            error = trial_error(entry)
+            inputs, orig = original_outputs(launch, case, trial, device)
+            cand = None if error else read_trial(directory, t, entry, case, device)
+            judge_trial(result, case, job, trial, inputs, orig, cand, error, reference)
+            del inputs, orig, cand
+        digests = manifest["determinism"]
+        result.deterministic_cand = None if digests is None else digests[0] == digests[1]
+    except Malformed as error:
+        result.fail(f"the candidate process's results are malformed: {error}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    seed = job.options.seeds[0] if job.options.seeds else 0
+    result.deterministic_orig = deterministic(launch, case, seed, device)
+    return result
+
+
+def _device(device: torch.device | str | None) -> torch.device:
     device = torch.device(device or "cuda")
     if device.type == "cuda":
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
+    return device
+
+
+def evaluate(job: Job, device: torch.device | str | None = None) -> Verdict:
+    """The verdict on `job.candidate_source` against the original (see the module docstring)."""
+    start = time.monotonic()
+    try:
+        return _evaluate(job, _device(device), start)
+    except OriginalFailed as error:
+        return _failure(job, "original_failed", str(error))
+    except ReferenceFailed as error:
+        return _failure(job, "reference_error", str(error))
+    except OSError as error:  # the judge's own infrastructure (disk, process table, ...), not the candidate
+        why = "the disk is full" if error.errno == errno.ENOSPC else "the judge's infrastructure failed"
+        return _failure(job, "environment_error", f"{why}: {error}")
+
+
+def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
+    deadline = judge_deadline(start, job)
+    why = scan(job)
+    if why:
+        return _failure(job, "rejected_source", why)
     phases: dict[str, float] = {}
-    modules, builds, failure = _load_all(job, default_cache_dir(job))
-    signatures: dict = {}
-    if failure is None:  # a self-check compares the original with itself: it records the signatures
-        signatures, status, reason = _drop_in(job, modules)
-        if status:
-            failure = _failure(job, status, reason, builds=builds, signatures=signatures)
+    paths, builds, failure = build_all(job, default_cache_dir(job))
     phases["build_s"] = time.monotonic() - start
+
+    def done(verdict: Verdict) -> Verdict:
+        verdict.builds, verdict.phases = verdict.builds or builds, {**phases, "total_s": time.monotonic() - start}
+        return verdict
+
     if failure is not None:
-        failure.phases = {**phases, "total_s": time.monotonic() - start}
-        return failure
-    notes: list[str] = []
+        return done(failure)
+    keys = variants_used(job)
+    if job.candidate_source is not None:  # the backstop: what the built .so imports and runs at load time
+        from harness.scan import scan_shared_object
+
+        for key in keys:
+            why = scan_shared_object(paths[("orig", key)], paths[("cand", key)])
+            if why:
+                return done(_failure(job, "rejected_source", f"{key}: {why}"))
+    try:
+        modules = {key: load_module(paths[("orig", key)]) for key in keys}
+    except Exception as error:  # an unloadable original: nothing to compare with
+        return done(_failure(job, "original_failed", f"original module failed to load: {_one_line(str(error))}"))
+    orig_signatures = {key: export_signatures(modules[key], _exports(job, key)) for key in keys}
     reference = None
     if job.reference:
         try:
             reference = load_reference(job.reference)
-        except Exception as error:  # the spec's reference is broken: fall back to tolerances, say so
-            notes.append(f"reference.py not usable ({_one_line(str(error))}): compared with tolerances only")
+        except Exception as error:  # fail closed: a broken spec is not a pass with looser checks
+            return done(_failure(job, "reference_error", f"reference.py does not load: {_one_line(str(error))}"))
     mark = time.monotonic()
-    env = collect_env(device)
+    env = collect_env(device) if device.type == "cuda" else {}
     phases["env_s"] = time.monotonic() - mark
     mark = time.monotonic()
-    launches = {key: {side: _launch(modules[(side, key)], job.entry) for side in SIDES} for key in variants_used(job)}
-    results = []
-    for case in job.cases:
-        log.info("checking %s", case.id)
-        results.append(check_case(case, launches[case.variant], job, device, reference))
+    cand_so = {key: paths[("cand", key)] for key in keys}
+    trials = [trials_for(case, job.options.seeds) for case in job.cases]
+    launches = {key: _launch(modules[key], job.entry) for key in keys}
+    results: list[CaseResult] = []
+    with CandidateRun(job, "outputs", device=str(device), cand_so=cand_so, deadline=deadline,
+                      exports={key: _exports(job, key) for key in keys}, trials=trials) as run:
+        if not run.wait_for(run.work / SIGNATURES, progress_timeout(STARTUP_S)):
+            status, reason = run.failure("export signatures")
+            if status == "crashed" and run.outcome is not None and run.outcome.returncode == 1:
+                status, reason = "build_failed", f"candidate module failed to load: {reason}"
+            return done(_failure(job, status, reason))
+        try:
+            cand_signatures = read_signatures(run.work)
+        except Malformed as error:
+            return done(_failure(job, "crashed", f"candidate process: {error}"))
+        signatures, status, reason = drop_in(job, orig_signatures, cand_signatures)
+        if status:
+            return done(_failure(job, status, reason, signatures=signatures))
+        for index, case in enumerate(job.cases):
+            log.info("judging %s", case.id)
+            result = judge_case(index, run, job, trials[index], launches[case.variant], device, reference)
+            if result is None:
+                status, reason = run.failure(f"results for {case.id}")
+                return done(_failure(job, status, reason, signatures=signatures, env=env))
+            results.append(result)
+        if not run.clean_exit():
+            status, reason = run.failure("a clean exit")
+            return done(_failure(job, status, f"{reason} (after its results)", signatures=signatures, env=env))
     phases["check_s"] = time.monotonic() - mark
     mark = time.monotonic()
-    if all(r.correct for r in results):
-        for case, result in zip(job.cases, results):
-            if case.timed and result.timed:
-                log.info("timing %s", case.id)
-                time_case(result, case, launches[case.variant], job, env, device)
-                torch.cuda.empty_cache()
-    else:
+    notes: list[str] = []
+    incomplete: list[str] = []
+    timed = [case.id for case, result in zip(job.cases, results) if case.timed and result.timed]
+    if not all(r.correct for r in results):
         notes.append("timing skipped: the candidate is incorrect")
+    elif timed and job.options.modes and device.type == "cuda":
+        orig_so = {key: paths[("orig", key)] for key in keys}
+        with CandidateRun(job, "timing", device=str(device), cand_so=cand_so, orig_so=orig_so, timed=timed,
+                          deadline=deadline) as run:
+            outcome = run.finish()
+            if outcome.timed_out or not run.clean_exit():
+                status, reason = run.failure("timings")
+                return done(_failure(job, status, reason, signatures=signatures, env=env))
+            incomplete = apply_timings(run.work, job, results, env, device)
     phases["time_s"] = time.monotonic() - mark
     verdict = decide(results, list(job.options.modes), job.options.slowdown_threshold)
+    if verdict.status == "correct" and incomplete:
+        more = f" (+{len(incomplete) - 1} more)" if len(incomplete) > 1 else ""
+        verdict.status, verdict.faster, verdict.reason = "incomplete", False, incomplete[0] + more
     verdict.name, verdict.candidate_label = job.name, job.candidate_label
-    verdict.env, verdict.builds, verdict.signatures, verdict.notes = env, builds, signatures, notes
-    verdict.phases = {**phases, "total_s": time.monotonic() - start}
-    return verdict
+    verdict.env, verdict.signatures, verdict.notes = env, signatures, notes + incomplete
+    return done(verdict)

@@ -9,8 +9,16 @@ Random draws use a generator seeded from (case id, argument name, seed) through 
 seed gives the same data in every process and different arguments get different data. Floating
 values are drawn in float32 (float64 for float64 tensors) and then cast, which is how float8 tensors
 are made; casts to a float8 type clamp to its finite range first (e4m3fn has no infinity, so an
-out-of-range value would become NaN). The `large` trial multiplies normal and uniform float tensors by
-`init["large"]` (default 64): mixed signs come from the distribution itself.
+out-of-range value would become NaN).
+
+Trials (`trial=`, the judge picks the list, both processes generate the same data from (case, seed,
+trial)): "seed" draws as specified; "large" multiplies normal and uniform float tensors by
+`init["large"]` (default 64): mixed signs come from the distribution itself; "small" multiplies them
+by `init["small"]` (default 1e-4), so a candidate that changes an epsilon or a clamp differs from the
+original; "extreme" (float16, bfloat16, float32, float64 only) keeps the draw's signs but gives every
+element a magnitude from a deterministic mix of subnormals, the smallest normals and, for float16 whose
+whole range is reachable from float32 arithmetic, values near its largest finite value (the range of
+bfloat16, float32 and float64 reaches float32's own overflow, so there they stay at the drawn scale).
 
 The harness never fills an input with zeros on its own (zeros hide unwritten outputs and wrong
 indexing); a spec may still ask for `const` 0 explicitly.
@@ -26,6 +34,9 @@ import torch
 from harness.job import ArgSpec, Case
 
 DEFAULT_LARGE = 64.0
+DEFAULT_SMALL = 1e-4
+TRIALS = ("seed", "large", "small", "extreme")
+_EXTREME_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _RANDOM_FLOAT_DISTS = ("normal", "uniform")
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -65,7 +76,24 @@ def _cast_float(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return values.to(dtype)
 
 
-def make_tensor(arg: ArgSpec, gen: torch.Generator, device: torch.device, large: bool = False) -> torch.Tensor:
+def _extreme(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Signs of `values`; magnitudes cycling through subnormal, smallest-normal, drawn and (float16 only)
+    near-overflow values, by element index (deterministic, so both processes agree)."""
+    info = torch.finfo(dtype)
+    flat = values.reshape(-1)
+    index = torch.arange(flat.numel(), device=flat.device) % 4
+    sign = torch.where(flat < 0, -1.0, 1.0).to(flat.dtype)
+    frac = flat.abs().remainder(1.0) + 0.5  # in [0.5, 1.5): varied but bounded
+    tiny = torch.full_like(flat, info.tiny)
+    huge = torch.full_like(flat, info.max / 2 if dtype == torch.float16 else 1.0)
+    magnitude = torch.stack([tiny * frac / 8, tiny * frac * 2, flat.abs(), huge * frac / 1.5 if dtype ==
+                             torch.float16 else flat.abs()], dim=0)
+    picked = magnitude.gather(0, index.unsqueeze(0)).squeeze(0)
+    return (sign * picked).reshape(values.shape)
+
+
+def make_tensor(arg: ArgSpec, gen: torch.Generator, device: torch.device, large: bool = False,
+                trial: str = "seed") -> torch.Tensor:
     """One tensor argument drawn from `arg.init` (see the module docstring)."""
     dtype = torch_dtype(arg.dtype)
     shape = tuple(int(d) for d in arg.shape)
@@ -100,8 +128,16 @@ def make_tensor(arg: ArgSpec, gen: torch.Generator, device: torch.device, large:
         values = torch.full(shape, init["value"], device=device, dtype=work if is_float(dtype) else torch.int64)
     else:
         raise ValueError(f"{arg.name}: unknown init dist {dist!r}")
-    if large and dist in _RANDOM_FLOAT_DISTS and is_float(dtype):
-        values = values * float(init.get("large", DEFAULT_LARGE))
+    trial = "large" if large else trial
+    if trial not in TRIALS:
+        raise ValueError(f"unknown trial {trial!r}")
+    if dist in _RANDOM_FLOAT_DISTS and is_float(dtype):
+        if trial == "large":
+            values = values * float(init.get("large", DEFAULT_LARGE))
+        elif trial == "small":
+            values = values * float(init.get("small", DEFAULT_SMALL))
+        elif trial == "extreme" and dtype in _EXTREME_DTYPES:
+            values = _extreme(values, dtype)
     if dtype == torch.bool:
         return (values != 0).contiguous()
     if is_float(dtype):
@@ -109,15 +145,17 @@ def make_tensor(arg: ArgSpec, gen: torch.Generator, device: torch.device, large:
     return values.to(dtype).contiguous()
 
 
-def make_inputs(case: Case, seed: int, device: torch.device | str, large: bool = False) -> dict[str, Any]:
-    """Every argument of `case` by name: tensors drawn for `seed`, scalars and strings as given."""
+def make_inputs(case: Case, seed: int, device: torch.device | str, large: bool = False,
+                trial: str = "seed") -> dict[str, Any]:
+    """Every argument of `case` by name: tensors drawn for (`seed`, `trial`), scalars and strings as given.
+    `large=True` is `trial="large"`."""
     device = torch.device(device)
     inputs: dict[str, Any] = {}
     for arg in case.args:
         if arg.kind == "tensor" and arg.alias:
             inputs[arg.name] = inputs[arg.alias]  # the very same tensor: an in-place call
         elif arg.kind == "tensor":
-            inputs[arg.name] = make_tensor(arg, _generator(device, _seed_for(case, arg, seed)), device, large)
+            inputs[arg.name] = make_tensor(arg, _generator(device, _seed_for(case, arg, seed)), device, large, trial)
         elif arg.kind in ("scalar", "string"):
             if arg.value is None:
                 raise ValueError(f"{arg.name}: {arg.kind} argument without a value")
@@ -136,6 +174,19 @@ def has_large_trial(case: Case) -> bool:
         if init.get("dist", "normal") in _RANDOM_FLOAT_DISTS and float(init.get("large", DEFAULT_LARGE)) != 1.0:
             return True
     return False
+
+
+def has_small_trial(case: Case) -> bool:
+    """Whether a `small` trial changes anything: a normal/uniform float tensor with a factor != 1."""
+    return any(arg.kind == "tensor" and is_float(torch_dtype(arg.dtype))
+               and (arg.init or {}).get("dist", "normal") in _RANDOM_FLOAT_DISTS
+               and float((arg.init or {}).get("small", DEFAULT_SMALL)) != 1.0 for arg in case.args)
+
+
+def has_extreme_trial(case: Case) -> bool:
+    """Whether an `extreme` trial applies: a normal/uniform tensor of float16/bfloat16/float32/float64."""
+    return any(arg.kind == "tensor" and torch_dtype(arg.dtype) in _EXTREME_DTYPES
+               and (arg.init or {}).get("dist", "normal") in _RANDOM_FLOAT_DISTS for arg in case.args)
 
 
 def clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Running a harness command in its own process group, and reading what it left behind.
 
-Shared by `harness.worker` (one job per process) and `harness.sanitizer` (the same under
-compute-sanitizer). Output goes to files, never pipes: a hung grandchild holding a pipe open
+Shared by `harness.worker` (one judge per job), `harness.evaluate` (the judge's candidate process, with
+a scrubbed environment: `scrub_env`) and `harness.sanitizer` (the candidate under compute-sanitizer). Output goes to files, never pipes: a hung grandchild holding a pipe open
 cannot block us, and results never come from stdout (the verdict file is the only channel).
 """
 
@@ -65,26 +65,110 @@ def kill_group(pgid: int) -> None:
         return  # empty, or the id now names a group we do not own: nothing of ours is left in it
 
 
-def run_isolated(command: list[str], *, timeout_s: float, env: dict[str, str], cwd: str | Path) -> ProcessOutcome:
-    """Run `command` in a new process group, stdout/stderr to `cwd`/{stdout,stderr}.log.
+class Isolated:
+    """A command started in a new process group, stdout/stderr to `logs`/{stdout,stderr}.log (default:
+    `cwd`), `stdin_data` (bytes) written to its stdin and closed, else stdin is /dev/null.
+
+    `poll()` says whether it ended; `finish(timeout_s)` waits at most that long, kills the whole group
+    (SIGKILL: a process stuck in a CUDA call ignores SIGTERM) whatever the end, and returns the
+    ProcessOutcome (returncode None when it had to be killed for time). With `die_with_parent` the
+    child gets SIGKILL when the thread that started it dies (Linux PR_SET_PDEATHSIG)."""
+
+    def __init__(self, command: list[str], *, env: dict[str, str], cwd: str | Path, logs: str | Path | None = None,
+                 stdin_data: bytes | None = None, die_with_parent: bool = False) -> None:
+        self.cwd, self.logs = Path(cwd), Path(logs or cwd)
+        self.start = time.monotonic()
+        self._out = open(self.logs / "stdout.log", "wb")
+        self._err = open(self.logs / "stderr.log", "wb")
+        stdin = subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL
+        self.proc = subprocess.Popen(command, cwd=self.cwd, env=env, stdin=stdin, stdout=self._out, stderr=self._err,
+                                     start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None)
+        if stdin_data is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(stdin_data)
+                self.proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass  # it exited before reading: its exit status says why
+
+    def poll(self) -> bool:
+        """True once the process has exited."""
+        return self.proc.poll() is not None
+
+    def finish(self, timeout_s: float) -> ProcessOutcome:
+        try:
+            returncode: int | None = self.proc.wait(timeout=max(timeout_s, 0.001))
+        except subprocess.TimeoutExpired:
+            returncode = None
+        finally:
+            kill_group(self.proc.pid)
+            self.proc.wait()
+            self._out.close()
+            self._err.close()
+        return ProcessOutcome(returncode, time.monotonic() - self.start, read_text(self.logs / "stdout.log"),
+                              read_text(self.logs / "stderr.log"))
+
+    def kill(self) -> ProcessOutcome:
+        """Kill the group now and collect the outcome (returncode None: killed by us)."""
+        kill_group(self.proc.pid)
+        outcome = self.finish(5.0)
+        return ProcessOutcome(None, outcome.seconds, outcome.stdout, outcome.stderr)
+
+
+def _resolve_prctl():
+    """libc's prctl, resolved in the parent (nothing may be imported between fork and exec), or None."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None  # not Linux: the group kill and the timeouts still bound the child
+
+
+_PRCTL = _resolve_prctl()
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec: one C call, no imports
+    if _PRCTL is not None:
+        _PRCTL(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
+def run_isolated(command: list[str], *, timeout_s: float, env: dict[str, str], cwd: str | Path,
+                 stdin_data: bytes | None = None) -> ProcessOutcome:
+    """Run `command` in a new process group, stdout/stderr to `cwd`/{stdout,stderr}.log, `stdin_data`
+    (when given) on its stdin, else /dev/null.
 
     On timeout the group gets SIGKILL at once (a process stuck in a CUDA call ignores SIGTERM).
     Whatever the end, the group is killed afterwards so no grandchild outlives the command.
     """
-    cwd = Path(cwd)
-    start = time.monotonic()
-    with open(cwd / "stdout.log", "wb") as out, open(cwd / "stderr.log", "wb") as err:
-        proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True)
-        try:
-            returncode: int | None = proc.wait(timeout=max(timeout_s, 0.001))
-        except subprocess.TimeoutExpired:
-            returncode = None
-        finally:
-            kill_group(proc.pid)
-            proc.wait()
-    seconds = time.monotonic() - start
-    return ProcessOutcome(returncode, seconds, read_text(cwd / "stdout.log"), read_text(cwd / "stderr.log"))
+    return Isolated(command, env=env, cwd=cwd, stdin_data=stdin_data).finish(timeout_s)
+
+
+# The candidate's environment: an allow-list, then a deny-list on top of it (secrets never pass).
+_KEEP_NAMES = frozenset({"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "LANG", "CUDA_VISIBLE_DEVICES"})
+_KEEP_PREFIXES = ("CUDA_", "NVIDIA_", "LC_", "PYTORCH_", "ASTRA_TIMING_")
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+_SECRET_PREFIXES = ("OPENAI_", "ANTHROPIC_", "AWS_", "HF_", "ASTRA_")
+_NEEDED_ASTRA = ("ASTRA_TIMING_PAUSE_GC", "ASTRA_TIMING_KEEP_BUSY_US")  # timing diagnostics, no secrets
+
+
+def is_secret(name: str) -> bool:
+    """Whether a variable must never reach candidate code (by its name; see `scrub_env`)."""
+    upper = name.upper()
+    if upper in _NEEDED_ASTRA:
+        return False
+    return any(word in upper for word in _SECRET_WORDS) or upper.startswith(_SECRET_PREFIXES)
+
+
+def scrub_env(env: dict[str, str], home: str | Path) -> dict[str, str]:
+    """The environment of a candidate process: only what CUDA and torch need (PATH, LD_LIBRARY_PATH,
+    CUDA_*, NVIDIA_*, CUDA_VISIBLE_DEVICES, PYTHONPATH with this package first, PYTHONUNBUFFERED, LANG,
+    LC_*, PYTORCH_*, the ASTRA_TIMING_* diagnostics), never a name that holds KEY, TOKEN, SECRET, PASSWORD
+    or CREDENTIAL or starts with OPENAI_, ANTHROPIC_, AWS_, HF_ or ASTRA_; HOME and TMPDIR are `home`."""
+    kept = {k: v for k, v in env.items()
+            if (k in _KEEP_NAMES or k.startswith(_KEEP_PREFIXES)) and not is_secret(k)}
+    kept = harness_env(kept)
+    kept["HOME"] = kept["TMPDIR"] = str(home)
+    return kept
 
 
 def read_text(path: Path) -> str:

@@ -1,16 +1,15 @@
 """compute-sanitizer over a job's smallest cases: out-of-bounds accesses (memcheck), shared-memory races
 (racecheck), each found by running the real kernels under the tool.
 
-`sanitize(job)` runs, once per tool,
+`sanitize(job)` runs, once per tool, the judge (`python -m harness run small-job.json`, in its own
+process group, killed past `timeout_s`) with the prefix
 
     compute-sanitizer --tool T --error-exitcode 99 --print-limit 20 --log-file LOG ...
-        python -m harness run small-job.json --out verdict.json
 
-in its own process group (killed past `timeout_s`), where the small job keeps the
-`options.sanitizer_max_cases` smallest cases by bytes, one seed, no timing (`modes=[]`) and no nested
-sanitizer. The worker evaluates as usual, so both the candidate and the original (the oracle) run under
-the tool: a finding in a kernel the two share by name cannot be told apart here; run `sanitize` on the
-original's job (`candidate_source=None`) for a baseline. torch's own kernels run under the tool too.
+in its private config (harness.channel), so the judge starts its CANDIDATE process under the tool:
+the candidate's code is what runs under it (the original runs in the judge, outside it). The small job
+keeps the `options.sanitizer_max_cases` smallest cases by bytes, one seed, no timing (`modes=[]`) and
+no nested sanitizer. torch's own kernels in the candidate process run under the tool too.
 
 What each tool can see:
 - memcheck: invalid global/shared/local accesses, misaligned accesses, hardware exceptions. torch's
@@ -24,7 +23,8 @@ What each tool can see:
 Findings come from the tool's log file (its "=========" lines), never from the worker's stdout.
 `ok` means "no findings"; `skipped` says why nothing (or not everything) could be checked:
 compute-sanitizer missing, a tool that ran out of time, or a worker that failed under a tool without
-any access error (each inconclusive, not a finding).
+any access error (each inconclusive, not a finding). `unavailable` repeats `skipped` when it is set:
+`harness.worker.verify_job` turns it into "sanitizer_unavailable" (fail closed, never a pass).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.channel import run_judge, verify
 from harness.job import Job
 from harness.process import (
     ProcessOutcome,
@@ -43,7 +44,6 @@ from harness.process import (
     harness_env,
     read_json_object,
     read_text,
-    run_isolated,
     tail,
     telling_line,
 )
@@ -156,33 +156,35 @@ def error_count(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def sanitizer_command(exe: str, tool: str, log: Path, python: str, job_path: Path, out_path: Path) -> list[str]:
-    """The compute-sanitizer command line for one tool."""
+def sanitizer_prefix(exe: str, tool: str, log: Path) -> list[str]:
+    """The compute-sanitizer command prefix for one tool (the candidate command follows it)."""
     command = [exe, "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE), "--print-limit", str(PRINT_LIMIT),
                "--log-file", str(log), "--launch-timeout", "0"]
     if tool == "memcheck":
         command += ["--padding", str(PADDING_BYTES), "--report-api-errors", "no"]
-    return command + [python, "-m", "harness", "run", str(job_path), "--out", str(out_path)]
+    return command
 
 
 def run_tool(exe: str, tool: str, job: Job, *, timeout_s: float, python: str, env: dict[str, str]) -> dict:
-    """One tool over the small job: {tool, returncode, seconds, timed_out, inconclusive, findings, warnings,
-    errors, verdict_status, verdict_reason, stderr_tail}."""
+    """One tool over the small job's candidate process: {tool, returncode, seconds, timed_out, inconclusive,
+    findings, warnings, errors, verdict_status, verdict_reason, stderr_tail}."""
     with tempfile.TemporaryDirectory(prefix=f"astra-{tool}-") as tmp:
-        job_path, out_path, log = Path(tmp) / "job.json", Path(tmp) / "verdict.json", Path(tmp) / "sanitizer.log"
-        job_path.write_text(job.to_json())
-        command = sanitizer_command(exe, tool, log, python, job_path, out_path)
-        outcome = run_isolated(command, timeout_s=timeout_s, env=env, cwd=tmp)
+        log = Path(tmp) / "sanitizer.log"
+        outcome, out_path, key = run_judge(job.to_json(), tmp, timeout_s=timeout_s, python=python, env=env,
+                                           wrap=sanitizer_prefix(exe, tool, log), wrap_exitcode=ERROR_EXITCODE)
         text = read_text(log)
         verdict = read_json_object(out_path) or {}
+    if verdict and not verify(verdict, key):
+        verdict = {"status": "crashed", "reason": "verdict signature invalid"}
     parsed = parse_report(text, tool)
     findings = [f for f in parsed if f["kind"] not in NOT_FINDINGS]
-    if outcome.returncode == ERROR_EXITCODE and not parsed:  # errors, but no line we could read
-        findings.append({"tool": tool, "kind": "other", "kernel": None,
+    if not parsed and (outcome.returncode == ERROR_EXITCODE or "exited with status 99" in str(verdict.get("reason"))):
+        findings.append({"tool": tool, "kind": "other", "kernel": None,  # errors, but no line we could read
                          "message": f"{tool} reported errors (exit {ERROR_EXITCODE}) that could not be parsed: "
                                     + clip(tail(text, 5), 200)})
+    timed_out = outcome.timed_out or (verdict.get("status") == "timeout" and not findings)
     return {"tool": tool, "returncode": outcome.returncode, "seconds": round(outcome.seconds, 3),
-            "timed_out": outcome.timed_out, "inconclusive": _inconclusive(tool, findings, verdict, outcome),
+            "timed_out": timed_out, "inconclusive": _inconclusive(tool, findings, verdict, outcome),
             "findings": findings, "warnings": [f for f in parsed if f["kind"] in NOT_FINDINGS],
             "errors": error_count(text), "verdict_status": verdict.get("status"),
             "verdict_reason": verdict.get("reason"), "stderr_tail": tail(outcome.stderr, 10)}
@@ -190,7 +192,7 @@ def run_tool(exe: str, tool: str, job: Job, *, timeout_s: float, python: str, en
 
 def _inconclusive(tool: str, findings: list[dict], verdict: dict, outcome: ProcessOutcome) -> str | None:
     """Why a run without findings proves nothing: the worker failed under the tool (None otherwise)."""
-    if findings or outcome.timed_out or verdict.get("status") not in (None, "crashed", "timeout"):
+    if findings or outcome.timed_out or verdict.get("status") not in (None, "crashed"):
         return None
     why = verdict.get("reason") or telling_line(outcome.stderr) or describe_exit(outcome.returncode or 0)
     return f"{tool}: the worker failed under the tool without an access error: {clip(why, 200)}"
@@ -205,8 +207,8 @@ def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float 
     """
     exe = sanitizer_path()
     if exe is None:
-        return {"findings": [], "ok": True, "skipped": "compute-sanitizer not found on PATH or in $CUDA_HOME/bin",
-                "runs": []}
+        missing = "compute-sanitizer not found on PATH or in $CUDA_HOME/bin"
+        return {"findings": [], "ok": True, "skipped": missing, "unavailable": missing, "runs": []}
     run_env = harness_env(env)
     run_env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     small = small_job(job)
@@ -215,4 +217,5 @@ def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float 
     timed_out = [run["tool"] for run in runs if run["timed_out"]]
     notes = [f"{', '.join(timed_out)} did not finish within {timeout_s:g} s (inconclusive)"] if timed_out else []
     notes += [run["inconclusive"] for run in runs if run["inconclusive"]]
-    return {"findings": findings, "ok": not findings, "skipped": "; ".join(notes) or None, "runs": runs}
+    skipped = "; ".join(notes) or None
+    return {"findings": findings, "ok": not findings, "skipped": skipped, "unavailable": skipped, "runs": runs}

@@ -1,7 +1,8 @@
 """Source-side inputs of a build: the generated wrapper, content digests, and the candidate overlay.
 
 An overlay is a mirror of one root (csrc or an include dir) as real directories of symlinked files, in
-which the overridden files are real files holding the candidate's text. Quoted includes resolve relative
+which the overridden files are real files holding the candidate's text (and every directory on the way to
+one is a real directory of the overlay: nothing is written through a symlink into a source tree). Quoted includes resolve relative
 to the including file's path as written (not its symlink target), so a candidate's siblings resolve to
 the originals and an original that includes the overridden file gets the candidate.
 """
@@ -93,8 +94,41 @@ def override_targets(overrides: dict[str, str], roots: list[str]) -> dict[int, d
     return targets
 
 
+def _link_entries(source_dir: str, target_dir: Path) -> None:
+    """Symlink every entry of `source_dir` (files and directories alike) into the real `target_dir`."""
+    for name in sorted(os.listdir(source_dir)):
+        os.symlink(os.path.join(source_dir, name), target_dir / name)
+
+
+def _materialise_parents(dest: Path, rel: str) -> Path:
+    """Make every directory on the way to `dest/rel` a real directory of `dest` (a symlinked directory
+    becomes a real one holding symlinks to its entries) and return the file's path in `dest`."""
+    current = dest
+    for part in Path(rel).parts[:-1]:
+        current = current / part
+        if current.is_symlink():
+            source = os.readlink(current)
+            current.unlink()
+            current.mkdir()
+            if os.path.isdir(source):
+                _link_entries(source, current)
+        elif not current.exists():
+            current.mkdir()
+    return current / Path(rel).name
+
+
+def _inside(path: Path, root: Path) -> bool:
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    return real == base or real.startswith(base + os.sep)
+
+
 def _mirror(root: Path, dest: Path, replacements: dict[str, str]) -> None:
-    """Recreate `root` under `dest` as real directories of symlinked files, then write replacements."""
+    """Recreate `root` under `dest` as real directories of symlinked files, then write replacements.
+
+    Contract: nothing is ever written through a symlink. Every directory on the path to a replaced file
+    is materialised as a real directory of the overlay, the file's own symlink is removed, and the path
+    is checked (os.path.realpath) to lie inside the overlay before the text is written.
+    """
     for dirpath, dirnames, filenames in os.walk(root):
         target_dir = dest / os.path.relpath(dirpath, root)
         target_dir.mkdir(parents=True, exist_ok=True)
@@ -102,10 +136,13 @@ def _mirror(root: Path, dest: Path, replacements: dict[str, str]) -> None:
         for name in filenames + linked_dirs:  # os.walk does not descend into symlinked directories
             os.symlink(os.path.join(dirpath, name), target_dir / name)
     for rel, text in replacements.items():
-        path = dest / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.isabs(rel) or ".." in Path(rel).parts:
+            raise BuildFailure(f"override path {rel!r} must be relative and stay inside its root")
+        path = _materialise_parents(dest, rel)
         if path.is_symlink():
             path.unlink()
+        if not _inside(path.parent, dest) or (path.exists() and not _inside(path, dest)):
+            raise BuildFailure(f"override {rel!r} would be written outside the overlay")
         path.write_text(text)
 
 

@@ -1,10 +1,14 @@
-"""One job, one process: run `python -m harness run` in its own process group and collect its verdict.
+"""One job, one judge: run `python -m harness run` in its own process group and collect its verdict.
 
 A candidate kernel that faults, aborts or hangs must never take the caller down with it, so every job
-runs in a fresh interpreter started in a new process group (`harness.process.run_isolated`):
+runs in a fresh interpreter started in a new process group (`harness.process.run_isolated`): the
+JUDGE (harness.evaluate), which never loads candidate code itself but runs it in a candidate process
+of its own with a scrubbed environment (harness.candidate_run).
 
-- results travel only through the verdict file the worker writes (tmp + rename); stdout and stderr
+- results travel only through the verdict file the judge writes (tmp + rename); stdout and stderr
   are kept for the reason of a failure, never parsed for results;
+- a random HMAC key goes to the judge on its stdin (harness.channel); a verdict without a valid
+  signature (written by something other than the judge) becomes "crashed";
 - past `timeout_s` the whole group is killed with SIGKILL (grandchildren included, unless they left
   the group with setsid) and the verdict is "timeout";
 - a worker that dies by a signal, or exits non-zero without a verdict, gives "crashed" with the most
@@ -22,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.channel import run_judge, verify
 from harness.job import Job
 from harness.process import (
     EVALUATE_ENV,
@@ -29,7 +34,6 @@ from harness.process import (
     describe_exit,
     harness_env,
     read_json_object,
-    run_isolated,
     tail,
     telling_line,
 )
@@ -38,6 +42,7 @@ from harness.verdict import STATUSES, Verdict
 
 __all__ = ["EVALUATE_ENV", "FAILURE_STATUSES", "collect_verdict", "failure_verdict", "run_job", "verify_job"]
 FAILURE_STATUSES = frozenset(STATUSES) - {"correct"}
+FORGED = "verdict signature invalid (the verdict file was written by something other than the judge)"
 
 
 def failure_verdict(job: Job, status: str, reason: str, outcome: ProcessOutcome | None = None) -> dict:
@@ -53,11 +58,13 @@ def worker_info(outcome: ProcessOutcome) -> dict:
             "stderr_tail": tail(outcome.stderr)}
 
 
-def collect_verdict(job: Job, out_path: Path, outcome: ProcessOutcome, timeout_s: float) -> dict:
+def collect_verdict(job: Job, out_path: Path, outcome: ProcessOutcome, timeout_s: float,
+                    key: bytes | None = None) -> dict:
     """Turn a finished worker (its verdict file, exit status, stderr) into one verdict dict.
 
     A verdict file written before a non-zero exit is kept, but a passing status in it becomes
-    "crashed": a worker that dies after judging may have judged in a corrupted CUDA context.
+    "crashed": a worker that dies after judging may have judged in a corrupted CUDA context. With
+    `key`, a verdict whose signature does not verify becomes "crashed" (`FORGED`).
     """
     if outcome.timed_out:
         last = telling_line(outcome.stderr)
@@ -74,7 +81,11 @@ def collect_verdict(job: Job, out_path: Path, outcome: ProcessOutcome, timeout_s
         else:
             reason = f"worker {exit_text}" + (f": {line}" if line else "")
         return failure_verdict(job, "crashed", reason, outcome)
+    signed = key is None or verify(verdict, key)
+    verdict.pop("signature", None)
     verdict["worker"] = worker_info(outcome)
+    if outcome.returncode == 0 and not signed:
+        return failure_verdict(job, "crashed", FORGED, outcome)
     if outcome.returncode != 0 and verdict.get("status") not in FAILURE_STATUSES:
         verdict.update(status="crashed", correct=False, faster=False,
                        reason=f"worker {exit_text} after writing its verdict" + (f": {line}" if line else ""))
@@ -88,19 +99,18 @@ def run_job(job: Job, *, timeout_s: float, python: str = sys.executable, env: di
     the worker (the directory holding this `harness` package still goes first on PYTHONPATH).
     """
     with tempfile.TemporaryDirectory(prefix="astra-job-") as tmp:
-        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "verdict.json"
-        job_path.write_text(job.to_json())
-        command = [python, "-m", "harness", "run", str(job_path), "--out", str(out_path)]
-        outcome = run_isolated(command, timeout_s=timeout_s, env=harness_env(env), cwd=tmp)
-        return Verdict.from_dict(collect_verdict(job, out_path, outcome, timeout_s))
+        outcome, out_path, key = run_judge(job.to_json(), tmp, timeout_s=timeout_s, python=python,
+                                           env=harness_env(env))
+        return Verdict.from_dict(collect_verdict(job, out_path, outcome, timeout_s, key))
 
 
 def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0,
                tools: tuple[str, ...] = DEFAULT_TOOLS, python: str = sys.executable,
                env: dict[str, str] | None = None) -> Verdict:
-    """`run_job`, then, for a "correct" verdict with `options.sanitizer`, compute-sanitizer (`tools`) on
-    its smallest cases (`harness.sanitizer.sanitize`). Findings turn the verdict into "sanitizer";
-    the report (findings, or why it was skipped) is kept as the verdict's `sanitizer`.
+    """`run_job`, then, for a "correct" verdict with `options.sanitizer`, compute-sanitizer (`tools`) over
+    the candidate process on its smallest cases (`harness.sanitizer.sanitize`). Findings turn the verdict
+    into "sanitizer"; a tool that is missing, ran out of time or could not conclude turns it into
+    "sanitizer_unavailable" (fail closed: not a pass). The report is kept as the verdict's `sanitizer`.
     """
     verdict = run_job(job, timeout_s=timeout_s, python=python, env=env)
     if verdict.status != "correct" or not job.options.sanitizer:
@@ -112,4 +122,7 @@ def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0
         more = len(report["findings"]) - 1
         verdict.status, verdict.correct, verdict.faster = "sanitizer", False, False
         verdict.reason = f"{first['tool']}: {first['message']}" + (f" (+{more} more)" if more else "")
+    elif report.get("unavailable"):
+        verdict.status, verdict.correct, verdict.faster = "sanitizer_unavailable", False, False
+        verdict.reason = f"compute-sanitizer asked for but not conclusive: {report['unavailable']}"
     return verdict

@@ -31,12 +31,15 @@ MODEL = "test-model"
 
 @dataclass
 class Step:
-    """One scripted answer: a status, a body and headers, after `delay_s` seconds."""
+    """One scripted answer: a status, a body and headers, after `delay_s` seconds. `raw`, when given,
+    is sent as the body byte for byte (an HTML error page, garbage) with `content_type`."""
 
     status: int = 200
-    body: dict[str, Any] = field(default_factory=dict)
+    body: Any = field(default_factory=dict)  # any JSON value: a proxy may answer a list or a string
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    raw: bytes | None = None
+    content_type: str = "application/json"
 
 
 def reply(text: str, prompt_tokens: int = 10, completion_tokens: int = 5, *, delay_s: float = 0.0) -> Step:
@@ -47,6 +50,23 @@ def reply(text: str, prompt_tokens: int = 10, completion_tokens: int = 5, *, del
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     }, delay_s=delay_s)
+
+
+def raw(body: bytes, content_type: str = "text/html", status: int = 200) -> Step:
+    """A body sent as is: what a misconfigured proxy or a non-OpenAI server answers."""
+    return Step(status, raw=body, content_type=content_type)
+
+
+def completion(**fields: Any) -> Step:
+    """A chat completion whose fields are replaced by `fields` (e.g. `choices="lol"`)."""
+    base = reply("x").body
+    return Step(200, {**base, **fields})
+
+
+def echo_key(text: str) -> Step:
+    """A reply whose text has `{key}` replaced by the API key the request carried (an endpoint that
+    echoes secrets), filled in when the request arrives."""
+    return Step(200, reply(text).body, headers={"x-echo-key": "1"})
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None, code: str | None = None) -> Step:
@@ -111,7 +131,12 @@ class LLMServer:
                 return error(404, f"The model `{model}` does not exist.", code="model_not_found")
             if not self.script:
                 return error(400, "llm_server: script exhausted (push more steps)")
-            return self.script.pop(0)
+            step = self.script.pop(0)
+            if step.headers.get("x-echo-key"):
+                key = (headers.get("authorization") or "").removeprefix("Bearer ")
+                body = json.loads(json.dumps(step.body).replace("{key}", key))
+                step = Step(step.status, body, {}, step.delay_s)
+            return step
 
 
 def _handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
@@ -127,10 +152,10 @@ def _handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             step = server.answer(self.command, self.path, headers, body)
             if step.delay_s:
                 time.sleep(step.delay_s)
-            data = json.dumps(step.body).encode()
+            data = step.raw if step.raw is not None else json.dumps(step.body).encode()
             try:
                 self.send_response(step.status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", step.content_type)
                 self.send_header("Content-Length", str(len(data)))
                 for name, value in step.headers.items():
                     self.send_header(name, value)

@@ -6,10 +6,18 @@ patches) that turns arguments into typed options, calls the library, and prints.
 
 from __future__ import annotations
 
+import errno
 import sys
 
 from astra.cli.parser import build_parser
-from astra.errors import AstraError
+from astra.errors import AstraError, SpecError
+
+
+def _message(err: AstraError) -> str:
+    """The error as the user reads it: a spec with one problem is one line."""
+    if isinstance(err, SpecError) and len(err.problems) == 1:
+        return f"{err.path}: {err.problems[0]}"
+    return str(err)
 
 
 def _handlers() -> dict:
@@ -35,10 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(_handlers()[args.command](args) or 0)
     except AstraError as err:
-        print(f"astra {args.command}: {err}", file=sys.stderr)
+        print(f"astra {args.command}: {_message(err)}", file=sys.stderr)
         return err.exit_code
     except BrokenPipeError:
         return 0
+    except MemoryError:
+        print(f"astra {args.command}: out of memory", file=sys.stderr)
+        return 15
+    except OSError as err:  # the machine, not the input: a full disk, a read-only home, too many files
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"astra {args.command}: {err.strerror or err}{where}", file=sys.stderr)
+        return 15 if err.errno in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT, errno.EROFS, errno.EMFILE) else 12
     except KeyboardInterrupt:
         print(f"astra {args.command}: interrupted", file=sys.stderr)
         return 130

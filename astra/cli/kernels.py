@@ -6,10 +6,10 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from astra.cli.common import tree, write_text
+from astra.cli.common import check_output, check_output_dir, tree, write_text
 from astra.errors import AstraError, ToolMissing
 from astra.report import table
-from astra.sglang import registry
+from astra.sglang import discovery, registry
 from astra.spec import builds, extract, jobs
 from astra.spec import model as spec_mod
 
@@ -34,6 +34,8 @@ def cmd_list(args) -> int:
         counts[m.sm90a] = counts.get(m.sm90a, 0) + 1
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     print(f"\n{len(mods)} JIT modules in {t.describe()}  [{summary}]")
+    for skipped in discovery.unparsable(t):
+        print(f"skipped {skipped.file}: {skipped.error}")
     if counts.get("yes"):
         print("sm_90a 'yes' is a static judgement (sources, guards, dependencies); 'built' means `astra build` "
               "compiled it here. `astra build --all` turns the first into the second.")
@@ -54,17 +56,18 @@ def cmd_spec_check(args) -> int:
     for name in names:
         try:
             spec = spec_mod.load(name)
+            case_list, variants = jobs.cases(spec)
         except AstraError as err:
             failed += 1
             print(f"FAIL {name}: {err}")
             continue
-        case_list, variants = jobs.cases(spec)
         print(f"ok   {name}: {len(case_list)} cases ({sum(c.timed for c in case_list)} timed), "
               f"{len(variants)} build variant(s), dtypes {', '.join(spec.dtypes)}")
     return 1 if failed else 0
 
 
 def cmd_extract(args) -> int:
+    check_output_dir(args.out, "--out")
     result = extract.extract(tree(args), args.name, out_dir=Path(args.out) if args.out else None)
     print(f"spec draft: {result.draft}")
     print(f"snapshot:   {result.snapshot} ({len(result.files)} files)")
@@ -93,12 +96,16 @@ def cmd_parse_check(args) -> int:
 def cmd_build(args) -> int:
     from harness import BuildFailure, format_table, nvcc_path
 
+    bad = [kv for kv in args.set if "=" not in kv or not kv.split("=", 1)[0].strip()]
+    if bad:
+        raise AstraError(f"--set {bad[0]!r}: give NAME=VALUE, e.g. --set kWarpsPerBlock=8")
+    opts = builds.BuildOptions(arch=args.arch, variant=args.variant, jobs=args.jobs,
+                               overrides=dict(kv.split("=", 1) for kv in args.set))
+    check_output(args.json)
     try:
         nvcc_path()
     except BuildFailure as err:
         raise ToolMissing(str(err)) from None
-    opts = builds.BuildOptions(arch=args.arch, variant=args.variant, jobs=args.jobs,
-                               overrides=dict(kv.split("=", 1) for kv in args.set if "=" in kv))
     arch = builds.arch_of(opts.arch)
     t = tree(args)
     mismatch = builds.tvm_ffi_mismatch(t)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import time
 
-from astra.cli.common import tree_for_spec, write_text
+from astra.cli.common import check_output, tree_for_spec, write_text
 from astra.errors import AstraError
 from astra.optimize.evaluation import run_eval
 from astra.optimize.rundir import RunDir
 from astra.optimize.session import OptimizeOptions, emit_best_patch, run_optimize
 from astra.report import run_text, table
+from astra.report.safe_text import one_line
 from astra.spec import model as spec_mod
 
 
@@ -27,14 +28,14 @@ def _printer(kind: str, data: dict) -> None:
     if kind == "baseline":
         print(f"[{stamp}] timing the original against itself (baseline profile)", flush=True)
     elif kind == "candidate":
-        rationale = data.get("rationale") or ""
-        print(f"[{stamp}] #{data['n']:03d} {data['description']}" + (f"  [{rationale}]" if rationale else ""),
-              flush=True)
+        rationale = one_line(data.get("rationale") or "", 200)
+        print(f"[{stamp}] #{data['n']:03d} {one_line(data['description'], 200)}"
+              + (f"  [{rationale}]" if rationale else ""), flush=True)
     elif kind == "verdict":
         mark = "ACCEPTED" if data["accepted"] else "rejected"
-        print(f"[{stamp}]      {mark}: {data['why']}", flush=True)
+        print(f"[{stamp}]      {mark}: {one_line(data['why'])}", flush=True)
     elif kind == "stopped":
-        print(f"[{stamp}] stopped: {data['reason']}", flush=True)
+        print(f"[{stamp}] stopped: {one_line(data['reason'])}", flush=True)
 
 
 def _finish(run, spec, t) -> None:
@@ -45,13 +46,13 @@ def _finish(run, spec, t) -> None:
 
 
 def cmd_optimize(args) -> int:
-    spec = spec_mod.load(args.name)
     opts = loop_options(args)
+    spec = spec_mod.load(args.name)
     t = tree_for_spec(args, spec.name)
     run, state = run_optimize(spec, t, opts, events=_printer)
     _finish(run, spec, t)
     if state.best is not None:
-        print(emit_best_patch(run, spec, t))
+        print(emit_best_patch(run, spec, t, sanitizer_required=opts.sanitizer))
     return 0 if state.best is not None or opts.dry_run else 1
 
 
@@ -60,7 +61,9 @@ def cmd_eval(args) -> int:
     if not names:
         raise AstraError("--kernels: name at least one spec, e.g. --kernels rmsnorm,qknorm (see `astra spec-check`)")
     specs = [spec_mod.load(n) for n in names]
-    result = run_eval(specs, lambda name: tree_for_spec(args, name), loop_options(args), events=_printer)
+    check_output(args.json)
+    opts = loop_options(args)
+    result = run_eval(specs, lambda name: tree_for_spec(args, name), opts, events=_printer)
     rows = result["rows"]
     print(table.render(["kernel", "lines before", "lines after", "us before", "us after", "speedup", "correct",
                         "candidates"],

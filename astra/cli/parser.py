@@ -109,6 +109,9 @@ def _patch_commands(sub) -> None:
     p.add_argument("--why", metavar="TEXT", help="what changed and why (default: from the candidate label)")
     p.add_argument("--out", default="patches", metavar="DIR", help="where the patches go (default patches/)")
     p.add_argument("--threshold", type=float, default=0.02, help="refuse if any shape is slower than 1 - this")
+    p.add_argument("--no-sanitizer", action="store_true",
+                   help="emit even though compute-sanitizer did not run cleanly (the patch says so; findings "
+                        "still refuse)")
     _sglang_options(p)
 
     p = sub.add_parser("apply", help="apply an Astra patch to an SGLang checkout or installed package")
@@ -124,6 +127,9 @@ def _patch_commands(sub) -> None:
     _sglang_options(p)
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--markdown", metavar="OUT", help="write the report as markdown (it is also printed)")
+    p.add_argument("--no-gpu", action="store_true",
+                   help="accept a source-only recheck: skip the GPU checks (without it, GPU checks that did not "
+                        "run exit 11, could not verify)")
 
     p = sub.add_parser("diff-versions",
                        help="did a kernel's sources (and, on a GPU, its speed) change between versions?")

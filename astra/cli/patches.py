@@ -43,7 +43,7 @@ def cmd_patch(args) -> int:
     source = read_source(candidate, "--candidate")
     verdict = read_verdict(Path(args.verdict))
     result = emit_patch(spec, tree_for_spec(args, spec.name), source, verdict, Path(args.out),
-                        slowdown_threshold=args.threshold, why=args.why)
+                        slowdown_threshold=args.threshold, why=args.why, sanitizer_required=not args.no_sanitizer)
     if result.refused:
         print(f"no patch: {result.refused}")
         return 1
@@ -60,7 +60,7 @@ def cmd_apply(args) -> int:
 
 
 def cmd_recheck(args) -> int:
-    result = recheck.recheck([Path(p) for p in args.patches], tree(args))
+    result = recheck.recheck([Path(p) for p in args.patches], tree(args), no_gpu=args.no_gpu)
     markdown = recheck_md.markdown(result)
     write_text(args.json, json.dumps(result, indent=1))
     write_text(args.markdown, markdown, "--markdown")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from astra.cli.common import tree_for_spec, write_text
+from astra.cli.common import check_output, check_output_dir, tree_for_spec, write_text
 from astra.errors import AstraError
 from astra.report import text
 from astra.spec import model as spec_mod
@@ -23,6 +23,7 @@ def cmd_check(args) -> int:
         raise AstraError(f"--candidate {path}: no such file (give your version of {spec.kernel_file})")
     source = read_source(path, "--candidate")
     opts = runner.CheckOptions(modes=_modes(args.modes), sanitizer=not args.no_sanitizer, quick=args.quick)
+    check_output(args.json)
     verdict = runner.check_candidate(spec, tree_for_spec(args, args.name), source, path.name, opts)
     write_text(args.json, verdict.to_json())
     print(text.format_check(verdict))
@@ -32,6 +33,8 @@ def cmd_check(args) -> int:
 def cmd_bench(args) -> int:
     specs = [spec_mod.load(name) for name in args.names]
     opts = runner.CheckOptions(modes=_modes(args.modes), sanitizer=False, budget_ms=args.budget_ms, ncu=args.ncu)
+    check_output(args.json)
+    check_output_dir(args.report, "--report")
     runner.require_gpu()
     verdicts, ok = {}, True
     for spec in specs:
@@ -57,9 +60,18 @@ def _save(args, verdicts: dict, *, final: bool) -> None:
                 print(f"wrote {path}")
 
 
+MAX_SOURCE = 8 << 20  # 8 MiB: SGLang's largest kernel file is well under 1 MiB
+
+
 def read_source(path: Path, flag: str) -> str:
-    """A candidate source file as text; a binary or undecodable file is a one-line error."""
-    data = path.read_bytes()
+    """A candidate source file as text; a binary, undecodable or unreadable file is a one-line error."""
+    try:
+        if path.stat().st_size > MAX_SOURCE:
+            raise AstraError(f"{flag} {path}: {path.stat().st_size:,} bytes; a kernel source is at most "
+                             f"{MAX_SOURCE:,} bytes")
+        data = path.read_bytes()
+    except OSError as err:
+        raise AstraError(f"{flag} {path}: cannot read ({err.strerror or err})") from None
     if b"\0" in data:
         raise AstraError(f"{flag} {path}: a binary file, not CUDA source")
     try:

@@ -13,6 +13,7 @@ says what to do. The API key is never written: not in errors, logs, transcripts 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -66,6 +67,10 @@ class LLMRequestError(LLMError):
 
 class LLMUnavailable(LLMError):
     """429/5xx on every attempt, or a reply without choices."""
+
+
+class LLMBadReply(LLMError):
+    """A 200 answer that is not an OpenAI chat completion (an HTML page, garbage, a wrong shape)."""
 
 
 class LLMBudgetExceeded(LLMError, BudgetSpent):
@@ -155,6 +160,7 @@ class Client:
             raise LLMConfigError(f"--budget-usd needs a price, and model '{cfg.model}' has none in "
                                  "astra/data/prices.yaml; use --budget-tokens")
         self.usage = Usage()
+        self._carried = (0, 0.0)  # tokens and cost spent by earlier sessions of the same run
         self.transcript = Transcript(transcript, self.redact) if transcript else None
         self._sleep = sleep
         self._sdk = openai.OpenAI(base_url=cfg.url, api_key=cfg.api_key or "not-needed",
@@ -166,14 +172,19 @@ class Client:
             text = text.replace(self.cfg.api_key, "***")
         return _SECRET_RE.sub(r"\1***", text)
 
+    def carry(self, tokens: int, cost_usd: float) -> None:
+        """Count what earlier sessions of the same run spent against the budgets (a resumed run)."""
+        self._carried = (int(tokens or 0), float(cost_usd or 0.0))
+
     def check_budget(self) -> None:
         """Raise LLMBudgetExceeded when the spend so far leaves no room for another call."""
         spent, cfg = self.usage.total(), self.cfg
-        if cfg.budget_tokens is not None and spent.tokens >= cfg.budget_tokens:
-            raise LLMBudgetExceeded(f"token budget spent: {spent.tokens:,} of {cfg.budget_tokens:,} tokens "
+        tokens, cost = spent.tokens + self._carried[0], spent.cost_usd + self._carried[1]
+        if cfg.budget_tokens is not None and tokens >= cfg.budget_tokens:
+            raise LLMBudgetExceeded(f"token budget spent: {tokens:,} of {cfg.budget_tokens:,} tokens "
                                     f"over {spent.calls} calls; raise --budget-tokens to go on")
-        if cfg.budget_usd is not None and spent.cost_usd >= cfg.budget_usd:
-            raise LLMBudgetExceeded(f"cost budget spent: ${spent.cost_usd:.4f} of ${cfg.budget_usd:.4f} "
+        if cfg.budget_usd is not None and cost >= cfg.budget_usd:
+            raise LLMBudgetExceeded(f"cost budget spent: ${cost:.4f} of ${cfg.budget_usd:.4f} "
                                     f"over {spent.calls} calls; raise --budget-usd to go on")
 
     def chat(self, messages: list[dict[str, str]], *, role: str) -> Reply:
@@ -205,7 +216,7 @@ class Client:
         total = self.cfg.max_retries + 1
         for attempt in range(1, total + 1):
             try:
-                return self._sdk.chat.completions.create(**kwargs)
+                return self._sdk.chat.completions.with_raw_response.create(**kwargs).http_response
             except (openai.APIConnectionError, openai.APIStatusError) as err:
                 note, problem, retry_after = self._classify(err)
                 failures.append(note)
@@ -262,16 +273,64 @@ class Client:
         shown = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
         return f"model '{model}' does not exist at {url} (404); models there: {shown or 'none'}; check --model"
 
-    def _reply(self, completion: Any, attempts: int, seconds: float) -> Reply:
-        if not completion.choices:
-            raise LLMUnavailable(f"the LLM endpoint at {self.cfg.url} returned no choices")
-        choice, usage = completion.choices[0], completion.usage
-        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
-        done = int(getattr(usage, "completion_tokens", 0) or 0)
+    def _reply(self, response: Any, attempts: int, seconds: float) -> Reply:
+        """The reply in an HTTP answer, checked field by field: what came back is never trusted."""
+        data = self._completion(bytes(response.content or b""), response.headers.get("content-type", ""))
+        choice = data["choices"][0]
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        prompt, done = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
         cost = None if self.price is None else (prompt * self.price[0] + done * self.price[1]) / 1e6
-        return Reply(text=choice.message.content or "", prompt_tokens=prompt, completion_tokens=done,
-                     cost_usd=cost, seconds=seconds, attempts=attempts, model=completion.model or "",
-                     finish_reason=choice.finish_reason)
+        finish = choice.get("finish_reason")
+        model = data.get("model")
+        return Reply(text=choice["message"].get("content") or "", prompt_tokens=prompt, completion_tokens=done,
+                     cost_usd=cost, seconds=seconds, attempts=attempts, model=model if isinstance(model, str) else "",
+                     finish_reason=finish if isinstance(finish, str) else None)
+
+    def _completion(self, body: bytes, content_type: str) -> dict:
+        """The parsed completion, or an LLMBadReply saying what came back and what to check."""
+        text = body.decode("utf-8", errors="replace")
+        if not text.strip():
+            self._bad("an empty body", text)
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError):
+            looks_html = "html" in content_type.lower() or text.lstrip()[:15].lower().startswith(("<!doctype", "<html"))
+            self._bad("an HTML page (a proxy's or web server's, not the API)" if looks_html else "text that is not JSON",
+                      text)
+        if not isinstance(data, dict):
+            self._bad(f"a JSON {_json_kind(data)}, not a chat completion object", text)
+        if "error" in data and "choices" not in data:
+            self._bad("an error object with status 200", text)
+        choices = data.get("choices")
+        if not isinstance(choices, list):
+            self._bad("a completion whose `choices` is " + ("missing" if choices is None else
+                                                             f"a {_json_kind(choices)}, not a list"), text)
+        if not choices:
+            raise LLMUnavailable(f"the LLM endpoint at {self.cfg.url} returned no choices")
+        choice = choices[0]
+        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            self._bad("a completion whose first choice has no `message` object", text)
+        content = choice["message"].get("content")
+        if content is not None and not isinstance(content, str):
+            self._bad(f"a message whose `content` is a {_json_kind(content)}, not text", text)
+        return data
+
+    def _bad(self, what: str, body: str) -> None:
+        from astra.report.safe_text import one_line
+
+        snippet = one_line(self.redact(body), 80)
+        raise LLMBadReply(f"the LLM endpoint at {self.cfg.url} answered {what}: {snippet!r}; check --base-url "
+                          "(it must be an OpenAI-compatible API, usually ending in /v1)")
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+def _count(value: Any) -> int:
+    """A token count from a reply's `usage` (anything else counts as 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _detail(err: openai.APIStatusError) -> str:

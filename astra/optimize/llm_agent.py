@@ -17,6 +17,7 @@ from astra.optimize import llm, templates
 from astra.optimize.edits import apply_reply
 from astra.optimize.loop import Context
 from astra.optimize.transforms import Proposal
+from astra.report.safe_text import one_line
 from harness import Verdict, policy_text
 
 _JSON = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
@@ -77,13 +78,18 @@ class LLMAgent:
                               iterations_left="see budget")
         plan = _json_block(plan_text) or {}
         if isinstance(plan, dict) and plan.get("stop"):
-            self.rationale = f"the planner stopped: {plan.get('rationale', '')}"[:200]
+            self.rationale = self._safe(f"the planner stopped: {plan.get('rationale', '')}", 200)
             return []
-        self.rationale = (plan.get("idea") if isinstance(plan, dict) else None) or plan_text.strip()[:120]
+        idea = plan.get("idea") if isinstance(plan, dict) else None
+        self.rationale = self._safe(idea if isinstance(idea, str) and idea.strip() else plan_text.strip(), 120)
         source = self._code(ctx.base_source, plan_text)
         if source is None:
             return []
-        return [Proposal(f"llm:r{ctx.round}", "llm", self.rationale, source)]
+        return [Proposal(f"llm:r{ctx.round}", "llm", self.rationale, self.client.redact(source))]
+
+    def _safe(self, text: str, limit: int) -> str:
+        """Model text bound for the terminal, the report and meta.json: no key, no control characters."""
+        return one_line(self.client.redact(str(text)), limit)
 
     def _code(self, base: str, plan_text: str) -> str | None:
         exports = [w["export"] + " -> " + w["entry"] for w in self.spec.raw["build"].get("wrappers", [])]

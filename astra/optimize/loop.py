@@ -20,6 +20,7 @@ from typing import Callable, Protocol
 from astra.errors import AstraError, BudgetSpent
 from astra.optimize.rundir import HistoryEntry, RunDir, RunState
 from astra.optimize.transforms import Proposal
+from astra.report.safe_text import one_line
 from harness import Verdict, improves_on, score
 from harness.acceptance import BAND_GAIN
 
@@ -70,15 +71,53 @@ def at_roofline(verdict: Verdict | None, target: float, mode: str = "graph") -> 
 
 def run_loop(run: RunDir, agent: Agent, evaluate: Evaluator, budget: Budget,
              events: Events = lambda kind, data: None) -> RunState:
+    """Rounds until a stop reason; whatever ends the loop (an error, Ctrl-C) is written to the state, so a
+    run is never left "running". Tokens and cost add to what the run spent before a resume."""
     state = run.state()
+    try:
+        return _rounds(run, state, agent, evaluate, budget, events)
+    except KeyboardInterrupt:
+        _died(run, state, "interrupted (Ctrl-C)", events)
+        raise
+    except BaseException as err:
+        _died(run, state, f"failed: {type(err).__name__}: {one_line(err, 300)}", events)
+        raise
+
+
+def _died(run: RunDir, state: RunState, reason: str, events: Events) -> None:
+    if state.stopped is None:
+        state.stopped = reason
+        run.save(state)
+        events("stopped", {"reason": reason})
+
+
+def mark_stopped(run: RunDir, reason: str) -> None:
+    """Record why a run ended outside the loop (set-up failed, interrupted); a recorded reason is kept."""
+    try:
+        state = run.state()
+    except AstraError:
+        return
+    if state.stopped is None:
+        state.stopped = reason
+        run.save(state)
+
+
+def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, budget: Budget,
+            events: Events) -> RunState:
     start = time.time()
+    before = (state.tokens, state.cost_usd)  # spent by earlier sessions of this run
+
+    def spent() -> tuple[int, float]:
+        tokens, cost = agent.usage()
+        return before[0] + tokens, before[1] + cost
+
     best_verdict = run.candidate(state.best)[2] if state.best else None
     if best_verdict is None:
         events("baseline", {})
         best_verdict = _baseline(run, evaluate)
     idle_rounds = 0
     while state.stopped is None:
-        reason = _stop_reason(state, agent, budget, start, idle_rounds, best_verdict)
+        reason = _stop_reason(state, spent(), budget, start, idle_rounds, best_verdict)
         if reason:
             state.stopped = reason
             break
@@ -86,6 +125,7 @@ def run_loop(run: RunDir, agent: Agent, evaluate: Evaluator, budget: Budget,
         try:
             proposals = agent.propose(ctx)
         except AstraError as err:  # an unreachable endpoint, a wrong key, a spent budget: keep what verified
+            state.tokens, state.cost_usd = spent()
             state.stopped = f"stopped by the agent: {err}"
             run.save(state)
             events("stopped", {"reason": state.stopped})
@@ -111,7 +151,7 @@ def run_loop(run: RunDir, agent: Agent, evaluate: Evaluator, budget: Budget,
                                               why=decision.reason, bands=band_summary(verdict)))
             if ok:
                 state.best, state.best_score, best_verdict, improved = n, score(verdict), verdict, True
-            state.tokens, state.cost_usd = agent.usage()
+            state.tokens, state.cost_usd = spent()
             run.save(state)
             events("verdict", asdict(state.history[-1]))
             if time.time() - start > budget.wall_s:
@@ -119,6 +159,7 @@ def run_loop(run: RunDir, agent: Agent, evaluate: Evaluator, budget: Budget,
         idle_rounds = 0 if improved else idle_rounds + 1
         state.round += 1
         run.save(state)
+    state.tokens, state.cost_usd = spent()
     run.save(state)
     events("stopped", {"reason": state.stopped})
     return state
@@ -135,9 +176,9 @@ def _baseline(run: RunDir, evaluate: Evaluator) -> Verdict:
     return verdict
 
 
-def _stop_reason(state: RunState, agent: Agent, budget: Budget, start: float, idle: int,
+def _stop_reason(state: RunState, spent: tuple[int, float], budget: Budget, start: float, idle: int,
                  best: Verdict | None) -> str | None:
-    tokens, cost = agent.usage()
+    tokens, cost = spent
     if state.round >= budget.rounds:
         return f"{budget.rounds} round(s) done"
     if time.time() - start > budget.wall_s:

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from astra import paths
-from astra.errors import AstraError
+from astra.errors import AstraError, RunStateError
+from astra.report.safe_text import printable
 from harness import Verdict
 
 
@@ -65,10 +66,28 @@ class RunState:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunState":
+        """The state in `data`; a ValueError says what is wrong with it."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in data.items() if k in known}
-        data["history"] = [HistoryEntry.from_dict(h) for h in data.get("history") or []]
-        return cls(**data)
+        missing = [k for k in ("run_id", "kernel", "sglang_version", "agent") if k not in data]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}")
+        history = data.get("history") or []
+        if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+            raise ValueError("`history` is not a list of entries")
+        try:
+            data["history"] = [HistoryEntry.from_dict(h) for h in history]
+        except TypeError as err:
+            raise ValueError(f"a history entry is incomplete ({err})") from None
+        state = cls(**data)
+        if not isinstance(state.kernel, str) or not isinstance(state.round, int) or not (
+                state.best is None or isinstance(state.best, int)):
+            raise ValueError("`kernel`, `round` or `best` has the wrong type")
+        if not isinstance(state.tokens, int) or not isinstance(state.cost_usd, (int, float)):
+            raise ValueError("`tokens` or `cost_usd` is not a number")
+        return state
 
 
 class RunDir:
@@ -91,14 +110,28 @@ class RunDir:
 
     @classmethod
     def open(cls, run_id: str) -> "RunDir":
+        """An existing run by id (a directory under $ASTRA_HOME/runs); its state must be readable."""
+        if not run_id or not run_id.strip() or "/" in run_id or run_id in (".", ".."):
+            raise AstraError(f"{run_id!r} is not a run id; `astra runs` lists them")
         root = paths.sub("runs") / run_id
         if not (root / "state.json").exists():
             known = ", ".join(list_runs()[-5:]) or "none"
             raise AstraError(f"no run {run_id!r} under {paths.sub('runs')} (recent: {known})")
-        return cls(root)
+        run = cls(root)
+        run.state()
+        return run
 
     def state(self) -> RunState:
-        return RunState.from_dict(json.loads((self.root / "state.json").read_text()))
+        """The run's state; an unreadable state.json is a RunStateError (exit 14) saying why."""
+        path = self.root / "state.json"
+        try:
+            return RunState.from_dict(json.loads(path.read_bytes().decode("utf-8")))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+            why = unreadable_reason(err)
+            problem = RunStateError(f"run {self.root.name}: {path} is unreadable ({why}); the run cannot be "
+                                    "shown or resumed; start a new one")
+            problem.reason = why
+            raise problem from None
 
     def save(self, state: RunState) -> None:
         tmp = self.root / "state.json.tmp"
@@ -113,6 +146,7 @@ class RunDir:
         folder = self.root / "candidates" / f"{n:03d}"
         folder.mkdir()
         (folder / "kernel.cuh").write_text(source)
+        meta = {k: printable(v) if isinstance(v, str) else v for k, v in meta.items()}
         (folder / "meta.json").write_text(json.dumps(meta, indent=1))
         return n
 
@@ -122,8 +156,13 @@ class RunDir:
     def candidate(self, n: int) -> tuple[str, dict, Verdict | None]:
         folder = self.root / "candidates" / f"{n:03d}"
         verdict = folder / "verdict.json"
-        return ((folder / "kernel.cuh").read_text(), json.loads((folder / "meta.json").read_text()),
-                Verdict.from_json(verdict.read_text()) if verdict.exists() else None)
+        try:
+            meta = json.loads((folder / "meta.json").read_text())
+            return ((folder / "kernel.cuh").read_text(), meta if isinstance(meta, dict) else {},
+                    Verdict.from_json(verdict.read_text()) if verdict.exists() else None)
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as err:
+            raise RunStateError(f"run {self.root.name}: candidate {n:03d} is unreadable "
+                                f"({unreadable_reason(err)}) in {folder}") from None
 
     def baseline(self) -> Verdict | None:
         path = self.root / "baseline.json"
@@ -139,6 +178,21 @@ class RunDir:
     @property
     def transcript(self) -> Path:
         return self.root / "transcript.jsonl"
+
+
+def unreadable_reason(err: BaseException) -> str:
+    """A short reason a run file cannot be read (`truncated JSON at line 3`, `file missing`)."""
+    if isinstance(err, json.JSONDecodeError):
+        cut = err.pos >= len(err.doc.rstrip()) or err.msg.startswith("Unterminated string")
+        what = "truncated JSON" if cut else "not JSON"
+        return f"{what} at line {err.lineno}, column {err.colno}"
+    if isinstance(err, FileNotFoundError):
+        return "file missing"
+    if isinstance(err, OSError):
+        return err.strerror or str(err)
+    if isinstance(err, UnicodeDecodeError):
+        return f"not UTF-8 at byte {err.start}"
+    return printable(str(err))[:120] or type(err).__name__
 
 
 def list_runs() -> list[str]:

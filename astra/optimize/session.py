@@ -5,12 +5,13 @@ Library code: `run_optimize(spec, tree, OptimizeOptions(...))`; the CLI only bui
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 from astra import paths
-from astra.errors import AstraError
-from astra.optimize.loop import Budget, run_loop
+from astra.errors import AstraError, RunStateError
+from astra.optimize.loop import Budget, mark_stopped, run_loop
 from astra.optimize.offline import OfflineAgent
 from astra.optimize.rundir import HistoryEntry, RunDir, RunState
 from astra.sglang.tree import SglangTree
@@ -37,6 +38,25 @@ class OptimizeOptions:
     dry_run: bool = False  # no GPU: build every candidate with nvcc, verify none
     quick_search: bool = False  # search on the timed dtype; verify the best on the full suite at the end
     resume: str | None = None  # a run id to continue
+
+    def __post_init__(self) -> None:
+        """Refuse values no run can use, with the flag that sets each (exit 12)."""
+        def positive(value, flag: str, *, integer: bool = False, optional: bool = False) -> None:
+            if value is None and optional:
+                return
+            kind = "a positive integer" if integer else "a positive number"
+            if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+                raise AstraError(f"{flag} {value!r}: must be {kind}")
+            if not value > 0 or not math.isfinite(value):  # `not >` also refuses NaN
+                raise AstraError(f"{flag} {value}: must be {kind}")
+
+        positive(self.rounds, "--rounds", integer=True)
+        positive(self.wall_min, "--wall-min")
+        positive(self.budget_tokens, "--budget-tokens", integer=True, optional=True)
+        positive(self.budget_usd, "--budget-usd", optional=True)
+        for flag, value in (("--model", self.model), ("--base-url", self.base_url), ("--resume", self.resume)):
+            if value is not None and not str(value).strip():
+                raise AstraError(f"{flag}: empty; leave it out or give a value")
 
     def budget(self) -> Budget:
         return Budget(rounds=self.rounds, wall_s=self.wall_min * 60, tokens=self.budget_tokens,
@@ -134,10 +154,40 @@ def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, e
     """One optimize run of `spec` (or its resumption): agent, evaluator, budget, loop, report."""
     source = (tree.csrc_dir / spec.kernel_file).read_text()
     if opts.resume:
-        run = RunDir.open(opts.resume)
+        run = _resume(opts.resume, spec)
     else:
         run = RunDir.create(spec.name, tree.version, agent_kind(opts), source)
+    try:
+        return run, _run(run, spec, tree, opts, events, say)
+    except KeyboardInterrupt:
+        mark_stopped(run, "interrupted (Ctrl-C)")
+        raise
+    except BaseException as err:
+        from astra.report.safe_text import one_line
+
+        mark_stopped(run, f"failed: {one_line(err, 300) or type(err).__name__}")
+        raise
+
+
+def _resume(run_id: str, spec: KernelSpec) -> RunDir:
+    """A run to continue: of this very kernel; its stop reason is cleared so the loop goes on."""
+    run = RunDir.open(run_id)
+    state = run.state()
+    if state.kernel != spec.name:
+        raise RunStateError(f"--resume {run_id}: that run optimizes {state.kernel!r}, not {spec.name!r}; "
+                            f"resume it with `astra optimize {state.kernel} --resume {run_id}`")
+    if state.stopped is not None:
+        state.stopped = None
+        run.save(state)
+    return run
+
+
+def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, events, say: Printer) -> RunState:
     agent = make_agent(opts, spec, tree, run)
+    spent = run.state()
+    client = getattr(agent, "client", None)
+    if client is not None and hasattr(client, "carry"):
+        client.carry(spent.tokens, spent.cost_usd)  # budgets count what earlier sessions of this run spent
     if opts.dry_run:
         evaluate = build_only_evaluator(spec, tree)
     else:
@@ -153,19 +203,24 @@ def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, e
     if opts.quick_search and not opts.dry_run:
         confirm_best(run, evaluate, say)
         state = run.state()
-    return run, state
+    return state
 
 
-def emit_best_patch(run: RunDir, spec: KernelSpec, tree: SglangTree) -> str:
+def emit_best_patch(run: RunDir, spec: KernelSpec, tree: SglangTree, *, sanitizer_required: bool = True) -> str:
     """The run's best verified candidate as patches in the run directory (the emitter refuses what
-    does not meet its bar, and says why)."""
+    does not meet its bar, and says why). `sanitizer_required=False` for a run with --no-sanitizer
+    (the patch then says compute-sanitizer was not run)."""
+    from astra.errors import NotAnAstraPatch
     from astra.patches.emit import emit_patch
 
     source, meta, verdict = run.candidate(run.state().best)
     if verdict is None:
         return "patch: not emitted: the best candidate has no verdict"
-    result = emit_patch(spec, tree, source, verdict, run.root / "patches",
-                        why=f"Found by `astra optimize` ({run.state().agent}): {meta.get('description', '')}.")
+    try:
+        result = emit_patch(spec, tree, source, verdict, run.root / "patches", sanitizer_required=sanitizer_required,
+                            why=f"Found by `astra optimize` ({run.state().agent}): {meta.get('description', '')}.")
+    except NotAnAstraPatch as err:
+        return f"patch: not emitted: {err}"
     if result.refused:
         return f"patch: not emitted: {result.refused}"
     return f"patch: {result.repo_patch}\n       {result.package_patch}"

@@ -12,7 +12,8 @@ Exit codes:
   3  not an SGLang tree, or no installed sglang package (astra.errors.SglangNotFound)
   6  git is not installed (astra.errors.ToolMissing)
   8  the file's sha256 differs from Astra-Base-SHA256 (pass --force to try anyway)
-  9  not an Astra patch, or a corrupt/truncated/inconsistent one
+  9  not an Astra patch, or a corrupt/truncated/inconsistent one — including one that would change any
+     file besides the one its trailers name (astra.patches.scope; the error names the extra paths)
 """
 
 from __future__ import annotations
@@ -66,13 +67,13 @@ def apply(patch_path: Path, tree: SglangTree, *, force: bool = False, check_only
             f"{target} has sha256 {sha[:12]}..., not the {patch.base_sha[:12]}... of SGLang "
             f"{patch.sglang_version or '?'}'s original that the patch was made for (edited, or another version); "
             f"`astra recheck {patch_path} --sglang-src DIR` says whether it still fits, --force tries anyway")
-    ok, error = patchfile.git_apply(patch.path, tree.root, strip=patch.strip, check=True)
+    ok, error = patchfile.git_apply(patch.text, tree.root, strip=patch.strip, check=True)
     if not ok:
         raise PatchDoesNotApply(f"{patch.path.name} does not apply to {target}: {error}")
     forced = "" if sha == patch.base_sha else " (base hash differed; --force)"
     if check_only:
         return ApplyResult(target, "would apply", f"{patch.path.name} applies cleanly to {target}{forced}")
-    ok, error = patchfile.git_apply(patch.path, tree.root, strip=patch.strip)
+    ok, error = patchfile.git_apply(patch.text, tree.root, strip=patch.strip)
     if not ok:
         raise PatchDoesNotApply(f"{patch.path.name} does not apply to {target}: {error}")
     after = sha256_file(target)

@@ -10,8 +10,15 @@ the per-shape evidence and the trailers `astra apply` and `astra recheck` read.
 
 A patch is refused (no files, a one-line reason) unless the verdict shows the candidate verified faster
 by the one acceptance rule (`harness.acceptance.verified_faster`: correct, sanitizer clean, no shape
-slower beyond noise, a band faster beyond its noise band), the candidate differs from the original, and
-the verdict names this kernel.
+slower beyond noise, a band faster beyond its noise band), the candidate differs from the original, the
+verdict names this kernel, and compute-sanitizer ran cleanly (some tool ran, nothing skipped, no
+findings) — unless the caller passes `sanitizer_required=False` (`astra patch --no-sanitizer`, or an optimize
+run with --no-sanitizer): then the message says "compute-sanitizer: not run (--no-sanitizer)" and carries
+the trailer `Astra-Sanitizer: skipped`. Findings refuse a patch always.
+
+After writing, both files are read back by `patchfile.parse` (the reader `astra apply` uses): git must see
+exactly one change, to the kernel file (`git apply --numstat`/`--summary`); else both files are removed and
+NotAnAstraPatch (exit 9) says what else the patch would have changed.
 `astra patch NAME --candidate FILE --verdict VERDICT.json` exits 0 when it wrote both files, 1 when refused.
 """
 
@@ -23,8 +30,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from astra.errors import AstraError
+from astra.errors import AstraError, NotAnAstraPatch
 from astra.patches import message as patch_message
+from astra.patches import patchfile
 from astra.patches.patchfile import git_exe
 from astra.sglang.tree import SglangTree, sha256_file
 from astra.spec.model import KernelSpec
@@ -41,10 +49,11 @@ class PatchResult:
     refused: str | None = None
 
 
-def refusal(verdict: Verdict, *, spec_name: str | None = None,
-            slowdown_threshold: float = SLOWDOWN_THRESHOLD) -> str | None:
+def refusal(verdict: Verdict, *, spec_name: str | None = None, slowdown_threshold: float = SLOWDOWN_THRESHOLD,
+            sanitizer_required: bool = True) -> str | None:
     """Why this verdict does not support a patch (one line), or None: the one acceptance rule
-    (`harness.acceptance.verified_faster`), plus that the verdict names this kernel."""
+    (`harness.acceptance.verified_faster`), plus that the verdict names this kernel and that
+    compute-sanitizer ran cleanly (unless `sanitizer_required` is False)."""
     if spec_name and verdict.name and verdict.name != spec_name:
         return f"the verdict is for kernel {verdict.name!r}, not {spec_name!r}"
     findings = verdict.sanitizer.get("findings") or []
@@ -52,13 +61,23 @@ def refusal(verdict: Verdict, *, spec_name: str | None = None,
         first = findings[0]
         return f"compute-sanitizer found {len(findings)} problem(s); first: {first.get('tool')}: {first.get('message')}"
     decision = verified_faster(verdict, threshold=slowdown_threshold)
-    return None if decision.ok else decision.reason
+    if not decision.ok:
+        return decision.reason
+    if sanitizer_required and not patch_message.sanitizer_clean(verdict):
+        report = verdict.sanitizer or {}
+        why = ("it was not run" if not report.get("runs")
+               else f"it did not run cleanly ({report.get('skipped')})")
+        return (f"compute-sanitizer did not check this candidate: {why}; check it again with the sanitizer, "
+                "or pass --no-sanitizer to emit the patch without it (the patch then says so)")
+    return None
 
 
 def emit_patch(spec: KernelSpec, tree: SglangTree, candidate_text: str, verdict: Verdict, out_dir: Path, *,
-               slowdown_threshold: float = SLOWDOWN_THRESHOLD, why: str | None = None) -> PatchResult:
+               slowdown_threshold: float = SLOWDOWN_THRESHOLD, why: str | None = None,
+               sanitizer_required: bool = True) -> PatchResult:
     """Write the repo-layout and package-layout patches for a verified candidate, or say why not."""
-    reason = refusal(verdict, spec_name=spec.name, slowdown_threshold=slowdown_threshold)
+    reason = refusal(verdict, spec_name=spec.name, slowdown_threshold=slowdown_threshold,
+                     sanitizer_required=sanitizer_required)
     original_path = tree.csrc_dir / spec.kernel_file
     if not original_path.is_file():
         raise AstraError(f"{spec.kernel_file} is not in {tree.describe()}; give the tree the candidate was "
@@ -76,7 +95,8 @@ def emit_patch(spec: KernelSpec, tree: SglangTree, candidate_text: str, verdict:
         spec_name=spec.name, verdict=verdict,
         why=why or f"Replace {spec.kernel_file} with the verified candidate `{label}`.",
         repo_path=repo_path, package_path=package_path, base_sha=base_sha, patched_sha=patched_sha,
-        sglang_version=tree.version, tolerance=spec.raw.get("tolerance") or {})
+        sglang_version=tree.version, tolerance=spec.raw.get("tolerance") or {},
+        sanitizer_required=sanitizer_required)
     repo_text, package_text = _format_patch(repo_path, original, patched, text)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -84,7 +104,22 @@ def emit_patch(spec: KernelSpec, tree: SglangTree, candidate_text: str, verdict:
     repo_patch, package_patch = out_dir / f"{stem}.patch", out_dir / f"{stem}.package.patch"
     repo_patch.write_text(repo_text)
     package_patch.write_text(package_text)
+    _check_written(repo_patch, package_patch, repo_path, package_path)
     return PatchResult(repo_patch, package_patch)
+
+
+def _check_written(repo_patch: Path, package_patch: Path, repo_path: str, package_path: str) -> None:
+    """Read both files back as `astra apply` would: each changes exactly its kernel file, nothing else.
+    On any failure both files are removed and NotAnAstraPatch says why."""
+    try:
+        for file, layout, path in ((repo_patch, "repo", repo_path), (package_patch, "package", package_path)):
+            parsed = patchfile.parse(file)
+            if parsed.layout != layout or parsed.diff_path != path:
+                raise NotAnAstraPatch(f"{file}: the emitted patch changes {parsed.diff_path}, not {path}")
+    except NotAnAstraPatch as err:
+        repo_patch.unlink(missing_ok=True)
+        package_patch.unlink(missing_ok=True)
+        raise NotAnAstraPatch(f"refused to emit a patch that fails Astra's own check (removed): {err}") from None
 
 
 def _git(repo: Path, *args: str) -> str:

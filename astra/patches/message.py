@@ -1,12 +1,15 @@
 """The commit message of an Astra patch: subject, why, per-shape evidence, correctness, trailers.
 
 Every number comes from the verdict the harness wrote on the named GPU; nothing here measures.
+Free text (`why`) is indented line by line and every other line is flattened to one line without control
+characters (astra.patches.scope), so no part of the message can parse as a patch or a trailer.
 """
 
 from __future__ import annotations
 
 import math
 
+from astra.patches import scope
 from harness import Verdict
 
 _MODE_TEXT = {
@@ -81,7 +84,7 @@ def environment_line(verdict: Verdict, sglang_version: str) -> str:
             f"tvm-ffi {env.get('tvm_ffi', '?')}{bw_text}; SGLang {sglang_version}.")
 
 
-def correctness_lines(verdict: Verdict, tolerance: dict) -> list[str]:
+def correctness_lines(verdict: Verdict, tolerance: dict, sanitizer_required: bool = True) -> list[str]:
     cases = verdict.cases
     shapes = {tuple(sorted(c.dims.items())) for c in cases}
     dtypes = sorted({c.dtype for c in cases if c.dtype})
@@ -100,19 +103,33 @@ def correctness_lines(verdict: Verdict, tolerance: dict) -> list[str]:
     if worst:
         name, cand, orig = max(worst, key=lambda w: w[1])
         out.append(f"- float64 reference: worst patched error {cand:.3g} ({name}; original {orig:.3g} on that case)")
-    out.append("- " + sanitizer_text(verdict))
+    out.append("- " + sanitizer_text(verdict, sanitizer_required))
     return out
 
 
-def sanitizer_text(verdict: Verdict) -> str:
+def sanitizer_clean(verdict: Verdict) -> bool:
+    """compute-sanitizer ran (at least one tool), found nothing, and skipped nothing."""
+    report = verdict.sanitizer or {}
+    return bool(report.get("runs")) and not report.get("findings") and not report.get("skipped")
+
+
+def sanitizer_text(verdict: Verdict, required: bool = True) -> str:
     report = verdict.sanitizer
+    if not required and not sanitizer_clean(verdict) and not (report or {}).get("findings"):
+        partial = ""
+        if report and report.get("runs"):
+            tools = ", ".join(str(r.get("tool", "?")) for r in report["runs"])
+            partial = f"; partial: {tools} ran, {report.get('skipped') or 'nothing'} skipped"
+        elif report and report.get("skipped"):
+            partial = f"; {report['skipped']}"
+        return f"compute-sanitizer: not run (--no-sanitizer){partial}"
     if not report:
         return "compute-sanitizer: not run"
     if report.get("findings"):
         return f"compute-sanitizer: {len(report['findings'])} finding(s)"
     if not report.get("runs"):
         return f"compute-sanitizer: not run ({report.get('skipped') or 'no tools ran'})"
-    tools = ", ".join(r.get("tool", "?") for r in report["runs"])
+    tools = ", ".join(str(r.get("tool", "?")) for r in report["runs"])
     text = f"compute-sanitizer ({tools}): no findings"
     if report.get("skipped"):
         text += f" (inconclusive: {report['skipped']})"
@@ -120,12 +137,15 @@ def sanitizer_text(verdict: Verdict) -> str:
 
 
 def message(*, spec_name: str, verdict: Verdict, why: str, repo_path: str, package_path: str, base_sha: str,
-            patched_sha: str, sglang_version: str, tolerance: dict) -> str:
-    """The full commit message (subject, blank line, body, blank line, trailers)."""
-    body = [subject(spec_name, verdict), "", why.strip(), "",
-            environment_line(verdict, sglang_version), ""]
+            patched_sha: str, sglang_version: str, tolerance: dict, sanitizer_required: bool = True) -> str:
+    """The full commit message (subject, blank line, body, blank line, trailers). `why` is free text:
+    indented; every other line is flattened (scope.one_line), and a last guard indents any line that
+    would still start a patch."""
+    why_lines = scope.free_text(why) or [scope.INDENT + "(no description)"]
+    head = [scope.one_line(subject(spec_name, verdict))]
+    body = ["", environment_line(verdict, sglang_version), ""]
     body += timing_tables(verdict)
-    body += ["Correctness:", *correctness_lines(verdict, tolerance), "",
+    body += ["Correctness:", *correctness_lines(verdict, tolerance, sanitizer_required), "",
              "Measured and checked with Astra. The trailers let `astra apply` check the file this patch "
              "expects and `astra recheck` re-verify it after an SGLang upgrade.", "",
              f"Astra-Spec: {spec_name}",
@@ -135,4 +155,7 @@ def message(*, spec_name: str, verdict: Verdict, why: str, repo_path: str, packa
              f"Astra-Patched-SHA256: {patched_sha}",
              f"Astra-SGLang-Version: {sglang_version}",
              f"Astra-GPU: {gpu_name(verdict)}"]
-    return "\n".join(body) + "\n"
+    if not sanitizer_clean(verdict):
+        body.append("Astra-Sanitizer: skipped")
+    lines = head + [""] + why_lines + [scope.one_line(line) for line in body]
+    return "\n".join(scope.guard(lines)) + "\n"

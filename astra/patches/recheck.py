@@ -10,12 +10,20 @@ Per patch, against the new tree:
   4. with a CUDA GPU, and when the diff applies: the patched kernel verified against the NEW original
      (correctness, per-shape speed, sanitizer) by the one acceptance rule (`harness.verified_faster`),
      and the new original timed against the old one per shape (each in its own worker). Without a GPU
-     these parts say "not run: no CUDA GPU".
+     these parts say "not run: no CUDA GPU"; with `no_gpu` (`--no-gpu`) they are not run at all.
 
-Exit code (highest wins over all patches): 0 all well; 1 a correctness or speed regression (the patched
-kernel is incorrect on the new version, or no longer verified faster than the new original); 2 a patch no
-longer applies as it is (`git apply` of the patch file fails: the file is gone, moved, or changed so that
-only a fuzzy apply or none works). Corrupt patches stop the command first (exit 9), as `astra apply` does.
+Exit code per patch, and for the command the most severe over all patches, in this order:
+  2  a patch no longer applies as it is (`git apply` of the patch fails: the file is gone, moved, or
+     changed so that only a fuzzy apply or none works);
+  1  a correctness or speed regression (the patched kernel is incorrect on the new version, or no
+     longer verified faster than the new original);
+  11 could not verify (astra.errors.CouldNotVerify): the sources were not compared (the patch's base
+     version is unavailable, or its file there is not the patch's base), or the GPU checks did not run
+     (no GPU, or the spec failed to load), or compute-sanitizer did not run cleanly. `--no-gpu` accepts
+     a source-only recheck: no GPU is then fine, but uncompared sources still give 11;
+  0  all well.
+A known failure beats an unknown: 2 > 1 > 11 > 0. Corrupt patches, and patches that would change any
+file besides the one they name, stop the command first (exit 9), as `astra apply` does.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from astra.errors import AstraError
+from astra.errors import AstraError, CouldNotVerify
+from astra.patches import message as patch_message
 from astra.patches import patchfile, versions
 from astra.sglang import tree as sglang_tree
 from astra.sglang.tree import SglangTree, sha256_file
@@ -34,6 +43,14 @@ from astra.spec import model as spec_mod
 from harness import verified_faster, verify_job
 
 OK, REGRESSION, NO_LONGER_APPLIES = 0, 1, 2
+COULD_NOT_VERIFY = CouldNotVerify.exit_code
+SEVERITY = (OK, COULD_NOT_VERIFY, REGRESSION, NO_LONGER_APPLIES)  # least to most severe
+NO_GPU_FLAG = "not run: --no-gpu (source-only recheck)"
+
+
+def worst(*codes: int) -> int:
+    """The most severe of the exit codes (2 > 1 > 11 > 0)."""
+    return max(codes, key=SEVERITY.index, default=OK)
 
 
 @dataclass
@@ -56,24 +73,28 @@ class PatchCheck:
     gpu: dict = field(default_factory=dict)
     exit_code: int = OK
     problems: list[str] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)  # why it could not be verified (exit 11)
 
 
-def recheck(patch_paths: list[Path], tree: SglangTree, *, old_tree_for=None) -> dict:
-    """Recheck every patch against `tree`; {sglang, exit_code, patches: [PatchCheck dicts]}.
+def recheck(patch_paths: list[Path], tree: SglangTree, *, old_tree_for=None, no_gpu: bool = False) -> dict:
+    """Recheck every patch against `tree`; {sglang, gpu, source_only, exit_code, patches: [PatchCheck dicts]}.
 
     `old_tree_for(version)` gives the tree a patch was made against (default: its wheel, downloaded once).
+    `no_gpu`: a source-only recheck (the GPU checks are not run, and that is not "could not verify").
     """
-    patches = [patchfile.parse(p) for p in patch_paths]  # corrupt input stops here (exit 9)
+    patches = [patchfile.parse(p) for p in patch_paths]  # corrupt or smuggling input stops here (exit 9)
     old_tree_for = old_tree_for or sglang_tree.from_wheel
-    gpu_reason = versions.gpu_status()
-    checks = [check_one(p, tree, old_tree_for=old_tree_for, gpu_reason=gpu_reason) for p in patches]
+    gpu_reason = NO_GPU_FLAG if no_gpu else versions.gpu_status()
+    checks = [check_one(p, tree, old_tree_for=old_tree_for, gpu_reason=gpu_reason, no_gpu=no_gpu)
+              for p in patches]
     return {"sglang": {"version": tree.version, "origin": tree.origin, "root": str(tree.root)},
-            "gpu": gpu_reason or "available",
-            "exit_code": max((c.exit_code for c in checks), default=OK),
+            "gpu": "not used (--no-gpu)" if no_gpu else gpu_reason or "available", "source_only": no_gpu,
+            "exit_code": worst(*(c.exit_code for c in checks)),
             "patches": [asdict(c) for c in checks]}
 
 
-def check_one(patch: patchfile.AstraPatch, tree: SglangTree, *, old_tree_for, gpu_reason: str | None) -> PatchCheck:
+def check_one(patch: patchfile.AstraPatch, tree: SglangTree, *, old_tree_for, gpu_reason: str | None,
+              no_gpu: bool = False) -> PatchCheck:
     result = PatchCheck(patch=str(patch.path), spec=patch.spec, kernel_file=patch.repo_path,
                         base_version=patch.sglang_version)
     target = tree.root / patch.package_path
@@ -105,15 +126,25 @@ def check_one(patch: patchfile.AstraPatch, tree: SglangTree, *, old_tree_for, gp
     old_tree, old_file = _old_tree(patch, old_tree_for, result)
     if old_tree is not None and old_file is not None:
         result.sources = versions.compare_sources(old_tree, old_file, tree, target)
+    else:
+        result.unverified.append(result.sources_note or "the sources were not compared")
     if patched_text is None:
         result.gpu = {"run": False, "reason": "not run: the patch does not apply"}
     elif gpu_reason:
         result.gpu = {"run": False, "reason": gpu_reason}
+        if not no_gpu:
+            result.unverified.append(f"GPU checks {gpu_reason} (pass --no-gpu to accept a source-only recheck)")
     else:
         result.gpu = _gpu_checks(patch, tree, target, patched_text, old_tree, old_file)
         if result.gpu.get("regression"):
             result.problems.append(result.gpu["regression"])
-            result.exit_code = max(result.exit_code, REGRESSION)
+            result.exit_code = worst(result.exit_code, REGRESSION)
+        elif not result.gpu.get("run"):
+            result.unverified.append(f"GPU checks {result.gpu.get('reason', 'not run')}")
+        elif not result.gpu.get("sanitizer_clean", True):
+            result.unverified.append(f"{result.gpu.get('sanitizer')} (the sanitizer did not run cleanly)")
+    if result.unverified:
+        result.exit_code = worst(result.exit_code, COULD_NOT_VERIFY)
     return result
 
 
@@ -121,26 +152,26 @@ def _try_apply(patch: patchfile.AstraPatch, target: Path, result: PatchCheck) ->
     """Apply the diff to a copy of `target` placed at the patch's own path: exact, then fuzzy.
     Records the outcome on `result`; returns the patched text, or None when nothing applies."""
     with tempfile.TemporaryDirectory(prefix="astra-recheck-") as tmp:
-        work = Path(tmp)
+        work = Path(tmp) / "tree"
         copy = work / patch.diff_path
-        copy.parent.mkdir(parents=True)
+        copy.parent.mkdir(parents=True)  # (GNU patch gets only the parsed diff, never the whole mail)
         shutil.copyfile(target, copy)
-        ok, error = patchfile.git_apply(patch.path, work, check=True)
+        ok, error = patchfile.git_apply(patch.text, work, check=True)
         if ok:
             result.applies, result.apply_method = "exact", "git apply --check"
-            patchfile.git_apply(patch.path, work)
+            patchfile.git_apply(patch.text, work)
             return copy.read_text()
         result.apply_error = error
-        ok, _ = patchfile.git_apply(patch.path, work, check=True, context=1)
+        ok, _ = patchfile.git_apply(patch.text, work, check=True, context=1)
         if ok:
             result.applies, result.apply_method = "fuzz", "git apply --check -C1"
-            patchfile.git_apply(patch.path, work, context=1)
+            patchfile.git_apply(patch.text, work, context=1)
             return copy.read_text()
         if patchfile.gnu_patch():
-            ok, message = patchfile.gnu_patch_apply(patch.path, work, dry_run=True)
+            ok, message = patchfile.gnu_patch_apply(patch.diff_text, work, dry_run=True)
             if ok:
                 result.applies, result.apply_method = "fuzz", "patch --dry-run --fuzz=2"
-                patchfile.gnu_patch_apply(patch.path, work)
+                patchfile.gnu_patch_apply(patch.diff_text, work)
                 return copy.read_text()
             result.apply_method = "git apply --check; git apply --check -C1; patch --dry-run --fuzz=2"
         else:
@@ -183,6 +214,8 @@ def _gpu_checks(patch, tree: SglangTree, target: Path, patched_text: str, old_tr
            "band_speedups": verdict.band_speedups, "slower_shapes": verdict.slower_shapes,
            "speedups": [{"id": c.id, "mode": m, "speedup": t.speedup} for c in verdict.timed_cases()
                         for m, t in c.timings.items()]}
+    out["sanitizer"] = patch_message.sanitizer_text(verdict)
+    out["sanitizer_clean"] = patch_message.sanitizer_clean(verdict)
     decision = verified_faster(verdict)
     if verdict.status != "correct" or not verdict.correct:
         out["regression"] = f"the patched kernel fails on SGLang {tree.version}: {verdict.reason}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_RESULT = {0: "ok", 1: "REGRESSION", 2: "NO LONGER APPLIES"}
+_RESULT = {0: "ok", 1: "REGRESSION", 2: "NO LONGER APPLIES", 11: "COULD NOT VERIFY"}
 
 
 def _gpu_cell(gpu: dict) -> str:
@@ -29,7 +29,8 @@ def _applies_cell(check: dict) -> str:
 def markdown(result: dict) -> str:
     sg = result["sglang"]
     lines = [f"# Astra recheck against SGLang {sg['version']} ({sg['origin']})", "",
-             f"Exit code {result['exit_code']} ({_RESULT.get(result['exit_code'], '?')}). GPU: {result['gpu']}.", "",
+             f"Exit code {result['exit_code']} ({_RESULT.get(result['exit_code'], '?')}). GPU: {result['gpu']}."
+             + (" Source-only recheck (--no-gpu)." if result.get("source_only") else ""), "",
              "| patch | kernel | made for | applies | file changed | kernel sources | GPU check | result |",
              "|---|---|---|---|---|---|---|---|"]
     for c in result["patches"]:
@@ -47,6 +48,7 @@ def markdown(result: dict) -> str:
         lines += _sources_lines(c.get("sources"), c.get("sources_note"))
         lines += _gpu_lines(c["gpu"])
         lines += [f"- problem: {p}" for p in c["problems"]]
+        lines += [f"- could not verify: {reason}" for reason in c.get("unverified") or []]
     return "\n".join(lines) + "\n"
 
 

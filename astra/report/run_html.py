@@ -13,6 +13,7 @@ from pathlib import Path
 from astra.optimize.loop import band_wins_line
 from astra.optimize.rundir import RunDir
 from astra.report import baseline
+from astra.report.safe_text import printable
 from harness import Verdict
 
 _STYLE = """
@@ -27,7 +28,7 @@ tr.kept td { background: #eaf7ea; } .bad { color: #b00; }
 def _cell(value, left: bool = False) -> str:
     if isinstance(value, float):
         value = f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
-    text = html.escape("-" if value is None else str(value))
+    text = html.escape(printable("-" if value is None else value))
     return f'<td class="l">{text}</td>' if left else f"<td>{text}</td>"
 
 
@@ -72,14 +73,15 @@ def render(run: RunDir) -> str:
     if original is not None:
         chart_source = {"original": baseline.roofline_points(original, "orig"), **chart_source}
     title = f"Astra run {state.run_id}"
-    summary = (f"Kernel <b>{html.escape(state.kernel)}</b> from SGLang {html.escape(state.sglang_version)}, agent "
-               f"{html.escape(state.agent)}, {len(state.history)} candidate(s), best: "
+    summary = (f"Kernel <b>{html.escape(printable(state.kernel))}</b> from SGLang "
+               f"{html.escape(printable(state.sglang_version))}, agent "
+               f"{html.escape(printable(state.agent))}, {len(state.history)} candidate(s), best: "
                + (f"#{state.best:03d} (x{state.best_score:.3f} overall, graph)" if state.best else "the original")
-               + f". Stopped: {html.escape(str(state.stopped))}.")
+               + f". Stopped: {html.escape(printable(state.stopped))}.")
     chart = baseline.svg(chart_source) if any(chart_source.values()) else "<p>No timings yet.</p>"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>{summary}</p>"
-            f"<p>{html.escape(band_wins_line(run))}</p>"
+            f"<p>{html.escape(printable(band_wins_line(run)))}</p>"
             f"<h2>Trajectory</h2>{trajectory(run)}<h2>Original against best, per shape</h2>{per_shape(best)}"
             f"<h2>Roofline</h2>{chart}</body></html>\n")
 

@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
+from astra import paths
+from astra.errors import AstraError
 from astra.optimize.loop import band_summary, band_wins_line
 from astra.optimize.rundir import RunDir, list_runs
 from astra.report import table
+from astra.report.safe_text import one_line, printable
+
+
+def _reason(err: AstraError) -> str:
+    return one_line(getattr(err, "reason", None) or str(err), 80)
 
 
 def summary(run: RunDir) -> str:
     state = run.state()
     best = run.candidate(state.best)[2] if state.best else None
-    rows = [[h.n, h.round, h.name, h.status, h.score or None, "yes" if h.accepted else "", h.why[:60]]
-            for h in state.history]
+    rows = [[h.n, h.round, one_line(h.name, 60), h.status, h.score or None, "yes" if h.accepted else "",
+             one_line(h.why, 60)] for h in state.history]
     out = [table.render(["#", "round", "change", "verdict", "x (graph, all)", "kept", "why"], rows)]
     if best:
         bands = band_summary(best)
         out.append("best: #%03d %s; speedup per band (graph): %s" % (
-            state.best, run.candidate(state.best)[1]["description"],
+            state.best, one_line(run.candidate(state.best)[1].get("description", ""), 120),
             ", ".join(f"{b} x{v:.3f}" for b, v in bands.items())))
     else:
         out.append("best: the original (no candidate was verified faster)")
-    out.append(band_wins_line(run))
-    out.append(f"stopped: {state.stopped}; tokens {state.tokens}, cost ${state.cost_usd:.4f}; run directory {run.root}")
+    out.append(printable(band_wins_line(run)))
+    out.append(f"stopped: {one_line(state.stopped)}; tokens {state.tokens}, cost ${state.cost_usd:.4f}; run directory {run.root}")
     return "\n".join(out)
 
 
@@ -32,7 +39,12 @@ def runs_table() -> str | None:
         return None
     rows = []
     for name in names:
-        s = RunDir.open(name).state()
-        rows.append([name, s.kernel, s.agent, len(s.history), s.best or "-", round(s.best_score, 3),
-                     s.stopped or "running"])
+        try:
+            s = RunDir(paths.sub("runs") / name).state()
+        except AstraError as err:
+            rows.append([name, "-", "-", "-", "-", "-", f"unreadable: {_reason(err)}"])
+            continue
+        rows.append([name, printable(s.kernel), printable(s.agent), len(s.history), s.best or "-",
+                     round(s.best_score, 3) if isinstance(s.best_score, (int, float)) else "-",
+                     one_line(s.stopped, 80) if s.stopped else "running"])
     return table.render(["run", "kernel", "agent", "candidates", "best", "x", "state"], rows)

@@ -268,8 +268,8 @@ def scan_file(path: Path, tree_root: Path, functions: dict[str, ast.FunctionDef]
         return []
     try:
         module = ast.parse(text)
-    except SyntaxError:
-        return []
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []  # reported by `unparsable` (astra list prints one line per file)
     parents = {child: node for node in ast.walk(module) for child in ast.iter_child_nodes(node)}
     module_scope = _Scope(module.body)
     rel = path.resolve().relative_to(tree_root.resolve()).as_posix()
@@ -330,6 +330,32 @@ def function_index(files: list[Path]) -> dict[str, ast.FunctionDef]:
             if isinstance(node, ast.FunctionDef):
                 index.setdefault(node.name, node)
     return index
+
+
+@dataclass
+class Unparsable:
+    """A loader file that mentions load_jit but is not valid Python: its modules are missing from `list`."""
+
+    file: str  # path inside the tree, e.g. sglang/kernels/ops/demo/scale.py
+    error: str  # "SyntaxError at line 3"
+
+
+def unparsable(tree: SglangTree) -> list[Unparsable]:
+    """Every loader file of `tree` that mentions `load_jit` and does not parse (skipped by `scan_tree`)."""
+    out = []
+    for path in tree.python_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if "load_jit" not in text:
+            continue
+        try:
+            ast.parse(text)
+        except SyntaxError as err:
+            rel = path.resolve().relative_to(tree.root.resolve()).as_posix()
+            out.append(Unparsable(rel, f"{type(err).__name__} at line {err.lineno}"))
+        except (ValueError, RecursionError, MemoryError) as err:
+            rel = path.resolve().relative_to(tree.root.resolve()).as_posix()
+            out.append(Unparsable(rel, f"{type(err).__name__}: {str(err)[:80]}"))
+    return out
 
 
 def scan_tree(tree: SglangTree) -> list[CallSite]:

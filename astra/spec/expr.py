@@ -11,6 +11,8 @@ import math
 import operator
 import re
 
+from astra.errors import AstraError
+
 DTYPE_BYTES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
     "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
@@ -22,14 +24,48 @@ CPP_DTYPES = {
 }
 
 
-class ExprError(ValueError):
-    pass
+class ExprError(AstraError, ValueError):
+    """A spec expression that cannot be evaluated; a malformed spec when it escapes (exit 5)."""
+
+    exit_code = 5
+
+
+MAX_INT = 2**64  # magnitude bound of every integer result (checked before computing where it matters)
+MAX_STR = 4096  # length bound of every string result
+MAX_ITEMS = 4096  # length bound of every tuple result
+MAX_EXPR = 4000  # characters of one expression
 
 
 def _elt(dtype: str) -> int:
     if dtype not in DTYPE_BYTES:
         raise ExprError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[dtype]
+
+
+def _log2(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ExprError(f"log2 needs a number, not {type(value).__name__}")
+    if value <= 0:
+        raise ExprError(f"log2({value}) is undefined (it needs a positive number)")
+    return int(math.log2(value))
+
+
+def _div_args(a, b, fn: str) -> None:
+    for v in (a, b):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ExprError(f"{fn} needs numbers, not {type(v).__name__}")
+    if b == 0:
+        raise ExprError(f"{fn}: division by zero (the divisor is 0)")
+
+
+def _ceil_div(a, b):
+    _div_args(a, b, "ceil_div")
+    return -(-a // b)
+
+
+def _round_up(a, b):
+    _div_args(a, b, "round_up")
+    return -(-a // b) * b
 
 
 def _cpp_dtype(dtype: str) -> str:
@@ -40,9 +76,9 @@ def _cpp_dtype(dtype: str) -> str:
 
 FUNCTIONS = {
     "min": min, "max": max, "abs": abs,
-    "ceil_div": lambda a, b: -(-a // b),
-    "round_up": lambda a, b: -(-a // b) * b,
-    "log2": lambda a: int(math.log2(a)),
+    "ceil_div": _ceil_div,
+    "round_up": _round_up,
+    "log2": _log2,
     "elt": _elt, "cpp_dtype": _cpp_dtype,
     "cpp_bool": lambda v: "true" if v else "false",
 }
@@ -54,16 +90,71 @@ _CMPOPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast
 
 
 def evaluate(expr, names: dict):
-    """Value of `expr` (a string expression, or a number passed through) given `names`."""
+    """Value of `expr` (a string expression, or a number passed through) given `names`.
+
+    Every failure is an ExprError naming the expression; results are bounded (integers to 2**64 in
+    magnitude, strings and tuples to 4096 items), checked before the work is done."""
     if isinstance(expr, (int, float, bool)):
-        return expr
+        return _bounded(expr, repr(expr))
     if not isinstance(expr, str):
-        raise ExprError(f"expected an expression string, got {type(expr).__name__}: {expr!r}")
+        raise ExprError(f"expected an expression string, got {type(expr).__name__}: {_short(expr)}")
+    if len(expr) > MAX_EXPR:
+        raise ExprError(f"{_short(expr)}: an expression longer than {MAX_EXPR} characters")
     try:
         tree = ast.parse(expr.strip(), mode="eval")
     except SyntaxError as err:
         raise ExprError(f"{expr!r}: not a valid expression ({err.msg})") from None
-    return _Eval(expr, names).visit(tree.body)
+    except (ValueError, RecursionError, MemoryError) as err:
+        raise ExprError(f"{_short(expr)}: not a valid expression ({type(err).__name__}: {err})") from None
+    try:
+        return _Eval(expr, names).visit(tree.body)
+    except ExprError as err:
+        msg = str(err)
+        raise ExprError(msg if msg.startswith(repr(expr)) else f"{expr!r}: {msg}") from None
+    except (ArithmeticError, TypeError, ValueError, RecursionError, MemoryError) as err:
+        raise ExprError(f"{_short(expr)}: {type(err).__name__}: {err}") from None
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "...'"
+
+
+def _bounded(value, what: str):
+    """`value` if it is within the bounds, else an ExprError."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        if abs(value) > MAX_INT:
+            raise ExprError(f"{what}: integer result larger than 2**64")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ExprError(f"{what}: the result is not a finite number ({value})")
+    elif isinstance(value, str):
+        if len(value) > MAX_STR:
+            raise ExprError(f"{what}: a string result longer than {MAX_STR} characters")
+    elif isinstance(value, tuple):
+        if len(value) > MAX_ITEMS:
+            raise ExprError(f"{what}: a list longer than {MAX_ITEMS} items")
+    elif not isinstance(value, (int, float, str, tuple)):
+        raise ExprError(f"{what}: a result of type {type(value).__name__} (numbers, strings and lists only)")
+    return value
+
+
+def _precheck(op, left, right) -> str | None:
+    """Why `left op right` would be too large, judged before computing it (None: fine). Float powers
+    are O(1) and overflow with an error; integer powers are checked by the bits of the result."""
+    if isinstance(op, ast.Pow) and isinstance(left, int) and isinstance(right, int):
+        if right > 0 and abs(left) > 1 and right * math.log2(abs(left)) > 64:
+            return "power too large (the result would exceed 2**64)"
+        if right < 0 and left == 0:
+            return "division by zero (0 to a negative power)"
+    if isinstance(op, ast.Mult):
+        for seq, count in ((left, right), (right, left)):
+            if isinstance(seq, (str, tuple)) and isinstance(count, int):
+                if len(seq) * max(count, 0) > MAX_STR:
+                    return f"repetition too long (more than {MAX_STR} items)"
+    return None
 
 
 class _Eval:
@@ -74,6 +165,9 @@ class _Eval:
         raise ExprError(f"{self.text!r}: {why}")
 
     def visit(self, node):
+        return _bounded(self._visit(node), repr(self.text))
+
+    def _visit(self, node):
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str, bool)):
             return node.value
         if isinstance(node, ast.Name):
@@ -83,18 +177,29 @@ class _Eval:
                 return node.id == "True"
             self.fail(f"unknown name {node.id!r} (known: {', '.join(sorted(self.names)) or 'none'})")
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            left, right = self.visit(node.left), self.visit(node.right)
+            too_big = _precheck(node.op, left, right)
+            if too_big:
+                self.fail(too_big)
             try:
-                return _BINOPS[type(node.op)](self.visit(node.left), self.visit(node.right))
-            except (ZeroDivisionError, TypeError) as err:
+                return _BINOPS[type(node.op)](left, right)
+            except ZeroDivisionError:
+                self.fail("division by zero")
+            except OverflowError:
+                self.fail("numeric overflow (the result is too large)")
+            except (TypeError, ValueError) as err:
                 self.fail(str(err))
         if isinstance(node, ast.UnaryOp):
             value = self.visit(node.operand)
-            if isinstance(node.op, ast.USub):
-                return -value
-            if isinstance(node.op, ast.Not):
-                return not value
-            if isinstance(node.op, ast.UAdd):
-                return value
+            try:
+                if isinstance(node.op, ast.USub):
+                    return -value
+                if isinstance(node.op, ast.Not):
+                    return not value
+                if isinstance(node.op, ast.UAdd):
+                    return +value
+            except TypeError as err:
+                self.fail(str(err))
         if isinstance(node, ast.BoolOp):
             values = [self.visit(v) for v in node.values]
             return all(values) if isinstance(node.op, ast.And) else any(values)
@@ -102,7 +207,13 @@ class _Eval:
             left = self.visit(node.left)
             for op, right_node in zip(node.ops, node.comparators):
                 right = self.visit(right_node)
-                if not _CMPOPS[type(op)](left, right):
+                if type(op) not in _CMPOPS:
+                    self.fail(f"unsupported comparison {type(op).__name__}")
+                try:
+                    holds = _CMPOPS[type(op)](left, right)
+                except TypeError as err:
+                    self.fail(f"cannot compare {type(left).__name__} with {type(right).__name__} ({err})")
+                if not holds:
                     return False
                 left = right
             return True
@@ -114,7 +225,15 @@ class _Eval:
             fn = FUNCTIONS.get(node.func.id)
             if fn is None:
                 self.fail(f"unknown function {node.func.id!r} (known: {', '.join(FUNCTIONS)})")
-            return fn(*[self.visit(a) for a in node.args])
+            if any(isinstance(a, ast.Starred) for a in node.args):
+                self.fail("unsupported syntax Starred")
+            args = [self.visit(a) for a in node.args]
+            try:
+                return fn(*args)
+            except ExprError as err:
+                self.fail(str(err))
+            except (TypeError, ValueError, ArithmeticError) as err:
+                self.fail(f"{node.func.id}(): {type(err).__name__}: {err}")
         self.fail(f"unsupported syntax {type(node).__name__}")
 
 

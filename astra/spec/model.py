@@ -12,6 +12,7 @@ import yaml
 
 from astra import paths
 from astra.errors import SpecError, UnknownKernel
+from astra.spec import checks
 from astra.spec.expr import DTYPE_BYTES, ExprError, evaluate, names_in, render
 
 REQUIRED = ("name", "module", "source", "build", "entry", "dims", "dtypes", "arguments", "shapes",
@@ -99,16 +100,17 @@ class KernelSpec:
         for entry in shapes.get("models") or []:
             fields = dict(models[entry["model"]])
             fields["tp"] = entry.get("tp", 1)
-            base = {k: int(evaluate(v, fields)) for k, v in (entry.get("dims") or {}).items()}
+            base = {k: _dim(evaluate(v, fields), f"shapes.models {entry['model']} dims.{k} = {v!r}")
+                    for k, v in (entry.get("dims") or {}).items()}
             label = f"{entry['model']}/tp{fields['tp']}"
             for tokens in entry.get("tokens") or shapes.get("tokens") or [1]:
-                dims = {token_dim: int(tokens), **base}
+                dims = {token_dim: _dim(tokens, "shapes.tokens"), **base}
                 key = tuple(sorted(dims.items()))
                 if key not in seen:
                     seen.add(key)
                     out.append(ShapeCase(label, dims))
         for dims in shapes.get("edge") or []:
-            dims = {k: int(v) for k, v in dims.items()}
+            dims = {k: _dim(v, f"shapes.edge {k}") for k, v in dims.items()}
             key = tuple(sorted(dims.items()))
             if key not in seen:
                 seen.add(key)
@@ -117,6 +119,17 @@ class KernelSpec:
 
     def token_count(self, dims: dict) -> int:
         return int(dims.get(self.raw["shapes"].get("token_dim", "tokens"), 1))
+
+
+def _dim(value, where: str) -> int:
+    """A dimension's value: a positive integer (an integral float is accepted), else an ExprError."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ExprError(f"{where}: {value!r} is not an integer")
+    if value <= 0:
+        raise ExprError(f"{where}: {value} is not positive (dims are > 0)")
+    return value
 
 
 def spec_path(name: str) -> Path:
@@ -139,13 +152,14 @@ def load(name_or_path: str | Path) -> KernelSpec:
             f"no kernel spec {str(name_or_path)!r} (looked for {path}); specs: {have}. "
             "Write a draft with `astra extract NAME`."
         )
+    raw, why = checks.read_yaml(path)
+    if why:
+        raise SpecError(str(path), [why])
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SpecError(str(path), [f"not valid YAML{where}: {getattr(err, 'problem', err)}"]) from None
-    problems = validate(raw, path)
+        problems = validate(raw, path)
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as err:  # a shape validate missed
+        problems = [f"the spec does not have the structure docs/spec-format.md describes "
+                    f"({type(err).__name__}: {str(err)[:120]})"]
     if problems:
         raise SpecError(str(path), problems)
     return KernelSpec(path=path, raw=raw)
@@ -159,22 +173,31 @@ def load_models() -> dict:
 def validate(raw, path: Path) -> list[str]:
     """Every mistake in the spec, one message each (empty list: valid)."""
     if not isinstance(raw, dict):
-        return ["the file must hold a mapping of fields (see docs/spec-format.md)"]
-    problems = [f"missing field `{key}`" for key in REQUIRED if key not in raw]
+        return [f"the file must hold a mapping of fields (see docs/spec-format.md), not {type(raw).__name__}"]
+    problems = checks.unknown_keys(raw, checks.TOP, "top level")
+    problems += [f"missing field `{key}`" for key in REQUIRED if key not in raw]
     if problems:
         return problems
     if raw["name"] != path.parent.name:
         problems.append(f"`name: {raw['name']}` must equal the directory name `{path.parent.name}`")
     problems += _check_source(raw["source"])
     problems += _check_build(raw["build"])
+    if not isinstance(raw["source"], dict) or not isinstance(raw["build"], dict):
+        return problems
     dims = raw["dims"]
-    if not isinstance(dims, dict) or not dims:
+    if not isinstance(dims, dict) or not dims or not all(isinstance(d, str) for d in dims):
         problems.append("`dims` must map each dimension name to a one-line meaning")
         return problems
-    dtypes = raw["dtypes"]
-    if not isinstance(dtypes, list) or not dtypes:
-        problems.append("`dtypes` must be a non-empty list (the first is the timed dtype)")
+    if raw.get("derived") is not None and not (isinstance(raw["derived"], dict)
+                                               and all(isinstance(k, str) for k in raw["derived"])):
+        problems.append("`derived` must map names to expressions over dims")
         return problems
+    dtypes = raw["dtypes"]
+    if not isinstance(dtypes, list) or not dtypes or not all(isinstance(d, str) for d in dtypes):
+        problems.append("`dtypes` must be a non-empty list of dtype names (the first is the timed dtype)")
+        return problems
+    shape_problems = checks.check_shapes(raw["shapes"], list(dims))
+    problems += shape_problems
     for dt in dtypes:
         if dt not in DTYPE_BYTES:
             problems.append(f"dtypes: unknown dtype {dt!r} (known: {', '.join(DTYPE_BYTES)})")
@@ -185,7 +208,9 @@ def validate(raw, path: Path) -> list[str]:
     if raw["build"].get("header_only", True) and raw["entry"] not in exports:
         problems.append(f"`entry: {raw['entry']}` is not among build.wrappers exports {exports}")
     problems += _check_tolerance(raw["tolerance"], dtypes)
-    if raw.get("reference") and not (path.parent / raw["reference"]).is_file():
+    if raw.get("reference") is not None and not isinstance(raw["reference"], str):
+        problems.append("`reference` must be a file name beside kernel.yaml, e.g. reference.py")
+    elif raw.get("reference") and not (path.parent / raw["reference"]).is_file():
         problems.append(f"`reference: {raw['reference']}` names a file that does not exist beside kernel.yaml")
     if problems:
         return problems
@@ -195,7 +220,8 @@ def validate(raw, path: Path) -> list[str]:
 def _check_source(source) -> list[str]:
     if not isinstance(source, dict):
         return ["`source` must be a mapping (sglang_version, kernel_file, repo_path, sha256)"]
-    out = [f"source: missing `{k}`" for k in ("sglang_version", "kernel_file", "repo_path", "sha256")
+    out = checks.unknown_keys(source, checks.SOURCE, "source")
+    out += [f"source: missing `{k}`" for k in ("sglang_version", "kernel_file", "repo_path", "sha256")
            if k not in source]
     sha = str(source.get("sha256", ""))
     if "sha256" in source and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
@@ -206,7 +232,7 @@ def _check_source(source) -> list[str]:
 def _check_build(build) -> list[str]:
     if not isinstance(build, dict):
         return ["`build` must be a mapping (cuda_files, wrappers, flags)"]
-    out = []
+    out = checks.unknown_keys(build, checks.BUILD, "build")
     if not build.get("cuda_files") and not build.get("cpp_files"):
         out.append("build: list the sources in `cuda_files` (or `cpp_files`), as SGLang's call site does")
     for key in ("cuda_files", "cpp_files", "extra_cuda_cflags", "extra_cflags", "extra_ldflags"):
@@ -216,8 +242,10 @@ def _check_build(build) -> list[str]:
     if build.get("header_only", True) and not wrappers:
         out.append("build.wrappers: a header-only module needs at least one {export, entry}")
     for i, w in enumerate(wrappers if isinstance(wrappers, list) else []):
-        if not isinstance(w, dict) or not w.get("export") or not w.get("entry"):
+        if not isinstance(w, dict) or not isinstance(w.get("export"), str) or not isinstance(w.get("entry"), str):
             out.append(f"build.wrappers[{i}] must have `export` and `entry`")
+        else:
+            out += checks.unknown_keys(w, checks.WRAPPER, f"build.wrappers[{i}]")
     return out
 
 
@@ -228,15 +256,13 @@ def _check_arguments(args, raw) -> list[str]:
     known = set(raw["dims"]) | set((raw.get("derived") or {})) | {"dtype"}
     for i, a in enumerate(args):
         where = f"arguments[{i}]" + (f" ({a.get('name')})" if isinstance(a, dict) and a.get("name") else "")
-        if not isinstance(a, dict) or "name" not in a:
+        if not isinstance(a, dict) or not isinstance(a.get("name"), str):
             out.append(f"{where}: needs a `name`")
             continue
         if a["name"] in names:
             out.append(f"{where}: duplicate argument name")
         names.add(a["name"])
-        unknown = set(a) - {"name", "kind", "role", "shape", "dtype", "init", "value", "doc", "alias"}
-        if unknown:
-            out.append(f"{where}: unknown field(s) {sorted(unknown)}")
+        out += checks.unknown_keys(a, checks.ARGUMENT, where)
         kind = a.get("kind")
         if kind not in KINDS:
             out.append(f"{where}: kind must be one of {KINDS}, not {kind!r}")
@@ -255,7 +281,8 @@ def _check_arguments(args, raw) -> list[str]:
                         out.append(f"{where}: shape entry {e!r} uses unknown name(s) {sorted(missing)}")
             init = a.get("init", {"dist": "normal"})
             dist = init.get("dist") if isinstance(init, dict) else None
-            if dist not in DISTS:
+            out += checks.unknown_keys(init, checks.INIT, f"{where}.init")
+            if not isinstance(dist, str) or dist not in DISTS:
                 out.append(f"{where}: init.dist must be one of {sorted(DISTS)}, not {dist!r}")
             else:
                 for req in DISTS[dist]:
@@ -283,12 +310,13 @@ def _check_alias(arg: dict, earlier: list, where: str) -> list[str]:
 def _check_tolerance(tol, dtypes) -> list[str]:
     if not isinstance(tol, dict):
         return ["`tolerance` must map each dtype to {atol, rtol, floor}"]
-    out = []
+    out = checks.unknown_keys(tol, tuple(DTYPE_BYTES), "tolerance")
     for dt in dtypes:
         entry = tol.get(dt)
         if not isinstance(entry, dict):
             out.append(f"tolerance: no entry for dtype {dt}")
             continue
+        out += checks.unknown_keys(entry, checks.TOLERANCE, f"tolerance.{dt}")
         for k in ("atol", "rtol", "floor"):
             if not isinstance(entry.get(k), (int, float)) or entry[k] < 0:
                 out.append(f"tolerance.{dt}.{k} must be a non-negative number")
@@ -303,10 +331,11 @@ def _check_cases(spec: KernelSpec) -> list[str]:
     except KeyError as err:
         return [f"shapes.models: unknown model {err} (known: {', '.join(load_models())})"]
     except ExprError as err:
-        return [f"shapes.models: {err}"]
+        return [f"shapes: {err}"]
     if not cases:
         return ["shapes: no cases (give `models` with `tokens`, or `edge`)"]
     constraints = spec.raw["shapes"].get("constraints") or []
+    failed: set[str] = set()
     for case, dtype in itertools.product(cases, spec.dtypes):
         dims_missing = set(spec.raw["dims"]) - set(case.dims)
         if dims_missing:
@@ -324,7 +353,9 @@ def _check_cases(spec: KernelSpec) -> list[str]:
                 if a.kind == "tensor":
                     [evaluate(e, names) for e in a.shape]
         except ExprError as err:
-            out.append(f"shape {case.label} {case.dims} ({dtype}): {err}")
+            if str(err) not in failed:  # the same broken expression is one mistake, named at its first shape
+                failed.add(str(err))
+                out.append(f"shape {case.label} {case.dims} ({dtype}): {err}")
         out = list(dict.fromkeys(out))  # the same mistake seen for another dtype is one mistake
         if len(out) > 20:
             out.append("... (more problems of the same kind not shown)")

@@ -29,6 +29,9 @@ class CheckOptions:
         bad = [m for m in self.modes if m not in MODES]
         if bad or not self.modes:
             raise AstraError(f"--modes: unknown mode(s) {bad or self.modes}; use graph, cold or graph,cold")
+        if self.budget_ms is not None and (isinstance(self.budget_ms, bool) or not isinstance(self.budget_ms, (int, float))
+                                           or not 0 < self.budget_ms < float("inf")):
+            raise AstraError(f"--budget-ms {self.budget_ms}: must be a positive number of milliseconds")
 
     def harness_options(self, *, sanitizer: bool | None = None) -> Options:
         opts = Options(modes=list(self.modes), sanitizer=self.sanitizer if sanitizer is None else sanitizer)

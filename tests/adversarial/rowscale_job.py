@@ -2,7 +2,8 @@
 
 `rowscale_job(candidate)` builds a `harness.job.Job` exactly as `astra` would resolve a spec: the
 original file under `source_root`, one variant per dtype, cases over tokens x widths, tolerances.
-`CANDIDATES` lists every candidate file with the verdict status(es) it must get.
+`CANDIDATES` lists every candidate file with the verdict status(es) it must get; `SCAN_EVADING` names those
+that pass harness.scan (text and shared object) and are stopped only by the judge/candidate process split.
 """
 
 from __future__ import annotations
@@ -59,7 +60,19 @@ CANDIDATES = (
     Expectation("k_null_write", ("crashed",)),
     Expectation("l_hang", ("timeout",)),
     Expectation("m_vectorized", ("correct",)),
+    # Rejected by the static scan (harness.scan) before the judge builds anything:
+    Expectation("n_ctor_forges_verdict", ("rejected_source",)),  # static ctor running Python via dlsym
+    Expectation("o_reads_env", ("rejected_source",)),  # getenv("OPENAI_API_KEY") encoded into the output
+    Expectation("p_spawns_process", ("rejected_source",)),  # std::system
+    Expectation("q_writes_file", ("rejected_source",)),  # fopen("/tmp/astra-pwned", "w")
+    Expectation("r_dlsym", ("rejected_source",)),  # dlsym(RTLD_DEFAULT, "getenv")
+    Expectation("s_small_magnitude", ("incorrect",)),  # |x*w| < 1e-6 flushed: only the small-magnitude trial
+    # Evades the text scan and the .so backstop; only the judge/candidate split keeps it from forging:
+    Expectation("t_ctor_obfuscated", ("rejected_source", "crashed", "incorrect")),
 )
+# Candidates the static scan cannot see (the defence-in-depth demonstration): with the scan bypassed they still
+# must not get "correct", because their code runs only in the candidate process.
+SCAN_EVADING = ("t_ctor_obfuscated",)
 
 
 def tvm_ffi_include_dirs() -> list[str]:

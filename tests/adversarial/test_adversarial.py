@@ -1,7 +1,9 @@
 """GPU half of the adversarial suite: every candidate in kernels/candidates/ goes through the real worker
-(`harness.worker.run_job`, one process each) and must get the status its `Expectation` names, with a
-reason; the sanitizer cases (f, g) go through `verify_job` with their tool and must show its finding.
-(h, i, j are decided before any kernel runs; test_candidates_compile.py checks them on the CPU too.)"""
+(`harness.worker.run_job`: a judge process per job, which runs the candidate only in a candidate process
+of its own) and must get the status its `Expectation` names, with a reason; the sanitizer cases (f, g)
+go through `verify_job` (compute-sanitizer over the candidate process) and must show the tool's finding.
+(h, i, j are decided before any kernel runs; test_candidates_compile.py checks them on the CPU too.)
+Every file in kernels/candidates/ must have an `Expectation` (test_every_candidate_has_an_expectation)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ BY_NAME = {expect.name: expect for expect in CANDIDATES}
 def adversarial_job(name: str | None):
     """Both dtypes, tokens 1, 1025 (past b's 1024 rows) and 4096, every width; two seeds (e needs a
     second call per shape); both timing modes on short budgets. c_side_stream is caught by the
-    stream-ordered correctness check (harness.check.call), before any timing."""
+    stream-ordered correctness check (harness.check.call, run by the candidate process on its side),
+    before any timing."""
     cases = rowscale_cases(tokens=(1, 1025, 4096))
     return rowscale_job(name, cases=cases, seeds=[0, 1], modes=["graph", "cold"], budget_ms_per_case=20.0,
                         case_timeout_s=30.0)
@@ -96,3 +99,10 @@ def test_legitimate_candidate_is_sanitizer_clean():
     report = sanitize(adversarial_job("m_vectorized"), timeout_s=SANITIZER_TIMEOUT_S)
     assert report["ok"] and report["skipped"] is None, report
     assert [run["verdict_status"] for run in report["runs"]] == ["correct", "correct"], report
+
+
+def test_every_candidate_has_an_expectation():
+    from rowscale_job import CANDIDATE_DIR
+
+    files = sorted(p.stem for p in CANDIDATE_DIR.glob("*.cuh"))
+    assert sorted(BY_NAME) == files, "add an Expectation to rowscale_job.CANDIDATES for each candidate file"

@@ -5,6 +5,8 @@ expected status through `harness.evaluate.evaluate` on the CPU."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from rowscale_job import (
     CANDIDATES,
     CPP_TYPE,
     KERNEL_FILE,
+    SCAN_EVADING,
     candidate_text,
     rowscale_cases,
     rowscale_job,
@@ -20,6 +23,7 @@ from rowscale_job import (
 )
 
 from harness.build import BuildRequest, build_many, export_signatures, load_module
+from harness.scan import elf_tools_available, scan_candidate, scan_shared_object
 from harness.toolchain import BuildFailure, nvcc_path
 
 
@@ -104,3 +108,43 @@ def test_job_round_trips_through_json():
     assert Job.from_json(job.to_json()) == job
     assert {case.variant for case in job.cases} == set(job.variants)
     assert job.candidate_source == candidate_text("m_vectorized")
+
+
+SOURCE_REJECTED = [e.name for e in CANDIDATES if e.statuses == ("rejected_source",)]
+
+
+@pytest.mark.parametrize("name", [e.name for e in CANDIDATES])
+def test_static_scan_rejects_exactly_the_source_attacks(name):
+    """rejected_source candidates are named by the text scan; every other candidate (including the
+    scan-evading one, by design) passes it."""
+    reason = scan_candidate((BASE_ROOT / KERNEL_FILE).read_text(), candidate_text(name))
+    if name in SOURCE_REJECTED:
+        assert reason and reason.startswith("line ") and "\n" not in reason, reason
+    else:
+        assert reason is None, reason
+
+
+@pytest.mark.skipif(not elf_tools_available(), reason="needs binutils (nm or readelf)")
+@pytest.mark.parametrize("name", [e.name for e in CANDIDATES if e.compiles])
+def test_shared_object_backstop_on_candidates(builds, name):
+    """Every source attack also shows in the built module (a new dangerous import or a larger .init_array);
+    the scan-evading candidate shows in neither, which is the point of it."""
+    reason = scan_shared_object(builds[None].so_path, builds[name].so_path)
+    if name in SOURCE_REJECTED:
+        assert reason, name
+    else:
+        assert reason is None, reason
+
+
+@pytest.mark.parametrize("name", SCAN_EVADING)
+def test_scan_evading_candidate_takes_over_any_python_process_that_loads_it(builds, name):
+    """Why the judge must never load candidate code: loading the module (no kernel launched, no GPU needed)
+    runs its payload, which patches json.dumps in the loading process to report "correct". Run in a
+    throwaway subprocess."""
+    probe = ("import json, sys\nfrom harness.modules import load_module\nload_module(sys.argv[1])\n"
+             "print(json.dumps({'status': 'incorrect'}))")
+    done = subprocess.run([sys.executable, "-c", probe, builds[name].so_path], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    if done.returncode != 0:
+        pytest.skip(f"the module does not load on this machine: {done.stderr[-500:]}")
+    assert '"status": "correct"' in done.stdout, done.stdout

@@ -38,11 +38,13 @@ def candidate(tree: SglangTree, old: str = EDIT_OLD, new: str = EDIT_NEW) -> str
 
 def synthetic_verdict(name: str = "fused_add_rmsnorm", *, status: str = "correct", slow_case: int | None = None,
                       slow_mode: str = "cold", slow_speedup: float = 0.97, sanitizer_findings: int = 0,
-                      rel_stderr: float = 0.001, uniform: float | None = None) -> Verdict:
+                      rel_stderr: float = 0.001, uniform: float | None = None, sanitizer: str = "clean") -> Verdict:
     """A Verdict shaped like verify_job's (SYNTHETIC numbers; see the module docstring).
 
     Decode shapes get x1.12 (graph) / x1.06 (cold), others x1.01; `slow_case` (an index into the timed
-    cases) gets `slow_speedup` in `slow_mode`; `uniform` gives every timed shape that speedup instead."""
+    cases) gets `slow_speedup` in `slow_mode`; `uniform` gives every timed shape that speedup instead.
+    `sanitizer`: "clean" (memcheck and racecheck ran, nothing found), "none" (never run: an empty report, as
+    with --no-sanitizer), "skipped" (compute-sanitizer missing), "partial" (memcheck ran, racecheck timed out)."""
     spec = spec_mod.load(name)
     case_list, _ = jobs.cases(spec)
     results, timed_index = [], 0
@@ -76,6 +78,13 @@ def synthetic_verdict(name: str = "fused_add_rmsnorm", *, status: str = "correct
                                        "kernel": "k"}] * sanitizer_findings,
                          "ok": not sanitizer_findings, "skipped": None,
                          "runs": [{"tool": "memcheck"}, {"tool": "racecheck"}]}
+    if sanitizer == "none":
+        verdict.sanitizer = {}
+    elif sanitizer == "skipped":
+        verdict.sanitizer = {"findings": [], "ok": True, "runs": [],
+                             "skipped": "compute-sanitizer not found on PATH or in $CUDA_HOME/bin"}
+    elif sanitizer == "partial":
+        verdict.sanitizer.update(runs=[{"tool": "memcheck"}], skipped="racecheck: timed out after 900 s")
     if status != "correct":
         verdict.status, verdict.correct, verdict.faster = status, False, False
         verdict.reason = "input: 12 of 4096 elements differ"
@@ -109,3 +118,38 @@ def package_tree(tree: SglangTree, dest: Path) -> Path:
     (dest / "sglang" / "__init__.py").write_text("")
     shutil.copyfile(tree.csrc_dir / KERNEL_REL, target)
     return dest
+
+
+# ---- hostile patches: hunks that change a file the trailers do not name
+
+EVIL_REL = "sglang/kernels/ops/layernorm/__init__.py"  # a Python file SGLang imports (package-relative)
+EVIL_LINE = 'import os; os.system("touch /tmp/astra-pwned")'
+
+
+def plain_hunk(path: str, *, create: bool = False) -> str:
+    """A plain unified diff (no `diff --git` line) that `git apply` applies: it creates `path`, or adds
+    EVIL_LINE at the top of an existing one-line `path` holding "x"."""
+    if create:
+        return f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+{EVIL_LINE}\n"
+    return f"--- a/{path}\n+++ b/{path}\n@@ -1 +1,2 @@\n+{EVIL_LINE}\n x\n"
+
+
+def with_message_diff(patch_text: str, diff: str) -> str:
+    """`patch_text` with `diff` as the first lines of its commit message body (not indented)."""
+    head, sep, body = patch_text.partition("\n\n")
+    assert sep, "no message body"
+    return head + sep + diff + "\n" + body
+
+
+def add_evil_target(root: Path, prefix: str = "") -> Path:
+    """The one-line file `plain_hunk` modifies, under `root` (`prefix` "python/" for a repo layout)."""
+    evil = root / prefix / EVIL_REL
+    evil.parent.mkdir(parents=True, exist_ok=True)
+    evil.write_text("x\n")
+    return evil
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under `root` (but .git) with its bytes: to show that a refused command changed nothing."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".git" not in p.relative_to(root).parts}

@@ -29,3 +29,48 @@ def test_errors_name_the_problem(expr, msg):
 
 def test_names_in():
     assert names_in("tokens * hidden + elt(dtype)") == {"tokens", "hidden", "dtype"}
+
+
+@pytest.mark.parametrize("expr,needle", [
+    ("log2(0)", "log2(0) is undefined"),
+    ("log2('x')", "log2 needs a number"),
+    ("ceil_div(x, 0)", "division by zero"),
+    ("round_up(x, 0)", "division by zero"),
+    ("x / 0", "division by zero"),
+    ("0 ** -1", "division by zero"),
+    ("min()", "min expected at least 1 argument"),
+    ("max(1, 'a')", "max()"),
+    ("x < 'a'", "cannot compare int with str"),
+    ("'a' in 3", "cannot compare str with int"),
+    ("-'a'", "bad operand type"),
+    ("abs('a')", "abs()"),
+    ("(-8) ** 0.5", "a result of type complex"),
+    ("1e308 * 10", "not a finite number"),
+    ("10.0 ** 400", "numeric overflow"),
+    ("x << 2", "unsupported syntax"),
+    ("10 ** 10 ** 10", "power too large"),
+    ("2 ** 65", "power too large"),
+    ("(2 ** 64) * (2 ** 64)", "larger than 2**64"),
+    ("'a' * 10 ** 10", "repetition too long"),
+    ("(1,) * 5000", "repetition too long"),
+    ("'ab' * 2048 + 'c'", "longer than 4096"),
+    ("9" * 5000, "longer than 4000 characters"),
+    ("(" * 300 + "1" + ")" * 300, ""),
+])
+def test_every_failure_is_an_expr_error_named_and_fast(expr, needle):
+    import time
+
+    from astra.errors import AstraError
+
+    began = time.monotonic()
+    with pytest.raises(ExprError) as err:
+        evaluate(expr, {"x": 3})
+    assert time.monotonic() - began < 1.0
+    assert needle in str(err.value)
+    assert str(err.value).startswith(repr(expr)[:20])
+    assert isinstance(err.value, AstraError) and err.value.exit_code == 5
+
+
+def test_bounds_are_inclusive():
+    assert evaluate("2 ** 64", {}) == 2**64
+    assert evaluate("'a' * 4096", {}) == "a" * 4096

@@ -148,3 +148,119 @@ def test_patch_command(sglang_0523, tmp_path):
     verdict.write_text(h.synthetic_verdict(status="incorrect").to_json())
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stdout.startswith("no patch: not verified: incorrect")
+
+
+# ---- free text cannot smuggle a patch; the emitter checks what it wrote
+
+
+HOSTILE_WHY = ("Fuse the loads.\n" + h.plain_hunk(f"python/{h.EVIL_REL}", create=True)
+               + f"diff --git a/python/{h.EVIL_REL} b/python/{h.EVIL_REL}\n"
+               + h.plain_hunk(f"python/{h.EVIL_REL}")
+               + "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] evil\n"
+               + "Index: evil.py\nAstra-Kernel-File: python/sglang/evil.cuh\n"
+               + "bell\x07 escape\x1b[31m rtl\u202e cr\rsplit ls\u2028split nel\x85split\ttab")
+
+
+@pytest.fixture(scope="module")
+def hostile(sglang_0523, spec, tmp_path_factory):
+    return emit_patch(spec, sglang_0523, h.candidate(sglang_0523), h.synthetic_verdict(),
+                      tmp_path_factory.mktemp("hostile"), why=HOSTILE_WHY)
+
+
+def test_hostile_why_is_inert(hostile, sglang_0523, tmp_path):
+    """A `why` holding whole unified diffs (as an LLM plan could): indented, so git sees only the kernel file."""
+    for patch, path in ((hostile.repo_patch, h.REPO_PATH), (hostile.package_patch, h.REPO_PATH[len("python/"):])):
+        proc = subprocess.run(["git", "apply", "--numstat", str(patch)], cwd=tmp_path, capture_output=True, text=True)
+        assert proc.returncode == 0 and proc.stdout.splitlines() == [f"1\t1\t{path}"], proc.stdout + proc.stderr
+        proc = subprocess.run(["git", "apply", "--summary", str(patch)], cwd=tmp_path, capture_output=True, text=True)
+        assert proc.stdout.strip() == ""
+    text = hostile.repo_patch.read_text()
+    assert f"    +++ b/python/{h.EVIL_REL}" in text and "    From 0000000" in text and "    Subject: [PATCH] evil" in text
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e\u2028]", text)
+    assert "    bell escape[31m rtl cr\n    split ls\n    split nel\n    split   tab\n" in text
+    assert trailers(text)["Astra-Kernel-File"] == h.REPO_PATH and "python/sglang/evil.cuh" not in trailers(text).values()
+    for line in text[: text.index("\n---\n")].splitlines()[6:]:
+        assert not re.match(r"(diff |--- |\+\+\+ |@@ |Index: |From |Subject:)", line), line
+
+
+def test_hostile_why_applies_only_the_kernel(hostile, sglang_0523, tmp_path):
+    """Plain `git apply` and `git am` (mailinfo + apply) of it change the kernel file and nothing else."""
+    repo = h.sglang_repo(sglang_0523, tmp_path / "apply")
+    h.git(repo, "apply", str(hostile.repo_patch))
+    assert h.git(repo, "status", "--porcelain").strip() == f"M {h.REPO_PATH}"
+    repo = h.sglang_repo(sglang_0523, tmp_path / "am")
+    h.git(repo, "am", "-q", str(hostile.repo_patch))
+    assert h.git(repo, "show", "--name-only", "--format=", "HEAD").split() == [h.REPO_PATH]
+    assert "    +++ b/python/" in h.git(repo, "log", "-1", "--format=%B")
+    code = subprocess.run([sys.executable, "-m", "astra.cli", "apply", str(hostile.repo_patch), "--sglang-src",
+                           str(h.sglang_repo(sglang_0523, tmp_path / "astra")), "--check"], capture_output=True)
+    assert code.returncode == 0, code.stderr
+
+
+def test_emitter_checks_what_it_wrote(sglang_0523, spec, tmp_path, monkeypatch):
+    """With the escaping switched off, the emitter's own `git apply --numstat` check refuses and removes."""
+    from astra.errors import NotAnAstraPatch
+    from astra.patches import scope
+
+    monkeypatch.setattr(scope, "free_text", lambda text: str(text).splitlines())
+    monkeypatch.setattr(scope, "guard", lambda lines: lines)
+    with pytest.raises(NotAnAstraPatch, match=f"python/{h.EVIL_REL}") as err:
+        emit_patch(spec, sglang_0523, h.candidate(sglang_0523), h.synthetic_verdict(), tmp_path / "out",
+                   why="Fuse.\n" + h.plain_hunk(f"python/{h.EVIL_REL}", create=True))
+    assert "\n" not in str(err.value) and not list((tmp_path / "out").iterdir())
+
+
+# ---- the sanitizer does not fail open
+
+
+@pytest.mark.parametrize("sanitizer", ["none", "skipped", "partial"])
+def test_refused_without_a_clean_sanitizer_run(sglang_0523, spec, tmp_path, sanitizer):
+    verdict = h.synthetic_verdict(sanitizer=sanitizer)
+    result = emit_patch(spec, sglang_0523, h.candidate(sglang_0523), verdict, tmp_path / "req")
+    assert result.repo_patch is None and "compute-sanitizer did not check this candidate" in result.refused
+    assert "--no-sanitizer" in result.refused and "\n" not in result.refused
+    result = emit_patch(spec, sglang_0523, h.candidate(sglang_0523), verdict, tmp_path / "opt",
+                        sanitizer_required=False)
+    text = result.repo_patch.read_text()
+    assert "- compute-sanitizer: not run (--no-sanitizer)" in text
+    assert trailers(text)["Astra-Sanitizer"] == "skipped"
+
+
+def test_findings_refused_even_with_no_sanitizer(sglang_0523, spec, tmp_path):
+    result = emit_patch(spec, sglang_0523, h.candidate(sglang_0523), h.synthetic_verdict(sanitizer_findings=1),
+                        tmp_path, sanitizer_required=False)
+    assert result.repo_patch is None and "compute-sanitizer found 1 problem(s)" in result.refused
+
+
+def test_patch_command_no_sanitizer(sglang_0523, tmp_path):
+    candidate, verdict = tmp_path / "cand.cuh", tmp_path / "verdict.json"
+    candidate.write_text(h.candidate(sglang_0523))
+    verdict.write_text(h.synthetic_verdict(sanitizer="none").to_json())
+    cmd = [sys.executable, "-m", "astra.cli", "patch", "fused_add_rmsnorm", "--candidate", str(candidate),
+           "--verdict", str(verdict), "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stdout.startswith("no patch: compute-sanitizer did not check")
+    proc = subprocess.run(cmd + ["--no-sanitizer"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (patch,) = [p for p in (tmp_path / "out").glob("*.patch") if not p.name.endswith(".package.patch")]
+    assert "Astra-Sanitizer: skipped" in patch.read_text()
+
+
+def test_optimize_patch_step_follows_the_runs_sanitizer_option(sglang_0523, spec):
+    from astra.optimize.rundir import RunDir
+    from astra.optimize.session import emit_best_patch
+
+    source = (sglang_0523.csrc_dir / spec.kernel_file).read_text()
+    run = RunDir.create(spec.name, sglang_0523.version, "offline", source)
+    n = run.add_candidate(h.candidate(sglang_0523), {"description": "const weight\n--- a/x\n+++ b/x"})
+    run.save_verdict(n, h.synthetic_verdict(sanitizer="none"))
+    state = run.state()
+    state.best = n
+    run.save(state)
+    message = emit_best_patch(run, spec, sglang_0523)
+    assert message.startswith("patch: not emitted: compute-sanitizer did not check")
+    message = emit_best_patch(run, spec, sglang_0523, sanitizer_required=False)
+    assert message.startswith("patch: "), message
+    (patch,) = [p for p in (run.root / "patches").glob("*.patch") if not p.name.endswith(".package.patch")]
+    text = patch.read_text()
+    assert "compute-sanitizer: not run (--no-sanitizer)" in text and "    +++ b/x" in text

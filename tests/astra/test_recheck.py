@@ -3,7 +3,8 @@
 fused_add_rmsnorm.cuh is byte-identical in 0.5.20 and 0.5.23; 0.5.15 has it under the old
 `sglang/jit_kernel/` layout with two lines changed (`namespace {` for `namespace sglang {`); 0.5.10 also
 changed the lines the test's edit touches. Patches carry SYNTHETIC verdicts (tests/astra/patch_helpers.py).
-Without a GPU (or with CUDA hidden, as here) the GPU parts must say "not run: no CUDA GPU".
+Without a GPU (or with CUDA hidden, as here) the GPU parts must say "not run: no CUDA GPU", and the
+patch could not be verified (exit 11) unless `--no-gpu` accepts a source-only recheck.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 import pytest
 
-from astra.errors import NotAnAstraPatch
+from astra.errors import NotAnAstraPatch, SglangNotFound
 from astra.patches import recheck, versions
 from astra.patches.emit import emit_patch
 from astra.report import recheck_md as recheck_report
@@ -58,16 +59,61 @@ def no_gpu(monkeypatch):
 
 
 def test_unchanged_file_applies_exactly(patch):
-    result = recheck.recheck([patch], from_wheel("0.5.20"))
+    result = recheck.recheck([patch], from_wheel("0.5.20"), no_gpu=True)
     check = result["patches"][0]
-    assert result["exit_code"] == 0 and check["exit_code"] == 0, check["problems"]
+    assert result["exit_code"] == 0 and check["exit_code"] == 0, check["problems"] + check["unverified"]
     assert check["location"] == "present" and check["file_changed"] is False
     assert check["applies"] == "exact" and check["apply_method"] == "git apply --check"
     assert check["sources"]["kernel"]["status"] == "same"
-    assert check["gpu"] == {"run": False, "reason": "not run: no CUDA GPU"}
+    assert check["gpu"] == {"run": False, "reason": recheck.NO_GPU_FLAG}
     text = recheck_report.markdown(result)
-    assert "| yes | no |" in text and "GPU check (patched vs new original): not run: no CUDA GPU" in text
+    assert "| yes | no |" in text and "Source-only recheck (--no-gpu)." in text
+    assert "GPU check (patched vs new original): not run: --no-gpu" in text
+
+
+def test_no_gpu_could_not_verify(patch):
+    """No GPU and no --no-gpu: the GPU checks did not run, so the patch is not verified (exit 11)."""
+    result = recheck.recheck([patch], from_wheel("0.5.20"))
+    check = result["patches"][0]
+    assert result["exit_code"] == check["exit_code"] == 11 and not check["problems"]
+    assert check["gpu"] == {"run": False, "reason": "not run: no CUDA GPU"}
+    assert check["unverified"] == ["GPU checks not run: no CUDA GPU (pass --no-gpu to accept a source-only recheck)"]
+    text = recheck_report.markdown(result)
+    assert "Exit code 11 (COULD NOT VERIFY)" in text and "| COULD NOT VERIFY |" in text
+    assert "- could not verify: GPU checks not run: no CUDA GPU" in text
     assert "upstream speed change: not run: no CUDA GPU" in text
+
+
+def test_base_version_missing_could_not_verify(patch):
+    """The patch's base version cannot be had: sources not compared, exit 11 even with --no-gpu."""
+    def unavailable(version):
+        raise SglangNotFound(f"SGLang {version} is not in the package index (offline)")
+
+    result = recheck.recheck([patch], from_wheel("0.5.20"), old_tree_for=unavailable, no_gpu=True)
+    check = result["patches"][0]
+    assert result["exit_code"] == 11 and check["sources"] is None
+    assert check["unverified"][0].startswith("SGLang 0.5.23 (the patch's base) is not available")
+    assert "- could not verify: SGLang 0.5.23 (the patch's base) is not available" in recheck_report.markdown(result)
+
+
+def test_base_file_not_the_patchs_base_could_not_verify(patch):
+    """The base version's file is not the patch's base (here 0.5.15's tree stands in): exit 11."""
+    result = recheck.recheck([patch], from_wheel("0.5.20"), old_tree_for=lambda v: from_wheel("0.5.15"),
+                             no_gpu=True)
+    check = result["patches"][0]
+    assert result["exit_code"] == 11 and "is not the patch's base" in check["unverified"][0]
+
+
+def test_known_failures_beat_could_not_verify(patch, sglang_0510, monkeypatch):
+    assert recheck.worst(0, 11) == 11 and recheck.worst(11, 1) == 1 and recheck.worst(2, 11, 1) == 2
+    assert recheck.worst() == 0
+    check = recheck.recheck([patch], sglang_0510)["patches"][0]  # does not apply, and no GPU
+    assert check["exit_code"] == 2
+    monkeypatch.setattr(versions, "gpu_status", lambda: None)
+    monkeypatch.setattr(recheck, "_gpu_checks", lambda *a: {"run": True, "status": "incorrect",
+                                                           "regression": "the patched kernel fails (stand-in)"})
+    result = recheck.recheck([patch], from_wheel("0.5.20"), old_tree_for=lambda v: from_wheel("0.5.15"))
+    assert result["patches"][0]["unverified"] and result["exit_code"] == 1
 
 
 def test_moved_and_changed_file(patch, near_ns_patch):
@@ -108,12 +154,43 @@ def test_cli_highest_exit_code_wins_and_reports(patch, spec, tmp_path):
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
     code, out, err = astra("recheck", str(patch), str(old_patch), "--sglang", "0.5.20",
                            "--json", str(out_json), "--markdown", str(out_md))
-    assert code == 2, err
+    assert code == 2, err  # a known failure beats "could not verify"
     data = json.loads(out_json.read_text())
-    assert [p["exit_code"] for p in data["patches"]] == [0, 2]
+    assert [p["exit_code"] for p in data["patches"]] == [11, 2]
     assert data["patches"][1]["location"] == "moved"
     assert data["patches"][1]["new_path"] == "sglang/kernels/jit/csrc/elementwise/fused_add_rmsnorm.cuh"
     assert out_md.read_text() == out and "NO LONGER APPLIES" in out and "not run: no CUDA GPU" in out
+    code, out, err = astra("recheck", str(patch), "--sglang", "0.5.20")
+    assert code == 11 and "could not verify: GPU checks not run: no CUDA GPU" in out, err
+    code, out, err = astra("recheck", str(patch), "--sglang", "0.5.20", "--no-gpu")
+    assert code == 0 and "Exit code 0 (ok)" in out and "Source-only recheck" in out, err
+
+
+def test_sanitizer_not_run_on_recheck_could_not_verify(patch, monkeypatch):
+    """The GPU checks ran (stand-in workers) and passed, but compute-sanitizer was missing: exit 11."""
+    from astra.verify import runner
+
+    monkeypatch.setattr(versions, "gpu_status", lambda: None)
+    monkeypatch.setattr(recheck, "verify_job", lambda job, timeout_s: h.synthetic_verdict(sanitizer="skipped"))
+    monkeypatch.setattr(runner, "run_job", lambda job, timeout_s: h.synthetic_verdict())
+    monkeypatch.setattr(runner, "require_gpu", lambda: None)
+    check = recheck.recheck([patch], from_wheel("0.5.20"))["patches"][0]
+    assert check["exit_code"] == 11 and not check["problems"]
+    assert check["unverified"] == ["compute-sanitizer: not run (compute-sanitizer not found on PATH or in "
+                                   "$CUDA_HOME/bin) (the sanitizer did not run cleanly)"]
+
+
+def test_cli_smuggled_hunks_refused(patch, tmp_path):
+    """recheck refuses what apply refuses: a plain hunk after the diff, a diff in the message (exit 9)."""
+    evil = f"python/{h.EVIL_REL}"
+    appended, in_body = tmp_path / "appended.patch", tmp_path / "body.patch"
+    appended.write_text(patch.read_text() + h.plain_hunk(evil))
+    in_body.write_text(h.with_message_diff(patch.read_text(), h.plain_hunk(evil, create=True)))
+    for bad in (appended, in_body):
+        code, out, err = astra("recheck", str(bad), "--sglang", "0.5.20", "--no-gpu")
+        assert code == 9 and out == "" and evil in err and len(err.strip().splitlines()) == 1, err
+        with pytest.raises(NotAnAstraPatch, match="its trailers name"):
+            recheck.recheck([bad], from_wheel("0.5.20"), no_gpu=True)
 
 
 def test_cli_bad_inputs(patch, tmp_path):

@@ -1,8 +1,11 @@
 """Stand-in evaluations for the worker tests, selected with ASTRA_HARNESS_EVALUATE=<this file>:dispatch.
 
 `dispatch(job)` behaves as `job.name` says: "succeed", "segfault", "abort", "hang" (spawns a grandchild
-first), "raise", "cuda_error", "exit_after_verdict", "silent_exit". Each records its pid (and a
-grandchild's) in $ASTRA_TEST_PIDFILE when set, so tests can check that nothing survives.
+first), "raise", "cuda_error", "exit_after_verdict", "forge" (writes a passing verdict itself and exits
+0, as a candidate that reached the verdict file would), "silent_exit", "hang_under_tool" (succeeds,
+but hangs when run under a sanitizer). Each records its pid (and a grandchild's) in $ASTRA_TEST_PIDFILE
+when set, so tests can check that nothing survives. Under a sanitizer (the judge's private config has a
+`wrap` prefix) each also runs a stand-in candidate process through that prefix, as the real judge does.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from harness.channel import current
 from harness.job import Job
 from harness.verdict import Verdict
 
@@ -23,6 +27,9 @@ def _record(**pids: int) -> None:
     if path:
         with open(path, "w") as handle:
             json.dump({"worker": os.getpid(), "pgid": os.getpgid(0), **pids}, handle)
+    wrap = current().wrap
+    if wrap:  # the stand-in candidate process, under the sanitizer prefix
+        subprocess.call([*wrap, sys.executable, "-c", "pass"])
 
 
 def succeed(job: Job) -> Verdict:
@@ -73,6 +80,28 @@ def exit_after_verdict(job: Job) -> Verdict:
     os._exit(3)
 
 
+def forge(job: Job) -> Verdict:
+    """A passing verdict written by someone without the key, then a clean exit: must read as crashed."""
+    out = sys.argv[sys.argv.index("--out") + 1]
+    with open(out, "w") as handle:
+        json.dump(succeed(job).to_dict(), handle)
+    os._exit(0)
+
+
+def hang_under_tool(job: Job) -> Verdict:
+    if current().wrap:
+        time.sleep(600)
+    return succeed(job)
+
+
+def secrets(job: Job) -> Verdict:
+    """Reports whether this judge got the HMAC key on stdin and none in its argv or environment."""
+    key = current().key
+    leaked = key is not None and (key.hex() in " ".join(sys.argv) or any(key.hex() in v for v in os.environ.values()))
+    return Verdict(status="correct", reason=f"key={'yes' if key else 'no'} leaked={leaked}", correct=True,
+                   name=job.name, candidate_label=job.candidate_label)
+
+
 def silent_exit(job: Job) -> Verdict:
     _record()
     os._exit(0)
@@ -81,6 +110,7 @@ def silent_exit(job: Job) -> Verdict:
 BEHAVIOURS = {
     "succeed": succeed, "segfault": segfault, "abort": abort, "hang": hang, "raise": raise_error,
     "cuda_error": cuda_error, "exit_after_verdict": exit_after_verdict, "silent_exit": silent_exit,
+    "forge": forge, "hang_under_tool": hang_under_tool, "secrets": secrets,
 }
 
 

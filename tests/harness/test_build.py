@@ -323,3 +323,45 @@ def test_sglang_fused_add_rmsnorm_builds_without_spills(sglang_0523, tmp_path):
     result = build(req, tmp_path)
     assert result.ok, result.error
     assert result.resources and all(r.spills == 0 for r in result.resources), format_table(result.resources)
+
+
+def _symlinked_tree(tmp_path: Path) -> tuple[Path, Path]:
+    """csrc/ whose `elementwise` directory is a symlink to a directory outside it (as some installs have)."""
+    real = tmp_path / "elsewhere" / "elementwise"
+    real.mkdir(parents=True)
+    (real / "scale_math.cuh").write_text(SCALE_MATH)
+    (real / "scale.cuh").write_text(SCALE)
+    root = tmp_path / "csrc"
+    root.mkdir()
+    (root / "elementwise").symlink_to(real, target_is_directory=True)
+    return root, real
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_overlay_never_writes_through_a_symlinked_directory(tmp_path):
+    from harness.sources import materialise_overlay
+
+    root, real = _symlinked_tree(tmp_path)
+    before = _snapshot(real)
+    overlay = tmp_path / "overlay"
+    materialise_overlay(overlay, [str(root)], {0: {"elementwise/scale.cuh": "// candidate\n"}})
+    assert _snapshot(real) == before  # the source tree is byte-identical
+    written = overlay / "root0" / "elementwise" / "scale.cuh"
+    assert written.read_text() == "// candidate\n" and not written.is_symlink()
+    assert not (overlay / "root0" / "elementwise").is_symlink()
+    assert (overlay / "root0" / "elementwise" / "scale_math.cuh").is_symlink()  # siblings still resolve
+
+
+@needs_nvcc
+def test_candidate_build_leaves_a_symlinked_tree_byte_identical(tmp_path):
+    root, real = _symlinked_tree(tmp_path)
+    before = _snapshot(real)
+    candidate = SCALE.replace("scale_kernel", "scale_kernel_v3")
+    request = scale_request(root, cuda_files=["elementwise/scale.cuh"], overrides={"elementwise/scale.cuh": candidate})
+    result = build(request, tmp_path / "cache")
+    assert result.ok, result.error
+    assert any("scale_kernel_v3<float>" in r.name for r in result.resources)
+    assert _snapshot(real) == before

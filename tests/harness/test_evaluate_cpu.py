@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness.acceptance import slower_shapes, verified_faster
-from harness.check import check_case, deterministic
+from harness.check import OriginalFailed, ReferenceFailed, check_case, deterministic
 from harness.evaluate import default_cache_dir
 from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant
 from harness.plan import build_requests
@@ -50,7 +50,7 @@ def good(args):
 def test_original_against_itself_is_correct_and_deterministic():
     result = check_case(_case(), {"orig": good, "cand": good}, _job(), "cpu")
     assert result.correct, result.reasons
-    assert result.trials == 4  # three seeds and the large trial
+    assert result.trials == 6  # three seeds, the large, the small and the extreme trial
     assert set(result.checks) == {"y", "acc"}
     assert result.deterministic_orig and result.deterministic_cand
 
@@ -87,13 +87,39 @@ def test_writing_a_read_only_input_fails():
     assert not result.correct and any("read-only argument x" in r for r in result.reasons)
 
 
-def test_candidate_that_raises_fails_and_original_that_raises_is_noted():
+def test_candidate_that_raises_fails_and_original_that_raises_fails_closed():
     def boom(args):
         raise RuntimeError("launch failed: too many resources requested")
     result = check_case(_case(), {"orig": good, "cand": boom}, _job(), "cpu")
     assert not result.correct and "too many resources" in result.reasons[0]
-    result = check_case(_case(), {"orig": boom, "cand": good}, _job(), "cpu")
-    assert result.correct and not result.timed and "original raised" in result.notes[0]
+    with pytest.raises(OriginalFailed, match="the original raised RuntimeError: launch failed"):
+        check_case(_case(), {"orig": boom, "cand": good}, _job(), "cpu")
+
+
+def test_reference_that_raises_fails_closed():
+    def broken(args, dims):
+        raise KeyError("acc")
+    with pytest.raises(ReferenceFailed, match="reference.py raised KeyError"):
+        check_case(_case(), {"orig": good, "cand": good}, _job(), "cpu", reference=broken)
+
+
+def test_trials_include_small_and_extreme_magnitudes():
+    from harness.check import trials_for
+    from harness.inputs import make_inputs
+
+    assert [kind for kind, _ in trials_for(_case(), [0, 1])] == ["seed", "seed", "large", "small", "extreme"]
+    assert len({seed for _, seed in trials_for(_case(), [0, 1])}) == 5
+    small = make_inputs(_case(), 7, "cpu", trial="small")["x"]
+    assert 0 < small.abs().max() < 1e-3
+    for dtype, tiny in (("float32", torch.finfo(torch.float32).tiny), ("bfloat16", torch.finfo(torch.bfloat16).tiny)):
+        x = make_inputs(_case(dtype=dtype), 7, "cpu", trial="extreme")["x"].float()
+        assert ((x != 0) & (x.abs() < tiny)).any()  # subnormals
+        assert x.isfinite().all()
+    half = make_inputs(_case(dtype="float16"), 7, "cpu", trial="extreme")["x"].float()
+    assert half.abs().max() > 1e4 and half.isfinite().all()  # near float16's overflow
+    ints = Case(id="i", band="decode", label="t", dtype="int32", dims={}, variant="v", bytes=4,
+                args=[ArgSpec("i", "tensor", "in", [4], "int32", {"dist": "randint", "low": 0, "high": 9})])
+    assert trials_for(ints, [0]) == [("seed", 0)]
 
 
 def test_nondeterminism_is_reported_not_failed():

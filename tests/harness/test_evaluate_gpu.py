@@ -1,8 +1,8 @@
-"""evaluate() end to end on a real GPU with a tiny kernel of our own (y = x * alpha + b; acc += y).
+"""evaluate() (the judge) end to end on a real GPU with a tiny kernel of our own (y = x * alpha + b; acc += y).
 
 Needs CUDA, nvcc and apache-tvm-ffi. Each test builds through a shared cache, so the original is
-compiled once per session. A kernel that faults is not tried here: it would poison this process's
-CUDA context (the worker tests cover crashes in a separate process).
+compiled once per session. The judge runs in this process and the candidate in a candidate process of
+its own, so a candidate that faults is tried here too: this process's CUDA context must stay usable.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from harness.evaluate import evaluate  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from harness.evaluate import build_all, evaluate  # noqa: E402
 from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant, band_of  # noqa: E402
 from harness.timing import l2_bytes  # noqa: E402
 
@@ -181,3 +183,19 @@ def test_build_failure_and_signature_mismatch(source_root, cache_dir):
     extra_arg = _mutate("double alpha) {", "double alpha, int64_t unused) {")
     mismatch = evaluate(_job(source_root, cache_dir, candidate=extra_arg))
     assert mismatch.status == "signature_mismatch", mismatch.reason
+
+
+def test_judge_never_loads_the_candidate_and_survives_its_fault(source_root, cache_dir):
+    fault = _mutate("y[i] = static_cast<T>(v);  // BODY", "y[i] = static_cast<T>(v); if (i == 0) *(volatile int*)0 = 1;")
+    job = _job(source_root, cache_dir, candidate=fault)
+    verdict = evaluate(job)
+    assert verdict.status == "crashed" and "illegal" in verdict.reason.lower(), verdict.reason
+    paths, _, failure = build_all(job, cache_dir)
+    assert failure is None and paths[("cand", "bfloat16")] not in Path("/proc/self/maps").read_text()
+    assert torch.ones(4, device="cuda").sum().item() == 4.0  # the judge's context is intact
+
+
+def test_small_magnitude_trial_catches_a_clamp(source_root, cache_dir):
+    clamp = _mutate("y[i] = static_cast<T>(v);  // BODY", "y[i] = static_cast<T>(fabsf(v) < 1e-3f ? 0.0f : v);")
+    verdict = evaluate(_job(source_root, cache_dir, candidate=clamp))
+    assert verdict.status == "incorrect" and any("(small)" in r for c in verdict.cases for r in c.reasons), verdict.reason

@@ -1,5 +1,6 @@
 """harness.sanitizer on the CPU: log parsing, the small job, a missing tool, and the whole run against a
-stand-in `compute-sanitizer` that replays canned logs around the real worker command."""
+stand-in `compute-sanitizer` that replays canned logs around the candidate command the judge starts
+(the stand-in judges of fake_evals.py run a stand-in candidate through the judge's sanitizer prefix)."""
 
 from __future__ import annotations
 
@@ -117,7 +118,16 @@ def test_missing_tool_is_skipped(monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     report = sanitize(tiny_job())
     assert report["ok"] is True and report["findings"] == []
-    assert "compute-sanitizer not found" in report["skipped"]
+    assert "compute-sanitizer not found" in report["skipped"] and report["unavailable"] == report["skipped"]
+
+
+def test_missing_tool_fails_closed(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.setenv(EVALUATE_ENV, f"{FAKE_EVALS}:dispatch")
+    verdict = verify_job(tiny_job(), timeout_s=60)
+    assert verdict.status == "sanitizer_unavailable" and verdict.correct is False and verdict.faster is False
+    assert "compute-sanitizer not found" in verdict.reason
 
 
 @pytest.fixture
@@ -143,7 +153,7 @@ def test_sanitize_reports_findings(fake_tool):
     assert [(f["tool"], f["kind"]) for f in report["findings"]] == [("memcheck", "invalid_global_read"),
                                                                     ("racecheck", "race")]
     memcheck, racecheck = report["runs"]
-    assert memcheck["returncode"] == 99 and memcheck["errors"] == 1
+    assert memcheck["returncode"] == 0 and memcheck["errors"] == 1  # the judge's exit; the candidate's was 99
     assert memcheck["verdict_status"] == "correct"  # the worker under the tool still gave its verdict
     assert [w["kind"] for w in racecheck["warnings"]] == ["race_warning"]
 
@@ -160,6 +170,14 @@ def test_sanitize_timeout_is_inconclusive(fake_tool):
     (fake_tool / "memcheck.log").write_text(CLEAN_LOG)
     report = sanitize(tiny_job("hang"), tools=("memcheck",), timeout_s=3)
     assert report["ok"] is True and "memcheck did not finish within 3 s" in report["skipped"]
+    assert report["unavailable"]
+
+
+def test_sanitizer_timeout_fails_closed(fake_tool):
+    (fake_tool / "memcheck.log").write_text(CLEAN_LOG)
+    verdict = verify_job(tiny_job("hang_under_tool"), timeout_s=60, sanitizer_timeout_s=3, tools=("memcheck",))
+    assert verdict.status == "sanitizer_unavailable" and not verdict.correct
+    assert "did not finish within 3 s" in verdict.reason
 
 
 def test_verify_job_turns_findings_into_a_sanitizer_verdict(fake_tool):

@@ -167,3 +167,64 @@ def test_env_subcommand_without_gpu():
     assert {"gpu", "torch", "tvm_ffi", "nvcc", "driver", "notes"} <= set(env)
     if env["gpu"] is None:
         assert env["notes"]
+
+
+# ---------------------------------------------------------------- the signed verdict, the scrubbed environment
+
+
+def test_forged_verdict_is_crashed(fake_env):
+    verdict = run_job(fake_job("forge"), timeout_s=60, env=fake_env)
+    assert verdict.status == "crashed" and verdict.correct is False
+    assert verdict.reason == ("verdict signature invalid (the verdict file was written by something other than "
+                              "the judge)")
+
+
+def test_key_reaches_the_judge_on_stdin_only(fake_env):
+    verdict = run_job(fake_job("secrets"), timeout_s=60, env=fake_env)
+    assert verdict.status == "correct" and verdict.reason == "key=yes leaked=False"
+
+
+def test_tampered_verdict_file_fails_verification(tmp_path):
+    from harness.channel import new_key, sign, verify
+
+    key = new_key()
+    signed = sign(Verdict(status="incorrect", reason="x", correct=False, faster=False).to_dict(), key)
+    assert verify(signed, key) and not verify(signed, new_key())
+    path = tmp_path / "verdict.json"
+    write_json_atomic(path, {**signed, "status": "correct", "correct": True})
+    outcome = ProcessOutcome(returncode=0, seconds=0.1, stdout="", stderr="")
+    verdict = collect_verdict(fake_job("x"), path, outcome, timeout_s=10, key=key)
+    assert verdict["status"] == "crashed" and "signature invalid" in verdict["reason"]
+    write_json_atomic(path, signed)
+    assert collect_verdict(fake_job("x"), path, outcome, timeout_s=10, key=key)["status"] == "incorrect"
+    write_json_atomic(path, {k: v for k, v in signed.items() if k != "signature"})
+    assert collect_verdict(fake_job("x"), path, outcome, timeout_s=10, key=key)["status"] == "crashed"
+
+
+def test_scrub_env_drops_secrets_and_keeps_cuda(tmp_path):
+    from harness.process import scrub_env
+
+    env = {"OPENAI_API_KEY": "sk-1", "ASTRA_API_KEY": "a", "HF_TOKEN": "h", "AWS_SECRET_ACCESS_KEY": "s",
+           "ANTHROPIC_BASE_URL": "u", "ASTRA_HOME": "/h", "GITHUB_TOKEN": "g", "MY_PASSWORD": "p", "DB_CREDENTIALS": "c",
+           "CUDA_VISIBLE_DEVICES": "1", "CUDA_HOME": "/usr/local/cuda", "PATH": "/usr/bin", "LD_LIBRARY_PATH": "/lib",
+           "LANG": "C.UTF-8", "LC_ALL": "C", "HOME": "/root", "TMPDIR": "/tmp", "SSH_AUTH_SOCK": "/s",
+           "ASTRA_TIMING_PAUSE_GC": "0", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "NVIDIA_VISIBLE_DEVICES": "all"}
+    scrubbed = scrub_env(env, tmp_path)
+    for name in ("OPENAI_API_KEY", "ASTRA_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "ANTHROPIC_BASE_URL",
+                 "ASTRA_HOME", "GITHUB_TOKEN", "MY_PASSWORD", "DB_CREDENTIALS", "SSH_AUTH_SOCK"):
+        assert name not in scrubbed, name
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_HOME", "PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL",
+                 "ASTRA_TIMING_PAUSE_GC", "PYTORCH_NO_CUDA_MEMORY_CACHING", "NVIDIA_VISIBLE_DEVICES"):
+        assert scrubbed[name] == env[name], name
+    assert scrubbed["HOME"] == scrubbed["TMPDIR"] == str(tmp_path)
+    assert scrubbed["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+
+
+def test_run_isolated_passes_stdin_data(tmp_path):
+    from harness.process import run_isolated
+
+    command = [sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read()[::-1])"]
+    outcome = run_isolated(command, timeout_s=30, env=dict(os.environ), cwd=tmp_path, stdin_data=b"judge")
+    assert outcome.returncode == 0 and outcome.stdout == "egduj"
+    outcome = run_isolated(command, timeout_s=30, env=dict(os.environ), cwd=tmp_path)
+    assert outcome.stdout == ""
