@@ -42,7 +42,7 @@ class CandidateRun:
                  trials: list[list[tuple[str, int]]] | None = None, timed: list[str] | None = None,
                  python: str = sys.executable, env: dict[str, str] | None = None) -> None:
         self.job, self.phase, self.deadline = job, phase, deadline
-        self.root = Path(tempfile.mkdtemp(prefix=f"astra-cand-{phase}-"))
+        self.root = Path(tempfile.mkdtemp(prefix=f"astra-cand-{phase}-", dir=exchange_base()))
         self.home, self.work = self.root / "home", self.root / "work"
         self.home.mkdir()
         self.work.mkdir()
@@ -109,6 +109,21 @@ class CandidateRun:
         if self.outcome is None:
             self.outcome = self.process.kill()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+SHM_MIN_FREE = 8 << 30  # /dev/shm holds the exchange when it has this much room (memory, not disk)
+
+
+def exchange_base() -> str | None:
+    """Where candidate directories (and their raw outputs) go: /dev/shm when it is a writable tmpfs with
+    room for the backlog of large cases, else the default temporary directory (disk)."""
+    shm = "/dev/shm"
+    try:
+        stats = os.statvfs(shm)
+    except OSError:
+        return None
+    room = stats.f_bavail * stats.f_frsize
+    return shm if room >= SHM_MIN_FREE and os.access(shm, os.W_OK) else None
 
 
 def judge_deadline(start: float, job: Job) -> float:
