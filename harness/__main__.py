@@ -4,6 +4,8 @@
     python -m harness candidate request.json --work DIR --phase outputs|timing   the candidate process
     python -m harness env [--no-measure]                 GPU, driver, CUDA, torch, tvm-ffi, L2, bandwidth
     python -m harness sanitize job.json [--out report.json] [--tools memcheck,racecheck]
+    python -m harness probe job.json --out result.json  the ORIGINAL on every case (harness.probe_worker)
+    python -m harness probe-cases request.json --results cases.jsonl   the probe's case runner
 
 `run` is what `harness.worker.run_job` starts in a fresh process: the judge. It reads its private
 config (HMAC key, time budget, sanitizer prefix) from stdin (harness.channel) and signs the verdict it
@@ -39,29 +41,34 @@ _CUDA_FAILURE = re.compile(r"CUDA error|CUDA driver error|cudaError|illegal memo
                            r"|out of memory|CUBLAS_STATUS", re.I)
 
 
-def load_evaluate() -> Callable:
-    """`harness.evaluate.evaluate`, or the function named by $ASTRA_HARNESS_EVALUATE.
-
-    The variable holds `package.module:function` or `path/to/file.py:function` (tests use it to stand
-    in evaluations that crash, hang or raise).
-    """
-    spec = os.environ.get(EVALUATE_ENV)
+def load_hook(variable: str) -> Callable | None:
+    """The function named by $`variable` (`package.module:function` or `path/to/file.py:function`), or
+    None when it is unset. Tests use these hooks to stand in evaluations and kernels that crash or hang."""
+    spec = os.environ.get(variable)
     if not spec:
-        from harness.evaluate import evaluate
-
-        return evaluate
+        return None
     target, _, name = spec.rpartition(":")
     if not target or not name:
-        raise SystemExit(f"{EVALUATE_ENV}={spec!r}: expected module:function or file.py:function")
+        raise SystemExit(f"{variable}={spec!r}: expected module:function or file.py:function")
     if target.endswith(".py"):
         module_spec = importlib.util.spec_from_file_location(Path(target).stem, target)
         if module_spec is None or module_spec.loader is None:
-            raise SystemExit(f"{EVALUATE_ENV}: cannot load {target}")
+            raise SystemExit(f"{variable}: cannot load {target}")
         module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)
     else:
         module = importlib.import_module(target)
     return getattr(module, name)
+
+
+def load_evaluate() -> Callable:
+    """`harness.evaluate.evaluate`, or the function named by $ASTRA_HARNESS_EVALUATE."""
+    hook = load_hook(EVALUATE_ENV)
+    if hook is not None:
+        return hook
+    from harness.evaluate import evaluate
+
+    return evaluate
 
 
 def verdict_to_dict(verdict) -> dict:
@@ -156,6 +163,28 @@ def cmd_ncu_launch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    """Probe the original kernel of a job on its cases; write the result (exit 0 whenever one was written)."""
+    faulthandler.enable()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    from harness.probe_worker import probe_job, write_result
+
+    job = Job.from_json(Path(args.job).read_text())
+    result = probe_job(job, device=args.device, timeout_case_s=args.timeout_case, sanitizer=not args.no_sanitizer,
+                       sanitizer_timeout_s=args.sanitizer_timeout)
+    write_result(args.out, result)
+    return 0
+
+
+def cmd_probe_cases(args: argparse.Namespace) -> int:
+    """(started by `probe`) the case runner: one JSON line per event into --results."""
+    faulthandler.enable()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    from harness.probe_worker import PROBE_LAUNCH_ENV, run_cases
+
+    return run_cases(args.request, args.results, load_hook(PROBE_LAUNCH_ENV))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -177,6 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per tool")
     p.add_argument("--out", help="write the report here instead of stdout")
     p.set_defaults(handler=cmd_sanitize)
+    p = sub.add_parser("probe", help="run the ORIGINAL on a job's cases: accepted? writes what? deterministic? memcheck")
+    p.add_argument("job")
+    p.add_argument("--out", required=True, help="where the probe result goes (written atomically)")
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu (host-only test kernels)")
+    p.add_argument("--timeout-case", type=float, default=120.0, help="seconds per case before it counts as hung")
+    p.add_argument("--sanitizer-timeout", type=float, default=900.0, help="seconds for the memcheck run")
+    p.add_argument("--no-sanitizer", action="store_true", help="skip compute-sanitizer memcheck")
+    p.set_defaults(handler=cmd_probe)
+    p = sub.add_parser("probe-cases", help="(started by `probe`) probe cases, one JSON line per event")
+    p.add_argument("request")
+    p.add_argument("--results", required=True, help="the JSON-lines file the events are appended to")
+    p.set_defaults(handler=cmd_probe_cases)
     p = sub.add_parser("ncu-launch", help="(run under ncu) launch the original once per timed case, marked")
     p.add_argument("job")
     p.add_argument("--manifest", required=True, help="where the case ids go, in launch order")

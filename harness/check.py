@@ -10,8 +10,10 @@ Trials (`trials_for`): every seed of the job, plus, on fresh seeds, a `large`, a
 `extreme` trial where the case has random float tensors (harness.inputs). Per trial:
 
 - every `out`/`inout` tensor is compared (compare.compare_outputs with the output's tolerance);
+  `scratch` tensors (workspaces) are never compared, and an absent optional tensor (None) is skipped;
 - every `in` tensor must still hold its exact bytes on the candidate's side (where the original also
   writes it, the spec's role is wrong: it is noted and compared as an output instead);
+- a strided view (`row_stride`) must leave the storage between its rows unchanged (compare.gaps_unchanged);
 - with a reference, float outputs are judged by the reference rule (plus the NaN/Inf-position rule);
   the tolerance check against the original is still recorded; integer outputs are always exact.
 
@@ -36,6 +38,7 @@ from harness.compare import (
     OutputCheck,
     compare_outputs,
     error_vs_reference,
+    gaps_unchanged,
     reference_verdict,
     tolerance_for,
     unchanged,
@@ -111,8 +114,8 @@ def call(launch: Launch, args: dict[str, Any], case: Case, device: torch.device,
     """Run one launch and synchronise; the error's first line if it raised (context checked).
 
     On a GPU the call is stream-ordered against cheating: on a dedicated stream the harness sleeps,
-    then (re)writes every `out` (poison) and `inout` (pristine input) tensor, launches, and snapshots
-    every tensor argument on that same stream. Work that a candidate hides on a stream of its own
+    then (re)writes every `out` (poison) and `inout`/`scratch` (pristine input) tensor, launches, and
+    snapshots every tensor argument on that same stream. Work that a candidate hides on a stream of its own
     runs while the checking stream sleeps, so its writes are overwritten and the snapshot shows that
     nothing was computed in stream order (what a caller on the current stream would observe).
     """
@@ -129,8 +132,8 @@ def call(launch: Launch, args: dict[str, Any], case: Case, device: torch.device,
 
 
 def _ordered_call(launch: Launch, args: dict[str, Any], case: Case, device: torch.device) -> None:
-    tensors = [a for a in case.args if a.kind == "tensor"]
-    pristine = {a.name: args[a.name].clone() for a in tensors if a.role == "inout"}
+    tensors = case.tensors()
+    pristine = {a.name: args[a.name].clone() for a in tensors if a.role in ("inout", "scratch")}
     stream = _check_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
@@ -219,6 +222,21 @@ def _judge_reference(result: CaseResult, name: str, orig: torch.Tensor, cand: to
         result.fail(f"{where}: {name}: {why}")
 
 
+def _judge_gaps(result: CaseResult, tensors: list, inputs: dict[str, Any], orig: dict[str, Any],
+                cand: dict[str, Any], where: str) -> None:
+    """A strided view's gaps (storage between its rows: other tensors in the caller) stay untouched."""
+    for arg in tensors:
+        if arg.row_stride is None or arg.role in ("alias", "scratch"):
+            continue
+        if not gaps_unchanged(inputs[arg.name], orig[arg.name]):
+            note = f"the original writes between the rows of strided {arg.name}; its gaps are not judged"
+            if note not in result.notes:
+                result.notes.append(note)
+        elif not gaps_unchanged(inputs[arg.name], cand[arg.name]):
+            result.fail(f"{where}: candidate wrote outside the view of {arg.name} (between its rows of "
+                        f"row_stride {arg.row_stride}: memory of other tensors in the caller)")
+
+
 def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: dict[str, Any],
                 orig: dict[str, Any], cand: dict[str, Any] | None, cand_error: str | None,
                 reference: Reference | None) -> None:
@@ -229,7 +247,7 @@ def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: 
     if cand_error is not None or cand is None:
         result.fail(f"{where}: candidate raised {cand_error or 'an error'}")
         return
-    tensors = [a for a in case.args if a.kind == "tensor"]
+    tensors = case.tensors()
     compared = [a for a in tensors if a.role in ("out", "inout")]
     for arg in (a for a in tensors if a.role == "in"):
         if not unchanged(inputs[arg.name], orig[arg.name]):
@@ -237,6 +255,7 @@ def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: 
             compared.append(arg)
         elif not unchanged(inputs[arg.name], cand[arg.name]):
             result.fail(f"{where}: candidate wrote read-only argument {arg.name}")
+    _judge_gaps(result, tensors, inputs, orig, cand, where)
     ref_out: dict[str, Any] = {}
     if reference is not None:
         try:
@@ -287,8 +306,8 @@ def check_case(case: Case, launches: dict[str, Launch], job: Job, device: torch.
 
 
 def output_names(case: Case) -> list[str]:
-    """The `out` and `inout` tensor arguments: what determinism compares."""
-    return [a.name for a in case.args if a.kind == "tensor" and a.role in ("out", "inout")]
+    """The `out` and `inout` tensor arguments (present ones; never `scratch`): what determinism compares."""
+    return [a.name for a in case.tensors() if a.role in ("out", "inout")]
 
 
 def determinism_digests(launch: Launch, case: Case, seed: int, device: torch.device) -> list[str] | None:

@@ -9,6 +9,9 @@ Every float comparison happens in float64 (float8 and bf16 are converted first).
   both are finite (the non-finite positions are governed by the rule above); the candidate passes when
   its error <= max(2 x the original's error, floor).
 - Read-only arguments: unchanged bit for bit (bytes compared, so NaN payloads count).
+- Strided views: the storage outside the view (the gaps between rows, which belong to other tensors in
+  the caller, e.g. the other columns of a fused qkv output) unchanged bit for bit; values are compared
+  on the view.
 """
 
 from __future__ import annotations
@@ -127,6 +130,28 @@ def unchanged(before: torch.Tensor, after: torch.Tensor) -> bool:
     if before.device != after.device:
         after = after.to(before.device)
     return bool(torch.equal(_bytes(before), _bytes(after)))
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _flat_storage(t: torch.Tensor) -> torch.Tensor:
+    return t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+
+
+def gaps_unchanged(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """True when the storage behind the view `after` holds, outside the view (the gaps between the rows
+    of a strided view), exactly the bytes it holds behind `before` (same size, strides and storage size)."""
+    if (before.shape != after.shape or before.stride() != after.stride() or before.dtype != after.dtype
+            or before.untyped_storage().nbytes() != after.untyped_storage().nbytes()):
+        return False
+    if before.device != after.device:
+        after = _flat_storage(after).to(before.device).as_strided(after.size(), after.stride(), after.storage_offset())
+    int_dtype = _SAME_SIZE_INT[before.element_size()]
+    flat_b, flat_a = _flat_storage(before).view(int_dtype), _flat_storage(after).view(int_dtype)
+    gaps = torch.ones(flat_b.shape, dtype=torch.bool, device=before.device)
+    gaps.as_strided(before.size(), before.stride(), before.storage_offset()).fill_(False)
+    return bool(torch.equal(flat_b[gaps], flat_a[gaps]))
 
 
 def error_vs_reference(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:

@@ -7,7 +7,8 @@ deletes):
     case-00003/            one directory per case, renamed into place complete (written as .tmp-case-00003/)
         manifest.json      {"case": id, "trials": [{"kind", "seed", "error", "tensors": {name: {shape, dtype}}}],
                             "determinism": [sha256, sha256] | null}
-        t0-a2.bin          raw bytes of tensor argument 2 after trial 0's call (C order, no header)
+        t0-a2.bin          raw bytes of tensor argument 2 after trial 0's call (C order, no header; a
+                           strided view's whole storage, shape[0] * row_stride elements)
     timings.json           {case id: {mode: {"orig": Stats, "cand": Stats, "info": {...}} | {"error", "side", "kind"}}}
     done                   the outputs phase finished every case
 
@@ -30,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.inputs import torch_dtype
+from harness.inputs import storage_numel, torch_dtype, view_strides
 from harness.job import Case
 from harness.stats import Stats
 
@@ -54,8 +55,10 @@ def tensor_file(trial: int, arg_index: int) -> str:
 
 
 def stored_args(case: Case) -> list[tuple[int, str]]:
-    """(index, name) of every tensor argument written back (aliases are the same tensor: written once)."""
-    return [(i, a.name) for i, a in enumerate(case.args) if a.kind == "tensor" and a.role != "alias"]
+    """(index, name) of every tensor argument written back: present ones, not `scratch` (never judged),
+    aliases once (they are the same tensor)."""
+    return [(i, a.name) for i, a in enumerate(case.args)
+            if a.kind == "tensor" and a.present and a.role not in ("alias", "scratch")]
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -91,8 +94,11 @@ class CaseWriter:
         entry: dict[str, Any] = {"kind": kind, "seed": seed, "error": error, "tensors": {}}
         if error is None and args is not None:
             for arg_index, name in stored_args(self.case):
-                tensor = args[name]
-                data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+                tensor, arg = args[name], self.case.args[arg_index]
+                stored = tensor
+                if arg.row_stride is not None:  # the whole storage: the judge checks the gaps too
+                    stored = tensor.as_strided((storage_numel(arg),), (1,), 0)
+                data = stored.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
                 data.tofile(self.tmp / tensor_file(t, arg_index))
                 entry["tensors"][name] = {"shape": list(tensor.shape),
                                           "dtype": str(tensor.dtype).removeprefix("torch.")}
@@ -166,15 +172,16 @@ def read_trial(directory: Path, trial: int, entry: dict[str, Any], case: Case,
         if meta.get("dtype") != str(dtype).removeprefix("torch."):
             raise Malformed(f"trial {trial}: {name} has dtype {meta.get('dtype')}, expected {arg.dtype}")
         path = directory / tensor_file(trial, arg_index)
-        nbytes = math.prod(shape) * dtype.itemsize
+        nbytes = storage_numel(arg) * dtype.itemsize
         size = path.stat().st_size if path.is_file() and not path.is_symlink() else -1
         if size != nbytes:
             raise Malformed(f"trial {trial}: {name} holds {size} bytes, expected {nbytes}")
         raw = bytearray(path.read_bytes()) if nbytes else bytearray()
         flat = torch.frombuffer(raw, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
-        out[name] = flat.view(dtype).reshape(shape).to(device)
-    for arg in case.args:
-        if arg.kind == "tensor" and arg.role == "alias" and arg.alias:
+        values = flat.view(dtype).to(device)
+        out[name] = values.as_strided(shape, view_strides(arg)) if arg.row_stride is not None else values.reshape(shape)
+    for arg in case.tensors():
+        if arg.role == "alias" and arg.alias in out:
             out[arg.name] = out[arg.alias]
     return out
 

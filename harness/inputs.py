@@ -20,12 +20,17 @@ element a magnitude from a deterministic mix of subnormals, the smallest normals
 whole range is reachable from float32 arithmetic, values near its largest finite value (the range of
 bfloat16, float32 and float64 reaches float32's own overflow, so there they stay at the drawn scale).
 
+An absent optional tensor (`ArgSpec.present` False) is passed as None. A strided view (`row_stride`)
+is drawn over its whole storage, shape[0] * row_stride elements, gaps included, and passed as that
+view; clones copy the whole storage and keep the strides.
+
 The harness never fills an input with zeros on its own (zeros hide unwritten outputs and wrong
 indexing); a spec may still ask for `const` 0 explicitly.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from typing import Any
 
@@ -92,14 +97,38 @@ def _extreme(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (sign * picked).reshape(values.shape)
 
 
+def view_strides(arg: ArgSpec) -> tuple[int, ...]:
+    """Element strides of the tensor passed for `arg`: dim 0 strides by `row_stride` when given, every
+    other dim is contiguous."""
+    shape = [int(d) for d in arg.shape]
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    if arg.row_stride is not None and shape:
+        if int(arg.row_stride) < strides[0]:
+            raise ValueError(f"{arg.name}: row_stride {arg.row_stride} is below the {strides[0]} elements of a row")
+        strides[0] = int(arg.row_stride)
+    return tuple(strides)
+
+
+def storage_numel(arg: ArgSpec) -> int:
+    """Elements of the storage behind `arg`'s tensor: shape[0] * row_stride for a strided view."""
+    shape = [int(d) for d in arg.shape]
+    if arg.row_stride is not None and shape:
+        return shape[0] * int(arg.row_stride)
+    return math.prod(shape)
+
+
 def make_tensor(arg: ArgSpec, gen: torch.Generator, device: torch.device, large: bool = False,
                 trial: str = "seed") -> torch.Tensor:
-    """One tensor argument drawn from `arg.init` (see the module docstring)."""
+    """One tensor argument drawn from `arg.init` (see the module docstring). With `row_stride`, the whole
+    storage (shape[0] * row_stride elements, gaps between rows included) is drawn and the view returned."""
     dtype = torch_dtype(arg.dtype)
-    shape = tuple(int(d) for d in arg.shape)
-    numel = 1
-    for dim in shape:
-        numel *= dim
+    view = tuple(int(d) for d in arg.shape)
+    strided = arg.row_stride is not None and len(view) > 0
+    strides = view_strides(arg) if strided else ()
+    numel = storage_numel(arg)
+    shape = (numel,) if strided else view
     init = dict(arg.init or {"dist": "normal", "mean": 0.0, "std": 1.0})
     dist = init.get("dist", "normal")
     work = torch.float64 if dtype == torch.float64 else torch.float32
@@ -118,7 +147,7 @@ def make_tensor(arg: ArgSpec, gen: torch.Generator, device: torch.device, large:
         high = int(init["high"])
         if numel > high:
             raise ValueError(f"{arg.name}: perm needs {numel} distinct values below {high}")
-        values = torch.randperm(high, generator=gen, device=device)[:numel].reshape(shape)
+        values = torch.randperm(high, generator=gen, device=device)[:numel].clone().reshape(shape)
     elif dist == "arange":
         start, step = init.get("start", 0), init.get("step", 1)
         values = (torch.arange(numel, device=device, dtype=torch.int64) * step + start).reshape(shape)
@@ -139,10 +168,12 @@ def make_tensor(arg: ArgSpec, gen: torch.Generator, device: torch.device, large:
         elif trial == "extreme" and dtype in _EXTREME_DTYPES:
             values = _extreme(values, dtype)
     if dtype == torch.bool:
-        return (values != 0).contiguous()
-    if is_float(dtype):
-        return _cast_float(values.to(work) if not values.is_floating_point() else values, dtype).contiguous()
-    return values.to(dtype).contiguous()
+        out = (values != 0).contiguous()
+    elif is_float(dtype):
+        out = _cast_float(values.to(work) if not values.is_floating_point() else values, dtype).contiguous()
+    else:
+        out = values.to(dtype).contiguous()
+    return out.as_strided(view, strides) if strided else out
 
 
 def make_inputs(case: Case, seed: int, device: torch.device | str, large: bool = False,
@@ -154,6 +185,8 @@ def make_inputs(case: Case, seed: int, device: torch.device | str, large: bool =
     for arg in case.args:
         if arg.kind == "tensor" and arg.alias:
             inputs[arg.name] = inputs[arg.alias]  # the very same tensor: an in-place call
+        elif arg.kind == "tensor" and not arg.present:
+            inputs[arg.name] = None  # an absent optional tensor
         elif arg.kind == "tensor":
             inputs[arg.name] = make_tensor(arg, _generator(device, _seed_for(case, arg, seed)), device, large, trial)
         elif arg.kind in ("scalar", "string"):
@@ -167,8 +200,8 @@ def make_inputs(case: Case, seed: int, device: torch.device | str, large: bool =
 
 def has_large_trial(case: Case) -> bool:
     """Whether a `large` trial changes anything: a normal/uniform float tensor with a factor != 1."""
-    for arg in case.args:
-        if arg.kind != "tensor" or not is_float(torch_dtype(arg.dtype)):
+    for arg in case.tensors():
+        if not is_float(torch_dtype(arg.dtype)):
             continue
         init = arg.init or {}
         if init.get("dist", "normal") in _RANDOM_FLOAT_DISTS and float(init.get("large", DEFAULT_LARGE)) != 1.0:
@@ -178,25 +211,42 @@ def has_large_trial(case: Case) -> bool:
 
 def has_small_trial(case: Case) -> bool:
     """Whether a `small` trial changes anything: a normal/uniform float tensor with a factor != 1."""
-    return any(arg.kind == "tensor" and is_float(torch_dtype(arg.dtype))
-               and (arg.init or {}).get("dist", "normal") in _RANDOM_FLOAT_DISTS
-               and float((arg.init or {}).get("small", DEFAULT_SMALL)) != 1.0 for arg in case.args)
+    return any(is_float(torch_dtype(arg.dtype)) and (arg.init or {}).get("dist", "normal") in _RANDOM_FLOAT_DISTS
+               and float((arg.init or {}).get("small", DEFAULT_SMALL)) != 1.0 for arg in case.tensors())
 
 
 def has_extreme_trial(case: Case) -> bool:
     """Whether an `extreme` trial applies: a normal/uniform tensor of float16/bfloat16/float32/float64."""
-    return any(arg.kind == "tensor" and torch_dtype(arg.dtype) in _EXTREME_DTYPES
-               and (arg.init or {}).get("dist", "normal") in _RANDOM_FLOAT_DISTS for arg in case.args)
+    return any(torch_dtype(arg.dtype) in _EXTREME_DTYPES
+               and (arg.init or {}).get("dist", "normal") in _RANDOM_FLOAT_DISTS for arg in case.tensors())
+
+
+def _storage_elements(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().nbytes() // tensor.element_size()
+
+
+def clone_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy with the same size, strides and storage offset, and its whole storage copied (a strided
+    view's gaps included; `Tensor.clone` would make a non-dense view contiguous)."""
+    if tensor.is_contiguous() and tensor.storage_offset() == 0 and _storage_elements(tensor) == tensor.numel():
+        return tensor.clone()
+    flat = tensor.as_strided((_storage_elements(tensor),), (1,), 0).clone()
+    return flat.as_strided(tensor.size(), tensor.stride(), tensor.storage_offset())
+
+
+def storage_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat 1-D view of the whole storage behind `tensor` (gaps of a strided view included)."""
+    return tensor.as_strided((_storage_elements(tensor),), (1,), 0)
 
 
 def clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy for one side: tensors cloned (same strides), other values shared. Arguments that
-    are one tensor (an alias) stay one tensor in the copy."""
+    """A deep copy for one side: tensors cloned (same strides, whole storage), other values (None for
+    an absent tensor) shared. Arguments that are one tensor (an alias) stay one tensor in the copy."""
     copies: dict[int, torch.Tensor] = {}
     out = {}
     for k, v in inputs.items():
         if isinstance(v, torch.Tensor):
-            out[k] = copies.setdefault(id(v), v.clone())
+            out[k] = copies.setdefault(id(v), clone_tensor(v))
         else:
             out[k] = v
     return out
@@ -225,9 +275,10 @@ def poison_(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def poison_outputs(args: dict[str, Any], specs: list[ArgSpec]) -> dict[str, Any]:
-    """Poison every `out` tensor in place; `inout` keeps its input values (they are the input)."""
+    """Poison every `out` tensor in place; `inout` keeps its input values (they are the input) and
+    `scratch` its init (a workspace may have to start zeroed). Only the view is poisoned."""
     for spec in specs:
-        if spec.kind == "tensor" and spec.role == "out":
+        if spec.kind == "tensor" and spec.role == "out" and spec.present:
             poison_(args[spec.name])
     return args
 
@@ -238,7 +289,7 @@ def to_call_args(inputs: dict[str, Any], specs: list[ArgSpec]) -> list[Any]:
 
 
 def set_bytes(inputs: dict[str, Any]) -> int:
-    """Bytes held by the tensors of one input set (for sizing graph-mode rotation); an aliased
-    tensor counts once."""
+    """Bytes held by the tensors of one input set (for sizing graph-mode rotation): whole storages (a
+    strided view's gaps included); an aliased tensor counts once, an absent one not at all."""
     unique = {id(v): v for v in inputs.values() if isinstance(v, torch.Tensor)}
-    return sum(v.numel() * v.element_size() for v in unique.values())
+    return sum(v.untyped_storage().nbytes() for v in unique.values())

@@ -28,12 +28,16 @@ def band_of(tokens: int) -> str:
 class ArgSpec:
     name: str
     kind: str  # "tensor" | "scalar" | "string"
-    role: str = "in"  # "in" | "out" | "inout" | "alias" (the same tensor as argument `alias`)
+    # "in" | "out" | "inout" | "scratch" (written, never compared, keeps its init) | "alias" (the same
+    # tensor as argument `alias`)
+    role: str = "in"
     shape: list[int] = field(default_factory=list)
     dtype: str = "float32"  # torch dtype name
     init: dict = field(default_factory=lambda: {"dist": "normal", "mean": 0.0, "std": 1.0})
     value: Any = None  # scalars and strings
     alias: str | None = None  # role "alias": pass the tensor of this earlier argument (in-place calls)
+    present: bool = True  # False: the call passes None (an absent tvm::ffi::Optional<TensorView>)
+    row_stride: int | None = None  # stride of dim 0 in elements (a strided view); None: contiguous
 
 
 @dataclass
@@ -47,6 +51,10 @@ class Case:
     bytes: int  # bytes the kernel must move (roofline)
     args: list[ArgSpec]
     timed: bool = True  # edge cases and secondary dtypes are checked, not timed
+
+    def tensors(self) -> list[ArgSpec]:
+        """The tensor arguments this case passes (an absent optional tensor is None, not a tensor)."""
+        return [a for a in self.args if a.kind == "tensor" and a.present]
 
 
 @dataclass

@@ -20,6 +20,11 @@ What each tool can see:
 - racecheck: hazards on SHARED memory only (RAW/WAR/WAW between threads of a block without a
   barrier). Races on global memory, across blocks, or between streams are invisible to it.
 
+`sanitize_command(command)` instead runs a whole harness command under one tool: the probe's case
+runner (harness.probe_worker), which runs the ORIGINAL kernel in-process, so the original is what the
+tool watches there (under `sanitize` with `candidate_source=None`, the original runs in the judge, outside
+the tool, and only the candidate process's copy of it runs under it).
+
 Findings come from the tool's log file (its "=========" lines), never from the worker's stdout.
 `ok` means "no findings"; `skipped` says why nothing (or not everything) could be checked:
 compute-sanitizer missing, a tool that ran out of time, or a worker that failed under a tool without
@@ -44,6 +49,7 @@ from harness.process import (
     harness_env,
     read_json_object,
     read_text,
+    run_isolated,
     tail,
     telling_line,
 )
@@ -198,6 +204,15 @@ def _inconclusive(tool: str, findings: list[dict], verdict: dict, outcome: Proce
     return f"{tool}: the worker failed under the tool without an access error: {clip(why, 200)}"
 
 
+def _tool_setup(env: dict[str, str] | None) -> tuple[str | None, dict[str, str], dict]:
+    """(compute-sanitizer, the environment its runs get, the report to return when it is missing)."""
+    exe = sanitizer_path()
+    missing = "compute-sanitizer not found on PATH or in $CUDA_HOME/bin"
+    run_env = harness_env(env)
+    run_env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"  # every allocation its own, padded: one past the end is caught
+    return exe, run_env, {"findings": [], "ok": True, "skipped": missing, "unavailable": missing, "runs": []}
+
+
 def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float = 900.0,
              python: str = sys.executable, env: dict[str, str] | None = None) -> dict:
     """Run each tool over `small_job(job)`; returns {findings, ok, skipped, runs}.
@@ -205,12 +220,9 @@ def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float 
     `timeout_s` bounds each tool's run (sanitized runs are 10-100x slower than plain ones).
     Racecheck only checks shared-memory races (see the module docstring).
     """
-    exe = sanitizer_path()
+    exe, run_env, missing = _tool_setup(env)
     if exe is None:
-        missing = "compute-sanitizer not found on PATH or in $CUDA_HOME/bin"
-        return {"findings": [], "ok": True, "skipped": missing, "unavailable": missing, "runs": []}
-    run_env = harness_env(env)
-    run_env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+        return missing
     small = small_job(job)
     runs = [run_tool(exe, tool, small, timeout_s=timeout_s, python=python, env=run_env) for tool in tools]
     findings = [finding for run in runs for finding in run["findings"]]
@@ -219,3 +231,33 @@ def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float 
     notes += [run["inconclusive"] for run in runs if run["inconclusive"]]
     skipped = "; ".join(notes) or None
     return {"findings": findings, "ok": not findings, "skipped": skipped, "unavailable": skipped, "runs": runs}
+
+
+def sanitize_command(command: list[str], *, tool: str = "memcheck", timeout_s: float = 900.0,
+                     env: dict[str, str] | None = None, cwd: str | Path) -> dict:
+    """Run `command` wholly under one tool (in `cwd`, which gets the tool's log and the command's
+    stdout/stderr); returns what `sanitize` does: {findings, ok, skipped, unavailable, runs}. A command that
+    fails under the tool without an access error, or runs out of time, is inconclusive (`skipped`)."""
+    exe, run_env, missing = _tool_setup(env)
+    if exe is None:
+        return missing
+    log = Path(cwd) / f"{tool}.log"
+    outcome = run_isolated([*sanitizer_prefix(exe, tool, log), *command], timeout_s=timeout_s, env=run_env, cwd=cwd)
+    text = read_text(log)
+    parsed = parse_report(text, tool)
+    findings = [f for f in parsed if f["kind"] not in NOT_FINDINGS]
+    if not parsed and outcome.returncode == ERROR_EXITCODE:
+        findings.append({"tool": tool, "kind": "other", "kernel": None,
+                         "message": f"{tool} reported errors (exit {ERROR_EXITCODE}) that could not be parsed: "
+                                    + clip(tail(text, 5), 200)})
+    skipped = None
+    if not findings and outcome.timed_out:
+        skipped = f"{tool} did not finish within {timeout_s:g} s (inconclusive)"
+    elif not findings and outcome.returncode != 0:
+        why = telling_line(outcome.stderr) or describe_exit(outcome.returncode or 0)
+        skipped = f"{tool}: the command failed under the tool without an access error: {clip(why, 200)}"
+    run = {"tool": tool, "returncode": outcome.returncode, "seconds": round(outcome.seconds, 3),
+           "timed_out": outcome.timed_out, "inconclusive": skipped, "findings": findings,
+           "warnings": [f for f in parsed if f["kind"] in NOT_FINDINGS], "errors": error_count(text),
+           "stderr_tail": tail(outcome.stderr, 10)}
+    return {"findings": findings, "ok": not findings, "skipped": skipped, "unavailable": skipped, "runs": [run]}

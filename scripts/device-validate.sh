@@ -3,7 +3,7 @@
 # the steps given. Usage on the GPU box, from the repo root, with the wheels of
 # ../shared/device/prepare-wheels.sh in .whl/ and SGLang trees under $ASTRA_HOME/sglang/:
 #   ASTRA_HOME=$PWD/.astra-device OUT=/some/dir scripts/device-validate.sh STEP...
-# Steps: probe gpu harness adversarial check bench bench-rest bench-ncu patch-check tails optimize resume recheck   (logs and JSON land in $OUT)
+# Steps: spec-probe probe gpu harness adversarial check bench bench-rest bench-ncu patch-check tails optimize resume recheck   (logs and JSON land in $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -50,5 +50,9 @@ for step in "$@"; do
                --budget-ms 40 --json "$OUT/bench_ncu.json" ) > "$OUT/bench_ncu.log" 2>&1
                grep -E "^==|within|bench failed|real" "$OUT/bench_ncu.log" ;;
     recheck) pytest_step recheck 300 tests/astra/test_recheck.py ;;
+    spec-probe) ( time timeout ${PROBE_TIMEOUT:-560} python3 -m astra.cli probe ${PROBE_ARGS:---all --reviewed} \
+               --report "$OUT/probe-report.md" --json "$OUT/probe-report.json" ) > "$OUT/spec-probe.log" 2>&1
+               echo "spec-probe: exit $?"; tail -${PROBE_TAIL:-40} "$OUT/spec-probe.log"
+               tar czf "$OUT/drafts.tgz" -C "$ASTRA_HOME" drafts probes 2>/dev/null ;;  # probed drafts and evidence
   esac
 done

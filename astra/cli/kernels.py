@@ -7,15 +7,22 @@ from dataclasses import asdict
 from pathlib import Path
 
 from astra.cli.common import check_output, check_output_dir, tree, write_text
-from astra.errors import AstraError, ToolMissing
+from astra.errors import AstraError, SpecError, ToolMissing
 from astra.report import table
 from astra.sglang import discovery, registry
-from astra.spec import builds, extract, jobs
+from astra.spec import builds, checks, extract, jobs
 from astra.spec import model as spec_mod
 
 
 def cmd_list(args) -> int:
     t = tree(args)
+    if args.why:
+        from astra.report.why import format_reach
+        from astra.sglang import srt_gates
+
+        reach = srt_gates.why(t, args.why)
+        print(json.dumps(asdict(reach), indent=1) if args.json else format_reach(reach))
+        return 0
     mods = registry.modules(t)
     if args.buildable:
         mods = [m for m in mods if m.sm90a in ("yes", "built")]
@@ -52,28 +59,59 @@ def cmd_spec_check(args) -> int:
     names = args.names or spec_mod.available()
     if not names:
         raise AstraError(f"no specs under {spec_mod.paths.specs_dir()}; write one with `astra extract NAME`")
-    failed = 0
+    failed, unreviewed = 0, {}
     for name in names:
+        path = spec_mod.resolve_path(name)
+        markers = checks.review_markers(path)
         try:
             spec = spec_mod.load(name)
             case_list, variants = jobs.cases(spec)
         except AstraError as err:
             failed += 1
             print(f"FAIL {name}: {err}")
-            continue
-        print(f"ok   {name}: {len(case_list)} cases ({sum(c.timed for c in case_list)} timed), "
-              f"{len(variants)} build variant(s), dtypes {', '.join(spec.dtypes)}")
+        else:
+            excluded = f", {len(spec.excluded)} excluded" if spec.excluded else ""
+            print(f"{'ok  ' if not markers or args.draft else 'FAIL'} {name}: {len(case_list)} cases "
+                  f"({sum(c.timed for c in case_list)} timed{excluded}), {len(variants)} build variant(s), "
+                  f"dtypes {', '.join(spec.dtypes)}")
+        for marker in markers if args.draft else []:
+            print(f"     note: {marker}")
+        if markers and not args.draft:
+            unreviewed[path] = markers
+    if len(unreviewed) == 1:
+        (path, markers), = unreviewed.items()
+        raise SpecError(str(path), markers)
+    if unreviewed:
+        raise SpecError(f"{len(unreviewed)} unreviewed specs", [f"{path}: {m}" for path, ms in unreviewed.items()
+                                                                for m in ms])
     return 1 if failed else 0
 
 
 def cmd_extract(args) -> int:
     check_output_dir(args.out, "--out")
-    result = extract.extract(tree(args), args.name, out_dir=Path(args.out) if args.out else None)
-    print(f"spec draft: {result.draft}")
-    print(f"snapshot:   {result.snapshot} ({len(result.files)} files)")
-    for note in result.notes:
-        print(f"  review: {note}")
-    return 0
+    if bool(args.names) == bool(args.all):
+        raise AstraError("name the modules to draft, or give --all (every single-GPU sm_90a module)")
+    if args.out and (args.all or len(args.names) > 1):
+        raise AstraError("--out takes one module; drafts of several go to $ASTRA_HOME/drafts/")
+    sglang = tree(args)
+    if len(args.names) == 1:
+        result = extract.extract(sglang, args.names[0], out_dir=Path(args.out) if args.out else None,
+                                 export=args.export)
+        print(f"spec draft: {result.draft}")
+        print(f"snapshot:   {result.snapshot} ({len(result.files)} files)")
+        for note in result.notes:
+            print(f"  review: {note}")
+        return 0
+    results = extract.extract_many(sglang, args.names or None, jobs=args.jobs)
+    failed = 0
+    for name, draft, notes, error in results:
+        if error:
+            failed += 1
+            print(f"FAIL   {name}: {error}")
+        else:
+            print(f"draft  {name}: {len(notes)} note(s) to review -> {draft}")
+    print(f"{len(results) - failed} drafted, {failed} failed; probe them with `astra probe --all` on a GPU machine")
+    return 1 if failed and failed == len(results) else 0
 
 
 def cmd_parse_check(args) -> int:

@@ -12,7 +12,7 @@ from astra.optimize.rundir import RunDir
 from astra.optimize.session import OptimizeOptions, emit_best_patch, run_optimize
 from astra.report import run_text, table
 from astra.report.safe_text import one_line
-from astra.spec import model as spec_mod
+from astra.spec.resolve import resolve
 
 
 def loop_options(args) -> OptimizeOptions:
@@ -47,8 +47,8 @@ def _finish(run, spec, t) -> None:
 
 def cmd_optimize(args) -> int:
     opts = loop_options(args)
-    spec = spec_mod.load(args.name)
-    t = tree_for_spec(args, spec.name)
+    spec = resolve(args.name)
+    t = tree_for_spec(args, str(spec.path))
     run, state = run_optimize(spec, t, opts, events=_printer)
     _finish(run, spec, t)
     if state.best is not None:
@@ -60,10 +60,11 @@ def cmd_eval(args) -> int:
     names = [n.strip() for n in args.kernels.split(",") if n.strip()]
     if not names:
         raise AstraError("--kernels: name at least one spec, e.g. --kernels rmsnorm,qknorm (see `astra spec-check`)")
-    specs = [spec_mod.load(n) for n in names]
+    specs = [resolve(n) for n in names]
     check_output(args.json)
     opts = loop_options(args)
-    result = run_eval(specs, lambda name: tree_for_spec(args, name), opts, events=_printer)
+    paths_by_name = {spec.name: str(spec.path) for spec in specs}
+    result = run_eval(specs, lambda name: tree_for_spec(args, paths_by_name[name]), opts, events=_printer)
     rows = result["rows"]
     print(table.render(["kernel", "lines before", "lines after", "us before", "us after", "speedup", "correct",
                         "candidates"],

@@ -35,11 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
     _sglang_options(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--buildable", action="store_true", help="only modules that build for sm_90a")
+    p.add_argument("--why", metavar="NAME",
+                   help="where SGLang's runtime (sglang/srt) calls module NAME, and under which conditions")
 
-    p = sub.add_parser("extract", help="write a spec draft and snapshot a module's sources")
-    p.add_argument("name")
+    p = sub.add_parser("extract", help="draft specs from the sources (C++ checks, wrapper, srt call sites)")
+    p.add_argument("names", nargs="*", metavar="NAME")
+    p.add_argument("--all", action="store_true", help="every single-GPU module that builds for sm_90a")
+    p.add_argument("--export", help="which export of the module the spec calls (default: the best described)")
+    p.add_argument("--jobs", type=int, help="parallel libclang parses (default: every CPU core)")
     _sglang_options(p)
-    p.add_argument("--out", help="directory for the draft (default $ASTRA_HOME/drafts/NAME/)")
+    p.add_argument("--out", help="directory for the draft (default $ASTRA_HOME/drafts/NAME/; one NAME only)")
 
     p = sub.add_parser("build", help="compile a module with nvcc exactly as SGLang does (no GPU needed)")
     p.add_argument("name", nargs="?")
@@ -58,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("spec-check", help="validate kernel specs (all, or the named ones)")
     p.add_argument("names", nargs="*")
+    p.add_argument("--draft", action="store_true",
+                   help="a draft: report TODO(review) markers as notes instead of refusing the spec")
 
     p = sub.add_parser("check", help="verify and time a candidate against the original kernel (GPU)")
     p.add_argument("name")
@@ -96,6 +103,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="DIR", help="write baseline.md, baseline.json and roofline.svg there")
     p.add_argument("--ncu", action="store_true",
                    help="also measure each shape with Nsight Compute (gpu__time_duration) and compare with cold")
+    p = sub.add_parser("probe", help="run the ORIGINAL kernel of drafted specs on their suites and record it (GPU)")
+    p.add_argument("names", nargs="*", metavar="NAME", help="drafts under $ASTRA_HOME/drafts (else reviewed specs)")
+    p.add_argument("--all", action="store_true", help="every draft under $ASTRA_HOME/drafts")
+    p.add_argument("--reviewed", action="store_true",
+                   help="the reviewed specs of extracted_kernels/ (with --all: as well), probed read-only: results "
+                        "go to $ASTRA_HOME/probes/NAME.json")
+    p.add_argument("--force", action="store_true", help="probe again even if probe.json matches the spec")
+    p.add_argument("--report-only", action="store_true",
+                   help="probe nothing: summarise the probe records there are (no GPU needed); with --all and "
+                        "--sglang/--sglang-src the report also lists the tree's modules that have no spec")
+    p.add_argument("--per-gpu", type=int, default=4, metavar="K", help="concurrent probe processes per GPU (default 4)")
+    p.add_argument("--timeout-case", type=float, default=120.0, metavar="S",
+                   help="seconds per case before it counts as hung (default 120)")
+    p.add_argument("--no-sanitizer", action="store_true", help="skip compute-sanitizer memcheck (recorded as such)")
+    p.add_argument("--report", metavar="PATH.md", help="write the summary as markdown")
+    p.add_argument("--json", metavar="PATH", help="write the summary as JSON")
+    _sglang_options(p)
     _patch_commands(sub)
     return parser
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from astra.cli.common import check_output, check_output_dir, tree_for_spec, write_text
 from astra.errors import AstraError
 from astra.report import text
-from astra.spec import model as spec_mod
+from astra.spec.resolve import resolve
+from astra.spec.source_check import require_same_source
 from astra.verify import runner
 
 
@@ -17,28 +18,31 @@ def _modes(value: str) -> list[str]:
 
 
 def cmd_check(args) -> int:
-    spec = spec_mod.load(args.name)
+    spec = resolve(args.name)
     path = Path(args.candidate)
     if not path.is_file():
         raise AstraError(f"--candidate {path}: no such file (give your version of {spec.kernel_file})")
     source = read_source(path, "--candidate")
     opts = runner.CheckOptions(modes=_modes(args.modes), sanitizer=not args.no_sanitizer, quick=args.quick)
     check_output(args.json)
-    verdict = runner.check_candidate(spec, tree_for_spec(args, args.name), source, path.name, opts)
+    verdict = runner.check_candidate(spec, tree_for_spec(args, str(spec.path)), source, path.name, opts)
     write_text(args.json, verdict.to_json())
     print(text.format_check(verdict))
     return 0 if verdict.correct and verdict.status == "correct" else 1
 
 
 def cmd_bench(args) -> int:
-    specs = [spec_mod.load(name) for name in args.names]
+    specs = [resolve(name) for name in args.names]
     opts = runner.CheckOptions(modes=_modes(args.modes), sanitizer=False, budget_ms=args.budget_ms, ncu=args.ncu)
     check_output(args.json)
     check_output_dir(args.report, "--report")
+    trees = {spec.name: tree_for_spec(args, str(spec.path)) for spec in specs}
+    for spec in specs:
+        require_same_source(spec, trees[spec.name])
     runner.require_gpu()
     verdicts, ok = {}, True
     for spec in specs:
-        verdict = runner.bench_original(spec, tree_for_spec(args, spec.name), opts)
+        verdict = runner.bench_original(spec, trees[spec.name], opts)
         verdicts[spec.name] = verdict
         ok = ok and verdict.status == "correct"
         print(f"== {spec.name}", flush=True)

@@ -17,6 +17,7 @@ from astra.optimize.rundir import HistoryEntry, RunDir, RunState
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec.model import KernelSpec
+from astra.spec.source_check import require_same_source
 from astra.verify.runner import require_gpu, timeout_for
 from harness import Options, Verdict, build_many, run_job, verified_faster, verify_job
 
@@ -184,6 +185,7 @@ def _resume(run_id: str, spec: KernelSpec) -> RunDir:
 
 def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, events, say: Printer) -> RunState:
     agent = make_agent(opts, spec, tree, run)
+    require_same_source(spec, tree)  # candidates are edits of, and verified against, the spec's kernel
     spent = run.state()
     client = getattr(agent, "client", None)
     if client is not None and hasattr(client, "carry"):

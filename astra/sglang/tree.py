@@ -2,6 +2,10 @@
 
 Nothing here imports sglang (it would drag in its whole dependency tree); files are read as text.
 
+Besides the kernels, a wheel gives the Python files of `sglang/srt/` (the runtime's call sites of the
+kernels' op functions, read by `srt_gates`); trees unpacked before that get them on first use
+(`ensure_srt`).
+
 Two layouts of the JIT kernels exist:
   - `sglang/jit_kernel/`   (0.5.10, 0.5.15): loaders next to `csrc/` and `include/`
   - `sglang/kernels/jit/`  (0.5.20 on): `csrc/`, `include/` there, loaders under `sglang/kernels/ops/`
@@ -29,6 +33,8 @@ from astra.errors import AstraError, SglangNotFound
 LAYOUTS = ("kernels/jit", "jit_kernel")
 # What a wheel must give us: the JIT sources and every Python file that may call load_jit.
 _WHEEL_PREFIXES = ("sglang/kernels/", "sglang/jit_kernel/")
+_SRT_PREFIX = "sglang/srt/"  # only its .py files
+_SRT_MARKER = ".srt-complete"
 _VERSION_RE = re.compile(r"^\d+(\.\d+)*([a-z0-9.+-]*)$", re.I)
 
 
@@ -61,6 +67,14 @@ class SglangTree:
     @property
     def include_dir(self) -> Path:
         return self.jit_dir / "include"
+
+    @property
+    def srt_dir(self) -> Path | None:
+        """`sglang/srt/` (the runtime) when this tree has it; a wheel tree only once fully unpacked."""
+        srt = self.root / "sglang" / "srt"
+        if self.origin == "wheel" and not (self.root / _SRT_MARKER).exists():
+            return None
+        return srt if srt.is_dir() else None
 
     @property
     def loader_dirs(self) -> list[Path]:
@@ -190,7 +204,8 @@ def _version_of_source(root: Path) -> str:
 
 
 def from_wheel(version: str) -> SglangTree:
-    """Download (once) the SGLang wheel of `version` with pip and unpack only the kernel sources."""
+    """Download (once) the SGLang wheel of `version` with pip and unpack only the kernel sources
+    (and the .py files of sglang/srt/)."""
     if not _VERSION_RE.match(version):
         raise AstraError(f"--sglang {version!r} is not a version number (example: --sglang 0.5.23)")
     target = paths.sub("sglang") / version
@@ -198,6 +213,35 @@ def from_wheel(version: str) -> SglangTree:
     if not marker.exists():
         _download_and_unpack(version, target)
     return SglangTree(root=target, version=version, origin="wheel")
+
+
+def ensure_srt(tree: SglangTree) -> Path | None:
+    """`tree.srt_dir`, unpacking the runtime's .py files from the wheel again for a wheel tree that
+    was unpacked without them. A checkout or installed package has it or not: None when not."""
+    if tree.srt_dir is not None or tree.origin != "wheel":
+        return tree.srt_dir
+    with tempfile.TemporaryDirectory(prefix="astra-wheel-") as tmp:
+        wheel = _pip_download(tree.version, Path(tmp))
+        if tree.srt_dir is not None:  # another process finished meanwhile
+            return tree.srt_dir
+        staging = Path(tempfile.mkdtemp(prefix=".srt-", dir=tree.root))
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                for member in _srt_members(zf):
+                    zf.extract(member, staging)
+            final = tree.root / "sglang" / "srt"
+            if final.exists():  # a partial unpack (no marker): replace it
+                shutil.rmtree(final)
+            (staging / "sglang" / "srt").mkdir(parents=True, exist_ok=True)
+            (staging / "sglang" / "srt").rename(final)
+            (tree.root / _SRT_MARKER).write_text(wheel.name + "\n")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return tree.srt_dir
+
+
+def _srt_members(zf: zipfile.ZipFile) -> list[str]:
+    return [m for m in zf.namelist() if m.startswith(_SRT_PREFIX) and m.endswith(".py")]
 
 
 def _download_and_unpack(version: str, target: Path) -> None:
@@ -213,11 +257,12 @@ def _download_and_unpack(version: str, target: Path) -> None:
                         f"SGLang {version} ships no JIT kernel sources (sglang/kernels/jit or "
                         "sglang/jit_kernel); JIT kernels exist from 0.5.10 on"
                     )
-                for member in members:
+                for member in members + _srt_members(zf):
                     zf.extract(member, staging)
                 (staging / "sglang").mkdir(exist_ok=True)
                 (staging / "sglang" / "__init__.py").touch()
             (staging / ".wheel").write_text(wheel.name + "\n")
+            (staging / _SRT_MARKER).write_text(wheel.name + "\n")
             (staging / ".complete").write_text(version + "\n")
             if target.exists():
                 shutil.rmtree(target)

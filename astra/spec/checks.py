@@ -1,6 +1,8 @@
 """What a kernel spec file may hold before validation looks at its meaning: a bounded size, YAML
 without anchors or aliases (no "billion laughs"), and only the keys the format defines, each unknown
-one answered with the nearest known key (`referense` must not silently turn the reference off)."""
+one answered with the nearest known key (`referense` must not silently turn the reference off); the
+structure of `source`, `build`, `tolerance`, `shapes` and of an argument's optional fields; and the
+`TODO(review)` markers a draft still holds."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import difflib
 from pathlib import Path
 
 import yaml
+
+from astra.spec.expr import DTYPE_BYTES, names_in
 
 MAX_BYTES = 1 << 20  # 1 MiB: the largest committed spec is a few KiB
 
@@ -17,11 +21,14 @@ SOURCE = ("sglang_version", "kernel_file", "repo_path", "sha256", "loader")
 BUILD = ("cuda_files", "cpp_files", "extra_cuda_cflags", "extra_cflags", "extra_ldflags", "extra_include_paths",
          "extra_dependencies", "wrappers", "header_only")
 WRAPPER = ("export", "entry", "lang")
-SHAPES = ("tokens", "token_dim", "models", "edge", "constraints")
+SHAPES = ("tokens", "token_dim", "models", "edge", "constraints", "exclude")
 MODEL_ENTRY = ("model", "tp", "dims", "tokens")
-ARGUMENT = ("name", "kind", "role", "shape", "dtype", "init", "value", "doc", "alias")
+ARGUMENT = ("name", "kind", "role", "shape", "dtype", "init", "value", "doc", "alias", "present", "row_stride")
 INIT = ("dist", "mean", "std", "low", "high", "start", "step", "value", "large", "small")
 TOLERANCE = ("atol", "rtol", "floor")
+EXCLUDE = ("case", "reason")
+REVIEW_MARKER = "TODO(review)"
+EXACT_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")  # compared exactly: no tolerance
 
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -131,4 +138,127 @@ def check_shapes(shapes: object, dim_names: list[str]) -> list[str]:
     if constraints is not None and (not isinstance(constraints, list)
                                     or not all(isinstance(c, str) for c in constraints)):
         out.append("shapes.constraints must be a list of expression strings")
+    return out + _check_exclude(shapes.get("exclude"))
+
+
+def _check_exclude(exclude: object) -> list[str]:
+    """`shapes.exclude`: [{case: "<case id>", reason: "<why>"}], as the GPU probe writes it."""
+    if exclude is None:
+        return []
+    if not isinstance(exclude, list):
+        return ['shapes.exclude must be a list of {case: "<case id>", reason: "<why>"} entries']
+    out, seen = [], set()
+    for i, entry in enumerate(exclude):
+        where = f"shapes.exclude[{i}]"
+        if not isinstance(entry, dict):
+            out.append(f'{where} must be a mapping {{case: "<case id>", reason: "<why>"}}, not {entry!r}'[:200])
+            continue
+        out += unknown_keys(entry, EXCLUDE, where)
+        for key in EXCLUDE:
+            if not isinstance(entry.get(key), str) or not entry[key].strip():
+                out.append(f"{where}.{key} must be a non-empty string"
+                           + (" (a case id as `astra spec-check` and verdicts print it, "
+                              "e.g. Llama-3.1-8B/tp1/bfloat16/tokens=1,hidden=4096)" if key == "case" else
+                              " (why the case is left out, e.g. the kernel's own error message)"))
+        if isinstance(entry.get("case"), str):
+            if entry["case"] in seen:
+                out.append(f"{where}: case {entry['case']!r} is excluded twice")
+            seen.add(entry["case"])
+    return out
+
+
+def check_tensor_options(arg: dict, where: str, known: set[str]) -> list[str]:
+    """An argument's `present` (bool or expr) and `row_stride` (int or expr); values are checked per case."""
+    out = []
+    for key, what in (("present", "true, false or an expression over dims (e.g. `num_experts > 1`)"),
+                      ("row_stride", "a positive integer or an expression over dims (e.g. `(q_heads + 2 * "
+                                     "kv_heads) * head_dim`)")):
+        if key not in arg:
+            continue
+        value = arg[key]
+        if arg.get("kind") != "tensor":
+            out.append(f"{where}: `{key}` applies to tensor arguments only")
+        elif arg.get("alias") is not None:
+            out.append(f"{where}: an alias is the very tensor of {arg['alias']!r}; give `{key}` there, not here")
+        elif isinstance(value, bool) and key == "present" or positive_int(value) and key == "row_stride":
+            continue
+        elif not isinstance(value, str) or not value.strip():
+            out.append(f"{where}: `{key}` must be {what}, not {value!r}")
+        elif names_in(value) - known:
+            out.append(f"{where}: {key} {value!r} uses unknown name(s) {sorted(names_in(value) - known)}")
+    return out
+
+
+def check_source(source) -> list[str]:
+    if not isinstance(source, dict):
+        return ["`source` must be a mapping (sglang_version, kernel_file, repo_path, sha256)"]
+    out = unknown_keys(source, SOURCE, "source")
+    out += [f"source: missing `{k}`" for k in ("sglang_version", "kernel_file", "repo_path", "sha256")
+            if k not in source]
+    sha = str(source.get("sha256", ""))
+    if "sha256" in source and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
+        out.append("source.sha256 must be 64 lowercase hex characters")
+    return out
+
+
+def check_build(build) -> list[str]:
+    if not isinstance(build, dict):
+        return ["`build` must be a mapping (cuda_files, wrappers, flags)"]
+    out = unknown_keys(build, BUILD, "build")
+    if not build.get("cuda_files") and not build.get("cpp_files"):
+        out.append("build: list the sources in `cuda_files` (or `cpp_files`), as SGLang's call site does")
+    for key in ("cuda_files", "cpp_files", "extra_cuda_cflags", "extra_cflags", "extra_ldflags"):
+        if key in build and not isinstance(build[key], list):
+            out.append(f"build.{key} must be a list")
+    wrappers = build.get("wrappers", [])
+    if build.get("header_only", True) and not wrappers:
+        out.append("build.wrappers: a header-only module needs at least one {export, entry}")
+    for i, w in enumerate(wrappers if isinstance(wrappers, list) else []):
+        if not isinstance(w, dict) or not isinstance(w.get("export"), str) or not isinstance(w.get("entry"), str):
+            out.append(f"build.wrappers[{i}] must have `export` and `entry`")
+        else:
+            out += unknown_keys(w, WRAPPER, f"build.wrappers[{i}]")
+    return out
+
+
+def check_tolerance(tol, dtypes: list[str]) -> list[str]:
+    """An entry for every dtype of `dtypes`; entries for other known float dtypes (an output's own dtype,
+    e.g. float8_e4m3fn) are allowed; integer and bool outputs are exact, so they take none."""
+    if not isinstance(tol, dict):
+        return ["`tolerance` must map each dtype to {atol, rtol, floor}"]
+    out = unknown_keys(tol, tuple(DTYPE_BYTES), "tolerance")
+    out += [f"tolerance: no entry for dtype {dt}" for dt in dtypes
+            if dt not in EXACT_DTYPES and not isinstance(tol.get(dt), dict)]
+    for dt, entry in tol.items():
+        if dt not in DTYPE_BYTES or (dt in dtypes and not isinstance(entry, dict)):
+            continue
+        if dt in EXACT_DTYPES:
+            out.append(f"tolerance.{dt}: {dt} outputs are compared exactly; remove this entry")
+            continue
+        if not isinstance(entry, dict):
+            out.append(f"tolerance.{dt} must be a mapping {{atol, rtol, floor}}, not {entry!r}"[:200])
+            continue
+        out += unknown_keys(entry, TOLERANCE, f"tolerance.{dt}")
+        for k in TOLERANCE:
+            if isinstance(entry.get(k), bool) or not isinstance(entry.get(k), (int, float)) or entry[k] < 0:
+                out.append(f"tolerance.{dt}.{k} must be a non-negative number")
+    return out
+
+
+def review_markers(path: Path) -> list[str]:
+    """One line per `TODO(review)` left in a spec file's raw text (comments included), with its line number
+    (none for a file that cannot be read or is too large: loading it reports that)."""
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            return []
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if REVIEW_MARKER in line:
+            snippet = line.strip()
+            snippet = snippet if len(snippet) <= 100 else snippet[:100] + "..."
+            out.append(f"line {number}: {REVIEW_MARKER} not resolved: {snippet!r}; review it, then delete the "
+                       "marker (or pass --draft to check a draft)")
     return out

@@ -83,7 +83,11 @@ FUNCTIONS = {
     "cpp_bool": lambda v: "true" if v else "false",
 }
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+           ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor,
+           ast.LShift: operator.lshift, ast.RShift: operator.rshift}
+_BITOPS = (ast.BitAnd, ast.BitOr, ast.BitXor, ast.LShift, ast.RShift)
+MAX_SHIFT = 63  # shift amounts are 0..63: a left shift stays O(1) work and within 2**64 from small operands
 _CMPOPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
            ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
            ast.NotIn: lambda a, b: a not in b}
@@ -93,7 +97,7 @@ def evaluate(expr, names: dict):
     """Value of `expr` (a string expression, or a number passed through) given `names`.
 
     Every failure is an ExprError naming the expression; results are bounded (integers to 2**64 in
-    magnitude, strings and tuples to 4096 items), checked before the work is done."""
+    magnitude, strings and tuples to 4096 items, shift amounts to 0..63), checked before the work is done."""
     if isinstance(expr, (int, float, bool)):
         return _bounded(expr, repr(expr))
     if not isinstance(expr, str):
@@ -144,6 +148,8 @@ def _bounded(value, what: str):
 def _precheck(op, left, right) -> str | None:
     """Why `left op right` would be too large, judged before computing it (None: fine). Float powers
     are O(1) and overflow with an error; integer powers are checked by the bits of the result."""
+    if isinstance(op, _BITOPS):
+        return _bit_precheck(op, left, right)
     if isinstance(op, ast.Pow) and isinstance(left, int) and isinstance(right, int):
         if right > 0 and abs(left) > 1 and right * math.log2(abs(left)) > 64:
             return "power too large (the result would exceed 2**64)"
@@ -154,6 +160,17 @@ def _precheck(op, left, right) -> str | None:
             if isinstance(seq, (str, tuple)) and isinstance(count, int):
                 if len(seq) * max(count, 0) > MAX_STR:
                     return f"repetition too long (more than {MAX_STR} items)"
+    return None
+
+
+def _bit_precheck(op, left, right) -> str | None:
+    """Bitwise operators take integers (`& | ^` also booleans); shifts take an amount in 0..MAX_SHIFT."""
+    shift = isinstance(op, (ast.LShift, ast.RShift))
+    for value in (left, right):
+        if not isinstance(value, int) or (shift and isinstance(value, bool)):
+            return f"bitwise operators need integers, not {type(value).__name__} ({value!r})"
+    if shift and not 0 <= right <= MAX_SHIFT:
+        return f"shift amount {right} is outside 0..{MAX_SHIFT}"
     return None
 
 
@@ -198,6 +215,10 @@ class _Eval:
                     return not value
                 if isinstance(node.op, ast.UAdd):
                     return +value
+                if isinstance(node.op, ast.Invert):
+                    if isinstance(value, bool) or not isinstance(value, int):
+                        self.fail(f"~ needs an integer, not {type(value).__name__} ({value!r})")
+                    return ~value
             except TypeError as err:
                 self.fail(str(err))
         if isinstance(node, ast.BoolOp):

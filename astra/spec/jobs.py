@@ -10,7 +10,7 @@ from dataclasses import replace
 from astra.errors import AstraError
 from astra.sglang.tree import SglangTree
 from astra.spec.expr import evaluate, render
-from astra.spec.model import KernelSpec
+from astra.spec.model import KernelSpec, arg_present, arg_row_stride
 from harness import ArgSpec, BuildBase, BuildRequest, Case, Job, Options, Variant, band_of, build_requests
 
 
@@ -31,37 +31,49 @@ def _arg(arg, names: dict) -> ArgSpec:
         if arg.kind == "scalar" and isinstance(value, str):
             value = evaluate(value, names)  # a scalar may be an expression over dims
         return ArgSpec(name=arg.name, kind=arg.kind, role="in", dtype=str(arg.dtype), value=value)
+    role = "alias" if arg.alias else arg.role
+    if not arg_present(arg, names):  # an absent optional tensor: the call passes None
+        return ArgSpec(name=arg.name, kind="tensor", role=role, dtype=render(str(arg.dtype), names), init={},
+                       alias=arg.alias, present=False)
     init = {k: (evaluate(v, names) if isinstance(v, str) and k not in ("dist",) else v)
             for k, v in (arg.init or {"dist": "normal"}).items()}
-    return ArgSpec(name=arg.name, kind="tensor", role="alias" if arg.alias else arg.role,
-                   shape=[int(evaluate(e, names)) for e in arg.shape],
-                   dtype=render(str(arg.dtype), names), init=init, alias=arg.alias)
+    shape = [int(evaluate(e, names)) for e in arg.shape]
+    return ArgSpec(name=arg.name, kind="tensor", role=role, shape=shape, dtype=render(str(arg.dtype), names),
+                   init=init, alias=arg.alias, row_stride=arg_row_stride(arg, shape, names))
 
 
 def _in_place(args: list[ArgSpec]) -> list[ArgSpec]:
-    """An argument that an output aliases is written by the call: it is compared as an inout."""
-    targets = {a.alias for a in args if a.alias}
+    """An argument that an output aliases is written by the call: it is compared as an inout. The alias
+    is that very tensor: present and strided exactly when its target is."""
+    by_name = {a.name: a for a in args}
     for a in args:
-        if a.name in targets and a.role == "in":
-            a.role = "inout"
+        if a.alias:
+            target = by_name[a.alias]
+            a.present, a.row_stride = target.present, target.row_stride
+            if target.role == "in":
+                target.role = "inout"
     return args
 
 
 def cases(spec: KernelSpec, extra_shapes: list[dict] | None = None) -> tuple[list[Case], dict[str, Variant]]:
-    """All cases of the suite (plus `extra_shapes` proposed by a testing agent) and their variants."""
+    """All cases of the suite but those `shapes.exclude` names (plus `extra_shapes` proposed by a testing
+    agent) and their variants."""
     variants: dict[str, Variant] = {}
     out: list[Case] = []
+    excluded = spec.excluded
     shape_cases = spec.shape_cases()
     for dims in extra_shapes or []:
         shape_cases.append(replace(shape_cases[0], label="extra", dims=dict(dims), edge=True))
     for index, dtype in enumerate(spec.dtypes):
         for sc in shape_cases:
+            case_id = sc.case_id(dtype)
+            if case_id in excluded:
+                continue
             names = spec.names_for(sc.dims, dtype)
             variant = _variant(spec, names)
             variants.setdefault(variant.key, variant)
-            dims_text = ",".join(f"{k}={v}" for k, v in sc.dims.items())
             out.append(Case(
-                id=f"{sc.label}/{dtype}/{dims_text}",
+                id=case_id,
                 band=band_of(spec.token_count(sc.dims)),
                 label=sc.label, dtype=dtype, dims=dict(sc.dims), variant=variant.key,
                 bytes=int(evaluate(spec.raw["bytes"], names)),

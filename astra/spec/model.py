@@ -4,6 +4,7 @@ mistake, and expansion into concrete cases. Format: docs/spec-format.md."""
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -18,7 +19,7 @@ from astra.spec.expr import DTYPE_BYTES, ExprError, evaluate, names_in, render
 REQUIRED = ("name", "module", "source", "build", "entry", "dims", "dtypes", "arguments", "shapes",
             "tolerance", "bytes")
 KINDS = ("tensor", "scalar", "string")
-ROLES = ("in", "out", "inout")
+ROLES = ("in", "out", "inout", "scratch")
 DISTS = {"normal": (), "uniform": (), "randint": ("high",), "perm": ("high",), "arange": (),
          "const": ("value",)}
 
@@ -34,6 +35,8 @@ class Argument:
     value: object = None
     alias: str | None = None  # an in-place call: this output is the tensor of an earlier argument
     doc: str | None = None
+    present: bool | str = True  # an optional tensor: passed as None where this is false
+    row_stride: int | str | None = None  # a strided view: the stride of dim 0 in elements
 
 
 @dataclass
@@ -43,6 +46,10 @@ class ShapeCase:
     label: str  # "Llama-3.1-8B/tp1" or "edge"
     dims: dict[str, int]
     edge: bool = False
+
+    def case_id(self, dtype: str) -> str:
+        """The case's id (verdicts, `shapes.exclude`): "<label>/<dtype>/<dim>=<value>,..."."""
+        return f"{self.label}/{dtype}/" + ",".join(f"{k}={v}" for k, v in self.dims.items())
 
 
 @dataclass
@@ -77,6 +84,11 @@ class KernelSpec:
     @property
     def arguments(self) -> list[Argument]:
         return [Argument(**a) for a in self.raw["arguments"]]
+
+    @property
+    def excluded(self) -> dict[str, str]:
+        """Case id -> reason, from `shapes.exclude` (cases the GPU probe found the kernel refuses)."""
+        return {e["case"]: e["reason"] for e in self.raw["shapes"].get("exclude") or []}
 
     @property
     def reference_path(self) -> Path | None:
@@ -132,6 +144,34 @@ def _dim(value, where: str) -> int:
     return value
 
 
+def arg_present(arg: Argument, names: dict) -> bool:
+    """Whether a tensor argument is passed in a case (`present`: a bool or an expression; default true)."""
+    value = arg.present if isinstance(arg.present, bool) else evaluate(arg.present, names)
+    if not isinstance(value, bool):
+        raise ExprError(f"{arg.name}: present {arg.present!r} gives {value!r}, not true or false "
+                        "(write a condition over dims, e.g. `num_experts > 1`)")
+    return value
+
+
+def arg_row_stride(arg: Argument, shape: list[int], names: dict) -> int | None:
+    """The stride of dim 0 of a strided view in a case (None: contiguous); at least one row's elements."""
+    if arg.row_stride is None:
+        return None
+    value = _dim(evaluate(arg.row_stride, names), f"{arg.name}: row_stride {arg.row_stride!r}")
+    row = math.prod(shape[1:])
+    if value < row:
+        raise ExprError(f"{arg.name}: row_stride {arg.row_stride!r} is {value}, below the {row} elements of one "
+                        f"row ({' x '.join(map(str, shape[1:]))}); it is the stride of dim 0: at least the product "
+                        f"of the other dims")
+    return value
+
+
+def resolve_path(name_or_path: str | Path) -> Path:
+    """The kernel.yaml of a spec name (extracted_kernels/<name>) or the path itself."""
+    path = Path(name_or_path)
+    return path if path.suffix in (".yaml", ".yml") else spec_path(str(name_or_path))
+
+
 def spec_path(name: str) -> Path:
     return paths.specs_dir() / name / "kernel.yaml"
 
@@ -143,9 +183,7 @@ def available() -> list[str]:
 
 def load(name_or_path: str | Path) -> KernelSpec:
     """Load and validate a spec by name (extracted_kernels/<name>) or by path."""
-    path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        path = spec_path(str(name_or_path))
+    path = resolve_path(name_or_path)
     if not path.exists():
         have = ", ".join(available()) or "none"
         raise UnknownKernel(
@@ -180,8 +218,8 @@ def validate(raw, path: Path) -> list[str]:
         return problems
     if raw["name"] != path.parent.name:
         problems.append(f"`name: {raw['name']}` must equal the directory name `{path.parent.name}`")
-    problems += _check_source(raw["source"])
-    problems += _check_build(raw["build"])
+    problems += checks.check_source(raw["source"])
+    problems += checks.check_build(raw["build"])
     if not isinstance(raw["source"], dict) or not isinstance(raw["build"], dict):
         return problems
     dims = raw["dims"]
@@ -207,7 +245,7 @@ def validate(raw, path: Path) -> list[str]:
     exports = [w.get("export") for w in raw["build"].get("wrappers", []) if isinstance(w, dict)]
     if raw["build"].get("header_only", True) and raw["entry"] not in exports:
         problems.append(f"`entry: {raw['entry']}` is not among build.wrappers exports {exports}")
-    problems += _check_tolerance(raw["tolerance"], dtypes)
+    problems += checks.check_tolerance(raw["tolerance"], dtypes)
     if raw.get("reference") is not None and not isinstance(raw["reference"], str):
         problems.append("`reference` must be a file name beside kernel.yaml, e.g. reference.py")
     elif raw.get("reference") and not (path.parent / raw["reference"]).is_file():
@@ -215,38 +253,6 @@ def validate(raw, path: Path) -> list[str]:
     if problems:
         return problems
     return _check_cases(KernelSpec(path=path, raw=raw))
-
-
-def _check_source(source) -> list[str]:
-    if not isinstance(source, dict):
-        return ["`source` must be a mapping (sglang_version, kernel_file, repo_path, sha256)"]
-    out = checks.unknown_keys(source, checks.SOURCE, "source")
-    out += [f"source: missing `{k}`" for k in ("sglang_version", "kernel_file", "repo_path", "sha256")
-           if k not in source]
-    sha = str(source.get("sha256", ""))
-    if "sha256" in source and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
-        out.append("source.sha256 must be 64 lowercase hex characters")
-    return out
-
-
-def _check_build(build) -> list[str]:
-    if not isinstance(build, dict):
-        return ["`build` must be a mapping (cuda_files, wrappers, flags)"]
-    out = checks.unknown_keys(build, checks.BUILD, "build")
-    if not build.get("cuda_files") and not build.get("cpp_files"):
-        out.append("build: list the sources in `cuda_files` (or `cpp_files`), as SGLang's call site does")
-    for key in ("cuda_files", "cpp_files", "extra_cuda_cflags", "extra_cflags", "extra_ldflags"):
-        if key in build and not isinstance(build[key], list):
-            out.append(f"build.{key} must be a list")
-    wrappers = build.get("wrappers", [])
-    if build.get("header_only", True) and not wrappers:
-        out.append("build.wrappers: a header-only module needs at least one {export, entry}")
-    for i, w in enumerate(wrappers if isinstance(wrappers, list) else []):
-        if not isinstance(w, dict) or not isinstance(w.get("export"), str) or not isinstance(w.get("entry"), str):
-            out.append(f"build.wrappers[{i}] must have `export` and `entry`")
-        else:
-            out += checks.unknown_keys(w, checks.WRAPPER, f"build.wrappers[{i}]")
-    return out
 
 
 def _check_arguments(args, raw) -> list[str]:
@@ -263,6 +269,7 @@ def _check_arguments(args, raw) -> list[str]:
             out.append(f"{where}: duplicate argument name")
         names.add(a["name"])
         out += checks.unknown_keys(a, checks.ARGUMENT, where)
+        out += checks.check_tensor_options(a, where, known)
         kind = a.get("kind")
         if kind not in KINDS:
             out.append(f"{where}: kind must be one of {KINDS}, not {kind!r}")
@@ -300,27 +307,13 @@ def _check_alias(arg: dict, earlier: list, where: str) -> list[str]:
     target = next((e for e in earlier if isinstance(e, dict) and e.get("name") == arg["alias"]), None)
     if target is None or target.get("kind") != "tensor":
         return [f"{where}: alias {arg['alias']!r} must name an earlier tensor argument"]
+    if target.get("role") == "scratch":
+        return [f"{where}: alias {arg['alias']!r} names a scratch tensor (never compared); alias an in/inout tensor"]
     if arg.get("kind") != "tensor" or arg.get("role") not in ("out", "inout"):
         return [f"{where}: only an out/inout tensor can alias another argument"]
     if arg.get("shape") != target.get("shape") or arg.get("dtype", "{dtype}") != target.get("dtype", "{dtype}"):
         return [f"{where}: an alias must have the shape and dtype of {arg['alias']!r}"]
     return []
-
-
-def _check_tolerance(tol, dtypes) -> list[str]:
-    if not isinstance(tol, dict):
-        return ["`tolerance` must map each dtype to {atol, rtol, floor}"]
-    out = checks.unknown_keys(tol, tuple(DTYPE_BYTES), "tolerance")
-    for dt in dtypes:
-        entry = tol.get(dt)
-        if not isinstance(entry, dict):
-            out.append(f"tolerance: no entry for dtype {dt}")
-            continue
-        out += checks.unknown_keys(entry, checks.TOLERANCE, f"tolerance.{dt}")
-        for k in ("atol", "rtol", "floor"):
-            if not isinstance(entry.get(k), (int, float)) or entry[k] < 0:
-                out.append(f"tolerance.{dt}.{k} must be a non-negative number")
-    return out
 
 
 def _check_cases(spec: KernelSpec) -> list[str]:
@@ -350,8 +343,8 @@ def _check_cases(spec: KernelSpec) -> list[str]:
             for w in spec.raw["build"].get("wrappers", []):
                 render(w["entry"], names)
             for a in spec.arguments:
-                if a.kind == "tensor":
-                    [evaluate(e, names) for e in a.shape]
+                if a.kind == "tensor" and arg_present(a, names):
+                    arg_row_stride(a, [evaluate(e, names) for e in a.shape], names)
         except ExprError as err:
             if str(err) not in failed:  # the same broken expression is one mistake, named at its first shape
                 failed.add(str(err))
@@ -360,4 +353,16 @@ def _check_cases(spec: KernelSpec) -> list[str]:
         if len(out) > 20:
             out.append("... (more problems of the same kind not shown)")
             break
+    return out + _check_exclusions(spec, cases)
+
+
+def _check_exclusions(spec: KernelSpec, cases: list[ShapeCase]) -> list[str]:
+    """Every `shapes.exclude` entry names a case of the suite, and some case is left."""
+    ids = {case.case_id(dtype) for case in cases for dtype in spec.dtypes}
+    excluded = spec.excluded
+    out = [f"shapes.exclude: no case has id {case_id!r} (did the shapes change?); remove the entry or fix the id "
+           f"(<label>/<dtype>/<dim>=<value>,... as verdicts name cases, e.g. {min(ids)!r})"
+           for case_id in excluded if case_id not in ids]
+    if ids and ids <= set(excluded):
+        out.append("shapes.exclude leaves no case to check; remove entries or add shapes")
     return out

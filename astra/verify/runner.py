@@ -10,6 +10,7 @@ from astra.errors import AstraError, NoGpu
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec.model import KernelSpec
+from astra.spec.source_check import require_same_source
 from harness import TIMING_MODES, Job, Options, Verdict, run_job, verify_job
 
 MODES = TIMING_MODES
@@ -69,6 +70,7 @@ def quick_cases(job: Job) -> Job:
 
 def check_candidate(spec: KernelSpec, tree: SglangTree, source: str, label: str, opts: CheckOptions) -> Verdict:
     """The verdict on `source` (the candidate's version of `spec.kernel_file`) against the original."""
+    require_same_source(spec, tree)  # the original checked against is the kernel the spec was reviewed for
     require_gpu()
     job = jobs.make_job(spec, tree, candidate_source=source, label=label, options=opts.harness_options())
     if opts.quick:

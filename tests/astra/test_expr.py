@@ -47,7 +47,15 @@ def test_names_in():
     ("(-8) ** 0.5", "a result of type complex"),
     ("1e308 * 10", "not a finite number"),
     ("10.0 ** 400", "numeric overflow"),
-    ("x << 2", "unsupported syntax"),
+    ("x @ 2", "unsupported syntax"),
+    ("x << 64", "shift amount 64 is outside 0..63"),
+    ("x >> -1", "shift amount -1 is outside 0..63"),
+    ("1.5 & x", "bitwise operators need integers, not float"),
+    ("x | 'a'", "bitwise operators need integers, not str"),
+    ("True << 1", "bitwise operators need integers, not bool"),
+    ("~1.0", "~ needs an integer, not float"),
+    ("(2 ** 63) << 63", "larger than 2**64"),
+    ("(1 << 63) << 63 << 63 << 63", "larger than 2**64"),
     ("10 ** 10 ** 10", "power too large"),
     ("2 ** 65", "power too large"),
     ("(2 ** 64) * (2 ** 64)", "larger than 2**64"),
@@ -74,3 +82,14 @@ def test_every_failure_is_an_expr_error_named_and_fast(expr, needle):
 def test_bounds_are_inclusive():
     assert evaluate("2 ** 64", {}) == 2**64
     assert evaluate("'a' * 4096", {}) == "a" * 4096
+
+
+def test_bitwise_operators():
+    names = {"hidden": 4096, "flags": 0b1011}
+    assert evaluate("hidden & (hidden - 1) == 0", names) is True  # a power of two
+    assert evaluate("flags & 2", names) == 2 and evaluate("flags | 4", names) == 15
+    assert evaluate("flags ^ 0b1111", names) == 0b0100 and evaluate("~flags", names) == -12
+    assert evaluate("1 << 63", names) == 2**63 and evaluate("hidden >> 12", names) == 1
+    assert evaluate("(hidden >> 3) << 3 == hidden", names) is True
+    assert evaluate("(flags & 1 == 1) | False", names) is True  # & | ^ also combine booleans
+    assert render("K<{hidden >> 7}>", names) == "K<32>"

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from astra.errors import AstraError
 from astra.sglang import registry
 from astra.spec import extract
 from astra.spec import model as spec
@@ -42,15 +43,27 @@ def test_draft_validates_and_snapshot_has_hashes(sglang_0523, specs_dir):
     assert "TODO(review)" in result.draft.read_text()
 
 
-def test_second_extract_keeps_the_reviewed_spec(sglang_0523, specs_dir):
-    extract.extract(sglang_0523, "qknorm")
-    again = extract.extract(sglang_0523, "qknorm")
+def test_second_extract_keeps_a_reviewed_draft(sglang_0523, specs_dir):
+    """A machine draft is redrafted in place; one a person edited (header gone) is kept, and the new
+    draft goes beside it."""
+    first = extract.extract(sglang_0523, "clamp_position")
+    assert extract.extract(sglang_0523, "clamp_position").draft == first.draft
+    first.draft.write_text(first.draft.read_text().split("\n", 1)[1])  # reviewed: the header removed
+    again = extract.extract(sglang_0523, "clamp_position")
     assert again.draft.name == "kernel.draft.yaml"
 
 
 def test_extract_works_across_buildable_modules(sglang_0523, specs_dir):
     """A sample of every 16th sm_90a-buildable module (all 193 pass in about 140 s; see the notes)."""
     buildable = [m for m in registry.modules(sglang_0523) if m.sm90a in ("yes", "built")]
+    drafted, refused = [], []
     for module in buildable[::16]:
-        result = extract.extract(sglang_0523, module.name)
+        try:
+            result = extract.extract(sglang_0523, module.name)
+        except AstraError as err:  # a module the inference cannot describe says why, in one line
+            assert "cannot draft a spec" in str(err) or "cannot find source" in str(err), str(err)
+            refused.append(module.name)
+            continue
         assert result.draft.exists() and result.files, module.name
+        drafted.append(module.name)
+    assert len(drafted) >= 0.8 * (len(drafted) + len(refused)), refused

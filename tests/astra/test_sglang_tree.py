@@ -58,7 +58,8 @@ def test_both_options_rejected(tmp_path):
 def test_wheel_unpacks_only_kernel_sources(sglang_0523):
     assert sglang_0523.origin == "wheel" and sglang_0523.version == "0.5.23"
     assert (sglang_0523.csrc_dir / "elementwise" / "fused_add_rmsnorm.cuh").is_file()
-    assert not (sglang_0523.root / "sglang" / "srt").exists()
+    srt = sglang_tree.ensure_srt(sglang_0523)  # and the runtime's call sites: sglang/srt, .py files only
+    assert srt is not None and all(p.suffix == ".py" for p in srt.rglob("*") if p.is_file())
 
 
 @pytest.mark.network

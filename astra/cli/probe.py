@@ -1,0 +1,34 @@
+"""`astra probe`: run the original kernel of drafted specs on the GPU and record what it does."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from astra.cli.common import check_output, tree, tree_for_spec, write_text
+from astra.report import table
+from astra.verify import probe
+from astra.verify.probe_record import coverage, markdown, table_rows
+
+
+def _say(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+def cmd_probe(args) -> int:
+    opts = probe.ProbeOptions(per_gpu=args.per_gpu, timeout_case_s=args.timeout_case, sanitizer=not args.no_sanitizer,
+                              force=args.force, report_only=args.report_only)
+    check_output(args.json)
+    check_output(args.report, "--report")
+    targets = probe.select(list(args.names), all_drafts=args.all, reviewed=args.reviewed)
+    results = probe.probe_modules(targets, lambda spec: tree_for_spec(args, str(spec.path)), opts, say=_say)
+    write_text(args.json, json.dumps([r.to_dict() for r in results], indent=1))
+    text = markdown(results)
+    if args.report and args.all and (args.sglang or args.sglang_src):  # the tree the drafts came from
+        text += "\n".join(coverage(tree(args), results)) + "\n"
+    write_text(args.report, text, "--report")
+    print(table.render(["module", "status", "kept/total", "writes", "reason"], table_rows(results), align="lllll",
+                       max_width=90))
+    if args.report_only:
+        return 0
+    return 0 if all(r.status == "probed" for r in results) else 1

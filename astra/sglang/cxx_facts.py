@@ -1,0 +1,303 @@
+"""What the C++ entry of a JIT export says about its arguments, read with libclang.
+
+For one wrapper entry (`Class<args>::run` or a free function template `fn<args>`), following calls
+into the file's own helper functions (tensor parameters renamed to the entry's names, 3 levels deep):
+
+  - every tensor argument: the dims of each `TensorMatcher({...})` that verifies it (symbols,
+    literals, expressions as written), its `with_dtype<...>` options, its `with_strides({...})`,
+    whether it is `Optional<TensorView>`, the element types that pointer casts of its data reveal
+    (`static_cast<const int64_t*>(x.data_ptr())`), and whether a non-const cast suggests a write;
+  - every `SymbolicSize` with its label (`SymbolicSize N{"num_tokens"}`) and the value fixed by
+    `N.set_value(expr)` before the checks;
+  - scalar parameters with their C++ types; the entry's template parameters (class, then function).
+
+The facts are what the code states; `astra.spec.infer` turns them into a draft and the GPU probe
+decides whether the draft is right.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from astra.sglang.clang_env import code_tokens
+from astra.sglang.cuda_parse import TemplateParam, _parse_tu, _qualified_name, _template_params
+from astra.sglang.tensor_matchers import find_tensor_matchers, join_tokens
+
+_FUNCTIONS = ("FUNCTION_DECL", "FUNCTION_TEMPLATE", "CXX_METHOD")
+_SCOPES = ("NAMESPACE", "LINKAGE_SPEC", "UNEXPOSED_DECL", "STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE",
+           "CLASS_TEMPLATE_PARTIAL_SPECIALIZATION")
+_CAST = re.compile(r"(?:static|reinterpret)_cast<\s*(const\s+)?([\w:]+)\s*(?:const\s*)?\*\s*(?:__restrict__\s*)?>"
+                   r"\(\s*(\w+)(?:\.value\(\)|\s*->)?\s*\.?\s*data_ptr\(\)\s*\)")
+_TYPED_PTR = re.compile(r"\b(\w+)(?:\.value\(\))?\.data_ptr<\s*(const\s+)?([\w:]+)\s*>\(\)")
+_SET_VALUE = re.compile(r"\b(\w+)\s*\.\s*set_value\s*\(\s*(.+?)\s*\)\s*;")
+_LABEL = re.compile(r'^(\w+)\s*(?:=\s*)?(?:\{\s*"([^"]*)"\s*\}|\(\s*"([^"]*)"\s*\))?\s*$')
+_CONSTEXPR = re.compile(r"\bconstexpr\s+(?:static\s+)?(?:inline\s+)?(?:const\s+)?(?:int|int32_t|int64_t|size_t|uint32_t|"
+                        r"auto|unsigned|long)\s+(\w+)\s*=\s*([^;{}]+);")
+_EQUAL = re.compile(r"\b(\w+)\.unwrap\(\)\s*==\s*(\w+)\.unwrap\(\)")
+_AUTO_SIZE = re.compile(r'\bauto\s+(\w+)\s*=\s*SymbolicSize\s*[{(]\s*(?:"([^"]*)")?\s*[})]')
+
+
+@dataclass
+class TensorFact:
+    name: str
+    type: str  # as the entry declares it
+    optional: bool = False
+    shapes: list[list[str]] = field(default_factory=list)  # one dims list per matcher that verifies it
+    dtypes: list[str] = field(default_factory=list)  # with_dtype<...> options, C++ spelling
+    strides: list[str] | None = None
+    elem_types: list[str] = field(default_factory=list)  # from pointer casts
+    const_cast: bool = False  # seen as `const T*`
+    mutable_cast: bool = False  # seen as `T*` (not const): probably written
+
+
+@dataclass
+class SizeFact:
+    var: str
+    label: str | None = None
+    value: str | None = None  # `set_value(expr)`, as written
+
+
+@dataclass
+class EntryFacts:
+    entry: str
+    found: bool
+    qualified_name: str = ""
+    class_name: str | None = None  # the class whose method is the entry (after alias/hint resolution)
+    params: list[tuple[str, str]] = field(default_factory=list)  # (name, C++ type) in call order
+    template_params: list[TemplateParam] = field(default_factory=list)  # class's, then the function's
+    template_args: list[str] = field(default_factory=list)  # of the entry as rendered, same order
+    tensors: dict[str, TensorFact] = field(default_factory=dict)
+    sizes: dict[str, SizeFact] = field(default_factory=dict)
+    scalars: list[tuple[str, str]] = field(default_factory=list)
+    constants: dict[str, str] = field(default_factory=dict)  # `constexpr ... NAME = expr;` of the file
+    equal_sizes: list[tuple[str, str]] = field(default_factory=list)  # `A.unwrap() == B.unwrap()` checks
+    notes: list[str] = field(default_factory=list)
+
+    def template_binding(self) -> dict[str, str]:
+        """C++ template parameter name -> the argument the entry gives it."""
+        return {p.name: a for p, a in zip(self.template_params, self.template_args)}
+
+
+@lru_cache(maxsize=4)
+def _tu(path: str, include_dirs: tuple, defines: tuple):
+    return _parse_tu(Path(path), list(include_dirs), dict(defines) or None, True)
+
+
+def is_tensor_type(ctype: str) -> bool:
+    return "TensorView" in ctype or re.search(r"\bTensor\b", ctype) is not None
+
+
+def split_top(text: str, sep: str = ",") -> list[str]:
+    """`text` split at top-level `sep` (not inside (), [], {}, <>)."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([{<":
+            depth += 1
+        elif ch in ")]}>":
+            depth -= 1
+        if ch == sep and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        parts.append("".join(cur).strip())
+    return parts
+
+
+def entry_parts(entry: str) -> tuple[str | None, str, list[str], list[str]]:
+    """`ns::Cls<a, b>::run<c>` -> ("Cls", "run", ["a", "b"], ["c"])."""
+    parts, depth, cur = [], 0, ""
+    i = 0
+    while i < len(entry):
+        ch = entry[i]
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        if depth == 0 and entry.startswith("::", i):
+            parts.append(cur)
+            cur = ""
+            i += 2
+            continue
+        cur += ch
+        i += 1
+    parts.append(cur)
+
+    def name_args(part: str) -> tuple[str, list[str]]:
+        if "<" not in part:
+            return part.strip(), []
+        head, _, rest = part.partition("<")
+        return head.strip(), split_top(rest[: rest.rfind(">")])
+
+    fn, fn_args = name_args(parts[-1])
+    if len(parts) >= 2:
+        cls, cls_args = name_args(parts[-2])
+        return cls, fn, cls_args, fn_args
+    return None, fn, [], fn_args
+
+
+def _walk_functions(cursor, roots: list[str], out: dict[str, list]) -> None:
+    for child in cursor.get_children():
+        loc = child.location.file
+        if loc is None or not any(loc.name.startswith(r) for r in roots):
+            continue
+        kind = child.kind.name
+        if kind in _SCOPES:
+            _walk_functions(child, roots, out)
+        if kind in _FUNCTIONS and child.is_definition():
+            out.setdefault(child.spelling, []).append(child)
+
+
+def _params(cursor) -> list[tuple[str, str]]:
+    return [(c.spelling, c.type.spelling) for c in cursor.get_children() if c.kind.name == "PARM_DECL"]
+
+
+def _normalize_tensor(arg: str) -> str:
+    arg = arg.strip()
+    arg = re.sub(r"^std::move\((.*)\)$", r"\1", arg)
+    arg = re.sub(r"^\*", "", arg)
+    arg = re.sub(r"\.value\(\)$", "", arg)
+    return arg.strip()
+
+
+def _find(functions: dict, fn: str, cls: str | None):
+    for cand in functions.get(fn, []):
+        parent = cand.semantic_parent
+        if cls is None or (parent is not None and parent.spelling == cls):
+            return cand
+    return None
+
+
+def entry_facts(kernel_path: Path, include_dirs: list[str], entry: str, source_roots: list[str],
+                defines: dict | None = None, hints: list[str] = ()) -> EntryFacts:
+    """The facts of `entry` (a wrapper's C++ entry as rendered) in `kernel_path`. `hints`: class
+    names the Python loader mentions (string literals), tried when the entry's class is a hole."""
+    tu = _tu(str(Path(kernel_path).resolve()), tuple(include_dirs), tuple(sorted((defines or {}).items())))
+    functions: dict[str, list] = {}
+    _walk_functions(tu.cursor, [str(Path(r).resolve()) for r in source_roots], functions)
+    cls, fn, cls_args, fn_args = entry_parts(entry.strip().lstrip("&").strip())
+    short_cls = cls.split("::")[-1] if cls else None
+    cursor = _find(functions, fn, short_cls)
+    if cursor is None and short_cls is not None:
+        # `using K = std::conditional_t<..., A<...>, B<...>>`, or a class the Python picks at run
+        # time (`{kernel_class}`): try the classes the alias names, then those the hints name.
+        text = Path(kernel_path).read_text(errors="replace")
+        alias = re.search(r"\busing\s+" + re.escape(short_cls) + r"\s*=\s*([^;]+);", text) if "{" not in short_cls else None
+        names = re.findall(r"\b([A-Z]\w+)\s*<", alias.group(1)) if alias else []
+        names += [h for h in hints if h not in names]
+        for name in names:
+            cursor = _find(functions, fn, name)
+            if cursor is not None:
+                short_cls = name
+                break
+    facts = EntryFacts(entry=entry, found=cursor is not None, class_name=short_cls)
+    if cursor is None:
+        facts.notes.append(f"no definition of `{entry}` found in {Path(kernel_path).name} or its own headers")
+        return facts
+    facts.qualified_name = _qualified_name(cursor)
+    facts.params = _params(cursor)
+    parent = cursor.semantic_parent
+    cls_params = _template_params(parent) if short_cls and parent is not None else []
+    facts.template_params = cls_params + _template_params(cursor)
+    facts.template_args = (cls_args + [""] * len(cls_params))[: len(cls_params)] + fn_args
+    for name, ctype in facts.params:
+        if is_tensor_type(ctype):
+            facts.tensors[name] = TensorFact(name, ctype, optional="Optional" in ctype)
+        else:
+            facts.scalars.append((name, ctype))
+    text = Path(kernel_path).read_text(errors="replace")
+    for name, expr in _CONSTEXPR.findall(text):
+        facts.constants.setdefault(name, expr.strip())
+    _analyze(cursor, {n: n for n in facts.tensors}, facts, functions, depth=0, seen=set())
+    return facts
+
+
+def _analyze(cursor, rename: dict[str, str], facts: EntryFacts, functions: dict, depth: int, seen: set) -> None:
+    key = (cursor.hash, tuple(sorted(rename.items())))
+    if key in seen or depth > 3:
+        return
+    seen.add(key)
+    tokens = code_tokens(cursor)
+    text = join_tokens(tokens)
+    _sizes(text, facts)
+    for tc in find_tensor_matchers(tokens, _qualified_name(cursor)):
+        targets = [_normalize_tensor(c.args) for c in tc.calls if c.name == "verify"]
+        dtypes = [t.strip() for c in tc.calls if c.name == "with_dtype" and c.template_args
+                  for t in split_top(c.template_args)]
+        strides = next(([s.strip() for s in split_top(c.args.strip("{} "))] for c in tc.calls
+                        if c.name == "with_strides"), None)
+        for target in targets:
+            name = rename.get(target)
+            if name is None:
+                continue
+            fact = facts.tensors[name]
+            if tc.dims not in fact.shapes:
+                fact.shapes.append(list(tc.dims))
+            fact.dtypes += [d for d in dtypes if d not in fact.dtypes]
+            if strides is not None and fact.strides is None:
+                fact.strides = strides
+    for const, elem, var in _CAST.findall(text):
+        _cast(facts, rename.get(var), elem, bool(const))
+    for var, const, elem in _TYPED_PTR.findall(text):
+        _cast(facts, rename.get(var), elem, bool(const))
+    _follow_calls(cursor, text, rename, facts, functions, depth, seen)
+
+
+def _cast(facts: EntryFacts, name: str | None, elem: str, const: bool) -> None:
+    if name is None:
+        return
+    fact = facts.tensors[name]
+    if elem not in fact.elem_types and elem != "void":
+        fact.elem_types.append(elem)
+    if const:
+        fact.const_cast = True
+    else:
+        fact.mutable_cast = True
+
+
+def _sizes(text: str, facts: EntryFacts) -> None:
+    for m in re.finditer(r"\bSymbolicSize\s+([^;]*);", text):
+        for part in split_top(m.group(1)):
+            lm = _LABEL.match(part.strip())
+            if lm:
+                var = lm.group(1)
+                facts.sizes.setdefault(var, SizeFact(var, lm.group(2) or lm.group(3)))
+    for var, label in _AUTO_SIZE.findall(text):
+        facts.sizes.setdefault(var, SizeFact(var, label or None))
+    for a, b in _EQUAL.findall(text):
+        if (a, b) not in facts.equal_sizes:
+            facts.equal_sizes.append((a, b))
+    for var, value in _SET_VALUE.findall(text):
+        if var in facts.sizes and facts.sizes[var].value is None:
+            facts.sizes[var].value = value
+
+
+def _follow_calls(cursor, text: str, rename: dict[str, str], facts: EntryFacts, functions: dict,
+                  depth: int, seen: set) -> None:
+    """Tensor arguments passed on to the file's own functions: analyze those with renamed params."""
+    for name, defs in functions.items():
+        if name == cursor.spelling and len(defs) == 1:
+            continue
+        for m in re.finditer(r"\b" + re.escape(name) + r"\s*(?:<[^;(]*?>)?\s*\(", text):
+            start = m.end()
+            depth_paren, i = 1, start
+            while i < len(text) and depth_paren:
+                depth_paren += {"(": 1, ")": -1}.get(text[i], 0)
+                i += 1
+            args = [_normalize_tensor(a) for a in split_top(text[start:i - 1])]
+            mapped = {j: rename[a] for j, a in enumerate(args) if a in rename}
+            if not mapped:
+                continue
+            for callee in defs:
+                if callee.hash == cursor.hash:
+                    continue
+                params = _params(callee)
+                if len(params) < len(args) - 0 and not any(p for p in params):
+                    continue
+                sub = {params[j][0]: t for j, t in mapped.items() if j < len(params) and is_tensor_type(params[j][1])}
+                if sub:
+                    _analyze(callee, sub, facts, functions, depth + 1, seen)
