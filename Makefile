@@ -1,5 +1,5 @@
 # Two commands set up and test Astra on a fresh machine:
-#   make setup   # virtualenv in .venv with Astra and its dependencies (CPU torch unless TORCH= is given)
+#   make setup   # virtualenv in .venv with Astra, its dependencies and Ray (CPU torch unless TORCH= is given)
 #   make test    # ruff (pyflakes, import order), then the test suite (GPU tests skip cleanly without CUDA)
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +13,7 @@ setup:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(TORCH),$(PY) -m pip install -q "$(TORCH)")
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,ray]'
 	# the tvm-ffi that SGLang 0.5.23 (the default tree) pins: its headers and library go into every build
 	$(PY) -m pip install -q "apache-tvm-ffi==$(TVM_FFI)"
 	$(VENV)/bin/astra --help > /dev/null

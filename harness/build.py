@@ -112,8 +112,11 @@ def plan_build(req: BuildRequest, cache_dir: Path) -> _Plan:
         overlay = cache_dir.resolve() / "overlays" / hashlib.sha256(seed.encode()).hexdigest()[:16]
     effective = [str(overlay / f"root{i}") if i in targets else os.path.abspath(r) for i, r in enumerate(roots)]
 
-    def resolve(path: str) -> str:
-        return path if os.path.isabs(path) else os.path.join(effective[0], path)
+    def resolve(path: str) -> str:  # a relative file: the first root that has it (as overrides do)
+        if os.path.isabs(path):
+            return path
+        index = next((i for i, root in enumerate(roots) if os.path.isfile(os.path.join(root, path))), 0)
+        return os.path.join(effective[index], path)
 
     cuda, cpp = [resolve(p) for p in req.cuda_files], [resolve(p) for p in req.cpp_files]
     units: list[tuple[str, bool, str | None]] = []

@@ -1,8 +1,9 @@
-"""What a measurement ran on: GPU, capability, driver, CUDA, torch, tvm-ffi, nvcc, L2, copy bandwidth.
+"""What a measurement ran on: GPU, capability, driver, CUDA, torch, tvm-ffi, nvcc, L2, performance model.
 
 `python -m harness env` prints `collect_env()` as JSON. It works without a GPU (the GPU fields are then
 None, with the reason under "notes"); on a GPU box the measured part is `harness.evaluate.collect_env`,
-the same numbers a verdict records.
+the same numbers a verdict records (the performance model of harness.perf_model: peak, read, write and
+copy bandwidths, empty launches; measured afresh here, not taken from a cache).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def nvcc_version() -> str | None:
 
 def gpu_info(measure: bool = True) -> dict:
     """Device 0: name, capability, SMs, memory, L2; with `measure`, also what `harness.evaluate`
-    measures for a verdict (copy bandwidth, empty-launch floor), so both report the same numbers."""
+    measures for a verdict (the performance model: bandwidths, empty launches), so both report the same
+    numbers."""
     import torch
 
     device = torch.device("cuda", 0)

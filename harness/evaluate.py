@@ -6,13 +6,14 @@ Runs in the process `harness.worker.run_job` starts (`python -m harness run`). S
 2. build the original and the candidate (nvcc only: building is not executing) through the build cache;
    a full disk is "environment_error", an original that fails to build is "original_failed";
 3. load the ORIGINAL modules only (never the candidate's), load the reference ("reference_error" if
-   it does not load), measure the environment (copy bandwidth, launch floors; harness.judge_timing);
+   it does not load), measure the environment (the GPU's performance model, cached per GPU beside the
+   builds; harness.judge_timing, harness.perf_model);
 4. start the candidate process, phase `outputs` (harness.candidate_run): compare its reported export
    signatures with the original's ("missing_export", "signature_mismatch"), then per case compute the
    original's outputs on identical inputs here, read the candidate's raw outputs (harness.exchange:
    validated against the job, deleted once judged) and judge every trial (harness.check);
 5. when every case is correct, phase `timing` in a new candidate process: its numbers are untrusted,
-   validated, and speedups, roofline and suspect flags are computed here (harness.judge_timing).
+   validated, and speedups, floors and suspect flags are computed here (harness.judge_timing).
 
 Fail closed: the original raising is "original_failed", reference.py raising "reference_error", a timing
 mode that could not be measured "incomplete", a candidate process that dies "crashed", one that stalls
@@ -259,7 +260,7 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
         except Exception as error:  # fail closed: a broken spec is not a pass with looser checks
             return done(_failure(job, "reference_error", f"reference.py does not load: {_one_line(str(error))}"))
     mark = time.monotonic()
-    env = collect_env(device) if device.type == "cuda" else {}
+    env = collect_env(device, default_cache_dir(job)) if device.type == "cuda" else {}  # model cached per GPU
     phases["env_s"] = time.monotonic() - mark
     mark = time.monotonic()
     cand_so = {key: paths[("cand", key)] for key in keys}

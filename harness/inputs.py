@@ -24,6 +24,9 @@ An absent optional tensor (`ArgSpec.present` False) is passed as None. A strided
 is drawn over its whole storage, shape[0] * row_stride elements, gaps included, and passed as that
 view; clones copy the whole storage and keep the strides.
 
+Unsigned 16/32/64-bit tensors (pointer tables SGLang checks as uint64) are drawn as their signed twin
+and reinterpreted, and poisoned with all bits set, so no unsigned kernel of torch is needed.
+
 The harness never fills an input with zeros on its own (zeros hide unwritten outputs and wrong
 indexing); a spec may still ask for `const` 0 explicitly.
 """
@@ -44,6 +47,10 @@ TRIALS = ("seed", "large", "small", "extreme")
 _EXTREME_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _RANDOM_FLOAT_DISTS = ("normal", "uniform")
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# torch.uint16/32/64 have few kernels (on CUDA especially): tensors of them are made and filled
+# through their signed twin of the same size, whose bits they share.
+_SIGNED_TWIN = {getattr(torch, f"uint{b}"): getattr(torch, f"int{b}") for b in (16, 32, 64)
+                if hasattr(torch, f"uint{b}")}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -171,6 +178,8 @@ def make_tensor(arg: ArgSpec, gen: torch.Generator, device: torch.device, large:
         out = (values != 0).contiguous()
     elif is_float(dtype):
         out = _cast_float(values.to(work) if not values.is_floating_point() else values, dtype).contiguous()
+    elif dtype in _SIGNED_TWIN:  # torch's unsigned 16/32/64-bit types: drawn signed, the same bits
+        out = values.to(_SIGNED_TWIN[dtype]).contiguous().view(dtype)
     else:
         out = values.to(dtype).contiguous()
     return out.as_strided(view, strides) if strided else out
@@ -269,6 +278,8 @@ def poison_(tensor: torch.Tensor) -> torch.Tensor:
         nan = torch.tensor([value], dtype=torch.float32).to(tensor.dtype)
         view_dtype = _INT_VIEW[tensor.element_size()]
         tensor.view(view_dtype).fill_(int(nan.view(view_dtype).item()))
+    elif tensor.dtype in _SIGNED_TWIN:
+        tensor.view(_SIGNED_TWIN[tensor.dtype]).fill_(-1)  # all bits set: the unsigned maximum
     else:
         tensor.fill_(value)
     return tensor

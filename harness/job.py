@@ -8,6 +8,7 @@ it runs on a GPU box with only torch, apache-tvm-ffi and nvcc.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -48,13 +49,65 @@ class Case:
     dtype: str
     dims: dict[str, int]
     variant: str  # key into Job.variants
-    bytes: int  # bytes the kernel must move (roofline)
+    bytes: int  # bytes the kernel must move, read + written (the floors of harness.roofline)
     args: list[ArgSpec]
     timed: bool = True  # edge cases and secondary dtypes are checked, not timed
+    bytes_read: int | None = None  # of `bytes`: read and written; None: split by roles (`traffic`)
+    bytes_written: int | None = None
+    bytes_split: str = ""  # how `bytes` was split: "spec", "roles", ... (see split_bytes)
 
     def tensors(self) -> list[ArgSpec]:
         """The tensor arguments this case passes (an absent optional tensor is None, not a tensor)."""
         return [a for a in self.args if a.kind == "tensor" and a.present]
+
+    def traffic(self) -> tuple[int, int, str]:
+        """(bytes read, bytes written, how they were split): the job's own split where it gives both,
+        else `split_bytes(self.bytes, self.args)`."""
+        if self.bytes_read is not None and self.bytes_written is not None:
+            return self.bytes_read, self.bytes_written, self.bytes_split or "job"
+        return split_bytes(self.bytes, self.args)
+
+    def in_place(self) -> bool:
+        """Whether a tensor is both read and written (an inout, or the target of an alias)."""
+        return any(a.role in ("inout", "alias") for a in self.tensors())
+
+
+DTYPE_SIZES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}
+
+
+def role_bytes(args: list[ArgSpec]) -> tuple[int, int]:
+    """(read, written) bytes by argument roles: an `in` tensor is read once, an `out` written once, an
+    `inout` (or the target of an alias) both; scratch, absent tensors and scalars count nothing. Sizes
+    are the views' (shape x element size), not the storage behind a strided view."""
+    targets = {a.alias for a in args if a.role == "alias" and a.alias}
+    read = written = 0
+    for a in args:
+        if a.kind != "tensor" or not a.present or a.role in ("alias", "scratch"):
+            continue
+        if a.dtype not in DTYPE_SIZES:
+            raise ValueError(f"argument {a.name}: unknown dtype {a.dtype!r}")
+        size = math.prod(int(d) for d in a.shape) * DTYPE_SIZES[a.dtype]
+        inout = a.role == "inout" or a.name in targets
+        read += size if a.role == "in" or inout else 0
+        written += size if a.role == "out" or inout else 0
+    return read, written
+
+
+def split_bytes(total: int, args: list[ArgSpec]) -> tuple[int, int, str]:
+    """`total` split into (read, written, how) in the proportion the roles give (`role_bytes`). The total
+    stays the spec's: where the roles count otherwise (a kernel touching part of a tensor, a spec counting
+    more), the split is scaled to it and says so; with no tensor to go by, half each way."""
+    read, written = role_bytes(args)
+    if read + written == 0:
+        return total - total // 2, total // 2, "half/half (no tensor roles to split by)"
+    if read + written == total:
+        return read, written, "roles"
+    share = round(total * read / (read + written))
+    more = "less" if read + written > total else "more"
+    return share, total - share, f"roles, scaled to bytes ({more} than the {read + written} the roles count)"
 
 
 @dataclass

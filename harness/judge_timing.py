@@ -3,9 +3,10 @@
 The candidate process (harness.candidate, phase `timing`) times both sides interleaved, because that is
 where both modules may be loaded. Its numbers are untrusted: `apply_timings` keeps a mode only when both
 sides' statistics are finite, positive and ordered (harness.exchange.valid_stats), and computes the
-speedup, its noise, the roofline and the suspect flags here from the judge's own environment
-(`collect_env`: copy bandwidth and launch floors measured in the judge). The copy floor per shape is
-measured here too. A mode that could not be measured (out of memory, the original's capture failing,
+speedup, its noise, both floors and the suspect flags here from the judge's own environment
+(`collect_env`: the GPU's performance model, harness.perf_model, measured in a judge and cached per GPU;
+the floors, harness.roofline). The input rotation of graph mode is recomputed here from the job, never
+taken from the candidate's `info`. A copy of each shape's bytes is timed here too (a reference). A mode that could not be measured (out of memory, the original's capture failing,
 missing or malformed numbers) is returned as an "incomplete" reason; the candidate's own capture
 failing fails its case, as before.
 """
@@ -20,16 +21,19 @@ import torch
 
 from harness.envinfo import driver_version
 from harness.exchange import Malformed, read_timings, valid_stats
-from harness.job import Job
-from harness.roofline import copy_floor, measure_copy_bandwidth, roofline_entry, suspect
+from harness.inputs import storage_numel
+from harness.job import DTYPE_SIZES, Case, Job
+from harness.perf_model import PerfModel, for_device
+from harness.roofline import copy_floor, floor_entry, floors, roofline_entry, suspect
 from harness.stats import speedup
-from harness.timing import cold_launch_floor, l2_bytes, launch_overhead_floor
+from harness.timing import l2_bytes, sets_needed
 from harness.toolchain import BuildFailure, nvcc_release, tvm_ffi_version
 from harness.verdict import CaseResult, ModeTiming
 
 
-def collect_env(device: torch.device) -> dict[str, Any]:
-    """GPU, toolkit and library versions, L2 size, copy bandwidth and the empty-launch floor."""
+def collect_env(device: torch.device, cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """GPU, toolkit and library versions, L2 size and the performance model (cached under `cache_dir`),
+    with its copy bandwidth and launch floors also under their older names."""
     props = torch.cuda.get_device_properties(device)
     try:
         nvcc = "%d.%d" % nvcc_release()
@@ -38,14 +42,23 @@ def collect_env(device: torch.device) -> dict[str, Any]:
     env = {"gpu": props.name, "capability": f"{props.major}.{props.minor}", "sm_count": props.multi_processor_count,
            "memory_bytes": props.total_memory, "l2_bytes": l2_bytes(device), "driver": driver_version(),
            "cuda_runtime": torch.version.cuda, "nvcc": nvcc, "torch": torch.__version__, "tvm_ffi": tvm_ffi_version()}
-    env["copy_bandwidth_Bps"] = measure_copy_bandwidth(device)
-    env["launch_floor_us"] = launch_overhead_floor(device).median_us
-    env["cold_launch_floor_us"] = cold_launch_floor(device).median_us
+    model = for_device(device, cache_dir)
+    env["perf_model"] = model.to_dict()
+    env["copy_bandwidth_Bps"] = model.copy_Bps
+    env["launch_floor_us"], env["cold_launch_floor_us"] = model.launch_graph_us, model.launch_cold_us
     return env
 
 
-def apply_mode(result: CaseResult, mode: str, entry: Any, env: dict[str, Any]) -> str | None:
-    """One mode's untrusted numbers into `result`; an "incomplete" reason when it could not be measured."""
+def rotation_sets(case: Case, l2: int) -> int:
+    """The input sets graph mode cycles through for `case`, as harness.timing sizes them: whole storages
+    of the tensors of one set (an alias once, an absent tensor not at all) against L2."""
+    held = sum(storage_numel(a) * DTYPE_SIZES.get(a.dtype, 1) for a in case.tensors() if a.role != "alias")
+    return sets_needed(held, l2)
+
+
+def apply_mode(result: CaseResult, mode: str, entry: Any, env: dict[str, Any], case: Case | None = None) -> str | None:
+    """One mode's untrusted numbers into `result`; an "incomplete" reason when it could not be measured.
+    `case` gives the split of its bytes and its graph rotation (without it: roles unknown, one set)."""
     where = f"{result.id}: {mode}"
     if not isinstance(entry, dict):
         return f"{where}: no timing from the candidate process"
@@ -66,10 +79,18 @@ def apply_mode(result: CaseResult, mode: str, entry: Any, env: dict[str, Any]) -
     ratio = speedup(orig, cand)
     noise = math.hypot(orig.rel_stderr, cand.rel_stderr)  # relative standard error of the ratio
     result.timings[mode] = ModeTiming(orig=orig, cand=cand, speedup=ratio, ratio_rel_stderr=noise, info=info)
-    bandwidth = env["copy_bandwidth_Bps"]
-    result.roofline[mode] = roofline_entry(result.bytes, orig, cand, bandwidth)
-    floor = env.get("launch_floor_us") if mode == "graph" else None
-    why = suspect(ratio, cand.median_us, result.bytes, bandwidth, launch_floor_us=floor)
+    model = PerfModel.from_env(env)
+    sets, in_place = (rotation_sets(case, model.l2_bytes), case.in_place()) if case is not None else (1, True)
+    if case is not None:
+        read, written, _ = case.traffic()
+    elif result.bytes_read is not None and result.bytes_written is not None:
+        read, written = result.bytes_read, result.bytes_written
+    else:
+        read, written = result.bytes - result.bytes // 2, result.bytes // 2
+    floor = floors(mode, read, written, model, sets=sets, in_place=in_place)
+    result.floors[mode] = floor_entry(floor, orig.median_us, cand.median_us)
+    result.roofline[mode] = roofline_entry(floor, result.bytes, orig, cand)
+    why = suspect(ratio, cand.median_us, floor, result.bytes)
     if why:
         result.suspect.append(f"{mode}: {why}")
     return None
@@ -84,11 +105,12 @@ def apply_timings(work: Path, job: Job, results: list[CaseResult], env: dict[str
         return [f"timings: {error}"]
     incomplete: list[str] = []
     for case, result in zip(job.cases, results):
+        result.bytes_read, result.bytes_written, result.bytes_split = case.traffic()
         if not (case.timed and result.timed):
             continue
         per_mode = timings.get(case.id)
         for mode in job.options.modes:
-            why = apply_mode(result, mode, per_mode.get(mode) if isinstance(per_mode, dict) else None, env)
+            why = apply_mode(result, mode, per_mode.get(mode) if isinstance(per_mode, dict) else None, env, case)
             if why:
                 incomplete.append(why)
         if "graph" in job.options.modes and case.bytes > 0:

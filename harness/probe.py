@@ -15,7 +15,9 @@ the launch is a Python callable, so CPU tests drive it with functions of their o
    (`harness.inputs.poison_`): every result identical to the first run's -> `out` (its prior content is
    never read), else `inout` (a run that raises counts as a difference). Unwritten tensors are `in`;
 5. finite: no NaN/Inf in a float output when every float input was finite; constant: an output of more
-   than one element holding one bit pattern everywhere (reported as suspicious, not decisive).
+   than one element holding one bit pattern everywhere (reported as suspicious, not decisive);
+6. every other trial the judge of `astra check` will run (later seeds; large, small, extreme data) is
+   accepted: a case the original fails on some trial is rejected with that trial named.
 
 `decide` is the one rule for a module: probed when at least one case is kept, every kept case writes an
 output, is deterministic on its outputs and finite, the roles agree across cases, and compute-sanitizer
@@ -32,10 +34,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from harness.check import call
+from harness.check import call, describe, trial_inputs, trials_for
 from harness.compare import unchanged
 from harness.inputs import clone_inputs, make_inputs, poison_
-from harness.job import Case
+from harness.job import Case, Options
 
 Launch = Callable[[Sequence[Any]], Any]
 CASE_STATUSES = ("kept", "rejected", "crashed", "hung", "error")
@@ -148,6 +150,7 @@ def probe_case(launch: Launch, case: Case, device: torch.device | str, seed: int
     written = [name for name in names if not unchanged(before[name], first[name])]
     if not single:
         _observe(runner, result, names, before, first, written)
+        _judge_trials(runner, result)
     else:
         result["written"] = written
     result["seconds"] = round(time.monotonic() - start, 3)
@@ -194,6 +197,20 @@ def _observe(runner: _Runner, result: dict, names: list[str], before: dict, firs
         result["finite"] = not bad
         if bad:
             result["notes"].append(f"NaN/Inf from finite inputs in: {', '.join(bad)}")
+
+
+def _judge_trials(runner: _Runner, result: dict) -> None:
+    """Step 6: every other trial `astra check` runs on this case (the later seeds; large, small and
+    extreme data): the original must accept each one, or the case is one the judge would fail on the
+    original itself (an index that data makes out of range, a check on values). A raise rejects the
+    case with that trial named; a crash loses the context, and the caller records the case as crashed."""
+    for trial in trials_for(runner.case, list(Options().seeds)):
+        if trial == ("seed", runner.seed):
+            continue
+        _, error = runner.run(trial_inputs(runner.case, trial, runner.device), describe(trial))
+        if error is not None:
+            result.update(status="rejected", message=f"{describe(trial)}: {error}")
+            return
 
 
 def _poisoned_role(runner: _Runner, result: dict, name: str, first: dict, compared: list[str]) -> str:

@@ -51,8 +51,10 @@ class ModeTiming:
 
 @dataclass
 class CaseResult:
-    """Correctness and timing of one case. `timings[mode]` is a ModeTiming; `roofline[mode]` =
-    roofline.roofline_entry(...)."""
+    """Correctness and timing of one case. `timings[mode]` is a ModeTiming; `floors[mode]` =
+    roofline.floor_entry(...): {physical_us, practical_us, orig_us, cand_us, orig_x_practical,
+    cand_x_practical, dram_bytes, dram_us, launch_us, peak_Bps}; `roofline[mode]` = roofline.roofline_entry
+    (...), the older record, against the practical floor. `bytes_read` + `bytes_written` = `bytes`."""
 
     id: str
     band: str
@@ -71,8 +73,12 @@ class CaseResult:
     deterministic_cand: bool | None = None
     timings: dict[str, ModeTiming] = field(default_factory=dict)
     roofline: dict[str, dict] = field(default_factory=dict)
-    copy_us: float | None = None  # torch copy of the same bytes, graph mode
+    copy_us: float | None = None  # torch copy of the same bytes, graph mode (a reference, not a floor)
     suspect: list[str] = field(default_factory=list)
+    floors: dict[str, dict] = field(default_factory=dict)
+    bytes_read: int | None = None  # None: not recorded (a verdict from before the floors)
+    bytes_written: int | None = None
+    bytes_split: str = ""  # how bytes was split into read and written (harness.job.split_bytes)
 
     def fail(self, reason: str) -> None:
         """Mark the case incorrect with `reason`."""

@@ -7,7 +7,8 @@ OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
 for name in "$@"; do
   rel=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['source']['kernel_file'])" \
         "$ASTRA_HOME/drafts/$name/kernel.yaml")
-  cp "$ASTRA_HOME/sglang/0.5.23/sglang/kernels/jit/csrc/$rel" "/tmp/$name.cuh"
+  src=$(find "$ASTRA_HOME/sglang/0.5.23/sglang" -path "*/csrc/$rel" | sort | head -1)  # jit/csrc first, else a kda csrc
+  cp "$src" "/tmp/$name.cuh"
   start=$(date +%s)
   timeout ${CHECK_TIMEOUT:-100} python3 -m astra.cli check "$name" --candidate "/tmp/$name.cuh" --modes graph,cold \
     ${CHECK_ARGS:-} --json "$OUT/check_$name.json" > "$OUT/check_$name.log" 2>&1

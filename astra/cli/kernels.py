@@ -7,6 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from astra.cli.common import check_output, check_output_dir, tree, write_text
+from astra.cli.testing import propose_drafts, wants_llm
 from astra.errors import AstraError, SpecError, ToolMissing
 from astra.report import table
 from astra.sglang import discovery, registry
@@ -96,13 +97,16 @@ def cmd_extract(args) -> int:
     sglang = tree(args)
     if len(args.names) == 1:
         result = extract.extract(sglang, args.names[0], out_dir=Path(args.out) if args.out else None,
-                                 export=args.export)
+                                 export=args.export, build_check=not args.no_build_check)
         print(f"spec draft: {result.draft}")
         print(f"snapshot:   {result.snapshot} ({len(result.files)} files)")
         for note in result.notes:
             print(f"  review: {note}")
+        if wants_llm(args):
+            propose_drafts(args, sglang, [(args.names[0], result.draft, result.notes)])
         return 0
-    results = extract.extract_many(sglang, args.names or None, jobs=args.jobs)
+    results = extract.extract_many(sglang, args.names or None, jobs=args.jobs,
+                                   build_check=not args.no_build_check)
     failed = 0
     for name, draft, notes, error in results:
         if error:
@@ -111,6 +115,8 @@ def cmd_extract(args) -> int:
         else:
             print(f"draft  {name}: {len(notes)} note(s) to review -> {draft}")
     print(f"{len(results) - failed} drafted, {failed} failed; probe them with `astra probe --all` on a GPU machine")
+    if wants_llm(args):
+        propose_drafts(args, sglang, [(n, d, notes) for n, d, notes, err in results if not err])
     return 1 if failed and failed == len(results) else 0
 
 

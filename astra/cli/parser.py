@@ -26,6 +26,17 @@ def _loop_options(p: argparse.ArgumentParser) -> None:
                    help="search on the timed dtype only; verify the best on the full suite at the end")
 
 
+def _testing_agent_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the testing agent (the probe decides what it writes)")
+    g.add_argument("--agent", choices=["rules", "llm"], default="rules",
+                   help="rules: inference and the kernel-message repairs only (default); llm: a model also "
+                        "proposes drafts (extract) and repairs rejected ones (probe)")
+    g.add_argument("--model", help="LLM model name (OpenAI-compatible endpoint)")
+    g.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:30000/v1")
+    g.add_argument("--budget-tokens", type=int, default=None)
+    g.add_argument("--budget-usd", type=float, default=None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="astra", description="Find, verify and speed up the CUDA kernels of SGLang.")
@@ -43,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every single-GPU module that builds for sm_90a")
     p.add_argument("--export", help="which export of the module the spec calls (default: the best described)")
     p.add_argument("--jobs", type=int, help="parallel libclang parses (default: every CPU core)")
+    p.add_argument("--no-build-check", action="store_true",
+                   help="skip compiling the draft's variants with nvcc (template values stay as guessed)")
+    _testing_agent_options(p)
     _sglang_options(p)
     p.add_argument("--out", help="directory for the draft (default $ASTRA_HOME/drafts/NAME/; one NAME only)")
 
@@ -117,10 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-case", type=float, default=120.0, metavar="S",
                    help="seconds per case before it counts as hung (default 120)")
     p.add_argument("--no-sanitizer", action="store_true", help="skip compute-sanitizer memcheck (recorded as such)")
+    p.add_argument("--repair-rounds", type=int, default=2, metavar="N",
+                   help="rounds of repairing the drafts whose every case the kernel rejected (from its messages) "
+                        "and probing them again (default 2; 0: no repair)")
+    p.add_argument("--repair-dry-run", action="store_true",
+                   help="probe nothing: print what a repair would change in each failed draft, write nothing "
+                        "(no GPU needed)")
     p.add_argument("--report", metavar="PATH.md", help="write the summary as markdown")
-    p.add_argument("--json", metavar="PATH", help="write the summary as JSON")
+    p.add_argument("--json", metavar="PATH", help="write the summary as JSON (with --repair-dry-run: the proposals)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: host-only kernels (Astra's own tests); default cuda")
+    _testing_agent_options(p)
     _sglang_options(p)
     _patch_commands(sub)
+    _survey_command(sub)
     return parser
 
 
@@ -161,3 +185,30 @@ def _patch_commands(sub) -> None:
     p.add_argument("--from", dest="from_version", required=True, metavar="A", help="the older SGLang version")
     p.add_argument("--to", dest="to_version", required=True, metavar="B", help="the newer SGLang version")
     p.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")
+
+
+# ---- survey (astra/survey/)
+def _survey_command(sub) -> None:
+    p = sub.add_parser("survey", help="bench every probed spec and rank kernels by time recoverable above their "
+                                      "practical floor (GPU; --report-only without)")
+    p.add_argument("names", nargs="*", metavar="NAME", help="specs to survey (reviewed, else a probed draft)")
+    p.add_argument("--all", action="store_true", help="every probed draft under $ASTRA_HOME/drafts")
+    p.add_argument("--reviewed", action="store_true", help="every reviewed spec of extracted_kernels/ (as well)")
+    p.add_argument("--view", choices=["graph", "cold"], default="graph", help="timing view to rank by (default graph)")
+    p.add_argument("--mix", default="decode", metavar="decode|prefill|balanced|FILE",
+                   help="serving mix weighting token counts: a built-in (astra/data/serving_mixes.yaml; default "
+                        "decode) or a YAML/JSON file of {tokens: weight} or {kernel: {tokens: count}}")
+    p.add_argument("--out", metavar="DIR", help="the survey store (default $ASTRA_HOME/surveys/"
+                                                "sglang-VERSION-GPU-DATE); a re-run resumes it")
+    p.add_argument("--force", action="store_true", help="bench every kernel again, even those the store has")
+    p.add_argument("--report-only", action="store_true",
+                   help="bench nothing: rank what the store has (no GPU; default store: the latest survey)")
+    p.add_argument("--report", metavar="DIR", help="write survey.md, survey.json and survey.html there")
+    p.add_argument("--json", metavar="PATH", help="write the ranking as JSON")
+    p.add_argument("--top", type=int, default=None, metavar="N", help="show only the N best-ranked kernels")
+    p.add_argument("--budget-ms", type=float, default=None, help="timing budget per shape and side")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="GPU workers on this host, one kernel each at a time (default: every GPU; 1: in this process)")
+    p.add_argument("--ray", metavar="auto|ADDRESS",
+                   help="run the benches as one-GPU Ray tasks on a cluster (pip install 'astra[ray]')")
+    _sglang_options(p)

@@ -13,26 +13,34 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else round(100.0 * value, 1)
 
 
+def _floor(case, mode: str, key: str) -> float | None:
+    """One number of `case.floors[mode]` (None where the verdict has none: not timed, or older)."""
+    value = (case.floors.get(mode) or {}).get(key)
+    return value if isinstance(value, (int, float)) else None
+
+
 def format_check(verdict: Verdict) -> str:
     modes = verdict.modes()
     headers = ["shape", "band"]
     for mode in modes:
-        headers += [f"{mode} orig us", f"{mode} cand us", f"{mode} x"]
-    headers += ["% roofline (cand)", "err vs ref cand/orig", "ok"]
+        headers += [f"{mode} orig us", f"{mode} cand us", f"{mode} x", f"{mode} floors us phys/pract",
+                    f"{mode} cand x pract"]
+    headers += ["err vs ref cand/orig", "ok"]
     rows = []
     for case in verdict.cases:
         if not case.timed and case.correct:
             continue
         row = [case.id, case.band]
         for mode in modes:
-            row += [case.median_us(mode, "orig"), case.median_us(mode, "cand"), case.speedup(mode)]
-        roof = case.roofline.get(modes[0], {}) if modes else {}
-        row.append(_pct(roof.get("cand_fraction")))
+            row += [case.median_us(mode, "orig"), case.median_us(mode, "cand"), case.speedup(mode),
+                    _pair(_floor(case, mode, "physical_us"), _floor(case, mode, "practical_us")),
+                    _floor(case, mode, "cand_x_practical")]
         errs = [(v.get("cand"), v.get("orig")) for v in case.reference.values()]
         row.append(", ".join(f"{c:.2g}/{o:.2g}" for c, o in errs if c is not None and o is not None) or "-")
         row.append("yes" if case.correct else "NO: " + "; ".join(case.reasons)[:60])
         rows.append(row)
     out = [table.render(headers, rows, max_width=60)] if rows else []
+    out.append(FLOORS_NOTE if rows and modes else "")
     out.append(bands_text(verdict))
     out.append(environment(verdict))
     speed = {True: "faster", False: "not faster", None: "speed not measured"}[verdict.faster]
@@ -43,27 +51,45 @@ def format_check(verdict: Verdict) -> str:
     return "\n".join(o for o in out if o)
 
 
+FLOORS_NOTE = ("floors per view (graph: back-to-back in a CUDA graph over rotating inputs; cold: one launch "
+               "after an L2 flush): physical = bytes that must cross DRAM at peak bandwidth, or an empty launch "
+               "(nothing legitimate is faster); practical = bytes read / read bandwidth + bytes written / write "
+               "bandwidth, measured; x pract = time / practical floor (1.0 = done)")
+
+
+def _pair(a: float | None, b: float | None) -> str:
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3g}" if x < 1000 else f"{x:.0f}"
+
+    return "-" if a is None and b is None else f"{num(a)}/{num(b)}"
+
+
 def format_bench(verdict: Verdict) -> str:
     if verdict.status != "correct" and not verdict.cases:
         return f"bench failed: {verdict.status}: {verdict.reason}"
     modes = verdict.modes()
-    headers = ["shape", "band", "bytes"]
+    headers = ["shape", "band", "bytes r/w"]
     for mode in modes:
-        headers += [f"{mode} us", f"{mode} p10-p90", f"% roofline {mode}"]
+        headers += [f"{mode} us", f"{mode} p10-p90", f"{mode} physical us", f"{mode} practical us",
+                    f"{mode} x pract"]
     headers += ["copy us (graph)", "vs copy", "self-ratio"]
     rows = []
     for case in verdict.cases:
-        row = [case.id, case.band, case.bytes]
+        split = (f"{case.bytes_read}/{case.bytes_written}" if case.bytes_read is not None
+                 and case.bytes_written is not None else str(case.bytes))
+        row = [case.id, case.band, split]
         for mode in modes:
             timing = case.timings.get(mode)
             orig = timing.orig if timing else None
             row += [orig.median_us if orig else None, f"{orig.p10_us:.2f}-{orig.p90_us:.2f}" if orig else "-",
-                    _pct(case.roofline.get(mode, {}).get("orig_fraction"))]
+                    _floor(case, mode, "physical_us"), _floor(case, mode, "practical_us"),
+                    _floor(case, mode, "orig_x_practical")]
         graph = case.median_us("graph", "orig")
         copy = case.copy_us
         row += [copy, (graph / copy) if copy and graph else None, case.speedup(modes[0]) if modes else None]
         rows.append(row)
-    return "\n".join([table.render(headers, rows, max_width=60), environment(verdict),
+    return "\n".join([table.render(headers, rows, max_width=60), FLOORS_NOTE, environment(verdict),
+                      "copy us: an elementwise copy of the same bytes (graph), a reference, not a floor; "
                       "self-ratio: the original timed against itself, interleaved (1.0 = no drift)"])
 
 
@@ -102,4 +128,25 @@ def environment(verdict: Verdict) -> str:
     return (f"GPU: {env.get('gpu')} (sm {env.get('capability')}), driver {env.get('driver')}, "
             f"CUDA runtime {env.get('cuda_runtime')}, nvcc {env.get('nvcc')}, "
             f"torch {env.get('torch')}, tvm-ffi {env.get('tvm_ffi')}{bw_text}"
-            + (f"; time: {phase_text}" if phase_text else ""))
+            + (f"; time: {phase_text}" if phase_text else "") + perf_model_text(env))
+
+
+def perf_model_text(env: dict) -> str:
+    """The performance model the floors came from, on its own line ("" for an older verdict)."""
+    model = env.get("perf_model")
+    if not isinstance(model, dict):
+        return ""
+
+    def tbs(key: str) -> str:
+        value = model.get(key)
+        return f"{value / 1e12:.2f} TB/s" if isinstance(value, (int, float)) else "?"
+
+    def us(key: str) -> str:
+        value = model.get(key)
+        return f"{value:.2f} us" if isinstance(value, (int, float)) else "?"
+
+    peak = f"peak {tbs('peak_dram_Bps')} (from {model.get('peak_source')})" if model.get("peak_dram_Bps") else \
+        "peak unknown"
+    return (f"\nfloors from: {peak}; physical floor at {tbs('floor_Bps')} ({model.get('floor_source')}); measured "
+            f"read {tbs('read_Bps')}, write {tbs('write_Bps')}, copy {tbs('copy_Bps')}; empty launch "
+            f"{us('launch_graph_us')} graph, {us('launch_cold_us')} cold (model {model.get('cache') or 'measured'})")

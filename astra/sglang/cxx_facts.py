@@ -9,7 +9,10 @@ into the file's own helper functions (tensor parameters renamed to the entry's n
     (`static_cast<const int64_t*>(x.data_ptr())`), and whether a non-const cast suggests a write;
   - every `SymbolicSize` with its label (`SymbolicSize N{"num_tokens"}`) and the value fixed by
     `N.set_value(expr)` before the checks;
-  - scalar parameters with their C++ types; the entry's template parameters (class, then function).
+  - scalar parameters with their C++ types; the entry's template parameters (class, then function);
+  - every host check (`RuntimeCheck(cond, ...)`, `CHECK_HOST(cond)`, a `switch` whose default
+    panics, see astra.sglang.host_checks) with the local definitions of its function, scalar
+    parameters of helpers renamed to what the caller passes.
 
 The facts are what the code states; `astra.spec.infer` turns them into a draft and the GPU probe
 decides whether the draft is right.
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from astra.sglang import host_checks
 from astra.sglang.clang_env import code_tokens
 from astra.sglang.cuda_parse import TemplateParam, _parse_tu, _qualified_name, _template_params
 from astra.sglang.tensor_matchers import find_tensor_matchers, join_tokens
@@ -36,7 +40,8 @@ _SET_VALUE = re.compile(r"\b(\w+)\s*\.\s*set_value\s*\(\s*(.+?)\s*\)\s*;")
 _LABEL = re.compile(r'^(\w+)\s*(?:=\s*)?(?:\{\s*"([^"]*)"\s*\}|\(\s*"([^"]*)"\s*\))?\s*$')
 _CONSTEXPR = re.compile(r"\bconstexpr\s+(?:static\s+)?(?:inline\s+)?(?:const\s+)?(?:int|int32_t|int64_t|size_t|uint32_t|"
                         r"auto|unsigned|long)\s+(\w+)\s*=\s*([^;{}]+);")
-_EQUAL = re.compile(r"\b(\w+)\.unwrap\(\)\s*==\s*(\w+)\.unwrap\(\)")
+# `A.unwrap() == B.unwrap()` as a whole comparison: not `X * A.unwrap() == B.unwrap() + Y`, not a `||` option
+_EQUAL = re.compile(r"(?:^|(?<=[(,])|(?<=&&))\s*(\w+)\.unwrap\(\)\s*==\s*(\w+)\.unwrap\(\)(?=\s*(?:[),]|&&))")
 _AUTO_SIZE = re.compile(r'\bauto\s+(\w+)\s*=\s*SymbolicSize\s*[{(]\s*(?:"([^"]*)")?\s*[})]')
 
 
@@ -74,6 +79,8 @@ class EntryFacts:
     scalars: list[tuple[str, str]] = field(default_factory=list)
     constants: dict[str, str] = field(default_factory=dict)  # `constexpr ... NAME = expr;` of the file
     equal_sizes: list[tuple[str, str]] = field(default_factory=list)  # `A.unwrap() == B.unwrap()` checks
+    checks: list[host_checks.HostCheck] = field(default_factory=list)  # host-side checks, entry's names
+    defines: dict[str, str] = field(default_factory=dict)  # -D macros of the build
     notes: list[str] = field(default_factory=list)
 
     def template_binding(self) -> dict[str, str]:
@@ -194,7 +201,7 @@ def entry_facts(kernel_path: Path, include_dirs: list[str], entry: str, source_r
             if cursor is not None:
                 short_cls = name
                 break
-    facts = EntryFacts(entry=entry, found=cursor is not None, class_name=short_cls)
+    facts = EntryFacts(entry=entry, found=cursor is not None, class_name=short_cls, defines=dict(defines or {}))
     if cursor is None:
         facts.notes.append(f"no definition of `{entry}` found in {Path(kernel_path).name} or its own headers")
         return facts
@@ -209,6 +216,7 @@ def entry_facts(kernel_path: Path, include_dirs: list[str], entry: str, source_r
             facts.tensors[name] = TensorFact(name, ctype, optional="Optional" in ctype)
         else:
             facts.scalars.append((name, ctype))
+    facts.constants.update(_evaluated_constants(tu, [str(Path(d).resolve()) for d in (*include_dirs, *source_roots)]))
     text = Path(kernel_path).read_text(errors="replace")
     for name, expr in _CONSTEXPR.findall(text):
         facts.constants.setdefault(name, expr.strip())
@@ -216,14 +224,55 @@ def entry_facts(kernel_path: Path, include_dirs: list[str], entry: str, source_r
     return facts
 
 
-def _analyze(cursor, rename: dict[str, str], facts: EntryFacts, functions: dict, depth: int, seen: set) -> None:
-    key = (cursor.hash, tuple(sorted(rename.items())))
+def _evaluated_constants(tu, roots: list[str]) -> dict[str, str]:
+    """`constexpr` integer variables at namespace scope of SGLang's own sources and headers, as clang
+    evaluates them under the build's macros (`kMaxVecBytes = SGL_ARCH_BLACKWELL_OR_GREATER ? 32 : 16`)."""
+    import ctypes
+
+    from astra.sglang.clang_env import load_cindex
+
+    cindex = load_cindex()
+    lib = cindex.conf.lib
+    lib.clang_Cursor_Evaluate.argtypes = [cindex.Cursor]
+    lib.clang_Cursor_Evaluate.restype = ctypes.c_void_p
+    lib.clang_EvalResult_getKind.argtypes = [ctypes.c_void_p]
+    lib.clang_EvalResult_getKind.restype = ctypes.c_int
+    lib.clang_EvalResult_getAsLongLong.argtypes = [ctypes.c_void_p]
+    lib.clang_EvalResult_getAsLongLong.restype = ctypes.c_longlong
+    lib.clang_EvalResult_dispose.argtypes = [ctypes.c_void_p]
+    out: dict[str, str] = {}
+
+    def walk(cursor) -> None:
+        for child in cursor.get_children():
+            loc = child.location.file
+            if loc is None or not any(loc.name.startswith(r) for r in roots):
+                continue
+            kind = child.kind.name
+            if kind in ("NAMESPACE", "LINKAGE_SPEC", "UNEXPOSED_DECL"):
+                walk(child)
+            elif kind == "VAR_DECL" and "const" in child.type.spelling:
+                result = lib.clang_Cursor_Evaluate(child)
+                if not result:
+                    continue
+                if lib.clang_EvalResult_getKind(result) == 1:  # CXEval_Int
+                    out.setdefault(child.spelling, str(lib.clang_EvalResult_getAsLongLong(result)))
+                lib.clang_EvalResult_dispose(result)
+
+    walk(tu.cursor)
+    return out
+
+
+def _analyze(cursor, rename: dict[str, str], facts: EntryFacts, functions: dict, depth: int, seen: set,
+             aliases: dict[str, str] | None = None) -> None:
+    aliases = aliases or {}
+    key = (cursor.hash, tuple(sorted(rename.items())), tuple(sorted(aliases.items())))
     if key in seen or depth > 3:
         return
     seen.add(key)
     tokens = code_tokens(cursor)
     text = join_tokens(tokens)
     _sizes(text, facts)
+    _checks(cursor, tokens, {**aliases, **rename}, facts)
     for tc in find_tensor_matchers(tokens, _qualified_name(cursor)):
         targets = [_normalize_tensor(c.args) for c in tc.calls if c.name == "verify"]
         dtypes = [t.strip() for c in tc.calls if c.name == "with_dtype" and c.template_args
@@ -244,7 +293,20 @@ def _analyze(cursor, rename: dict[str, str], facts: EntryFacts, functions: dict,
         _cast(facts, rename.get(var), elem, bool(const))
     for var, const, elem in _TYPED_PTR.findall(text):
         _cast(facts, rename.get(var), elem, bool(const))
-    _follow_calls(cursor, text, rename, facts, functions, depth, seen)
+    _follow_calls(cursor, text, rename, facts, functions, depth, seen, aliases)
+
+
+def _checks(cursor, tokens: list, names: dict[str, str], facts: EntryFacts) -> None:
+    spellings, lines = host_checks.renamed(tokens, names)
+    found = host_checks.checks_in(spellings, lines, _qualified_name(cursor))
+    if not found:
+        return
+    local = host_checks.locals_in(cursor, names, code_tokens)
+    have = {(c.cond, c.line) for c in facts.checks}
+    for check in found:
+        if (check.cond, check.line) not in have:
+            check.locals = local
+            facts.checks.append(check)
 
 
 def _cast(facts: EntryFacts, name: str | None, elem: str, const: bool) -> None:
@@ -277,12 +339,15 @@ def _sizes(text: str, facts: EntryFacts) -> None:
 
 
 def _follow_calls(cursor, text: str, rename: dict[str, str], facts: EntryFacts, functions: dict,
-                  depth: int, seen: set) -> None:
-    """Tensor arguments passed on to the file's own functions: analyze those with renamed params."""
+                  depth: int, seen: set, aliases: dict[str, str] | None = None) -> None:
+    """Tensor arguments passed on to the file's own functions: analyze those with renamed params
+    (scalar params and explicit template arguments named after what the caller passes, when that is
+    a plain expression: `run_hadamard<12, DType>(x, out, scale)` reads its `kMultiple` as 12)."""
     for name, defs in functions.items():
         if name == cursor.spelling and len(defs) == 1:
             continue
-        for m in re.finditer(r"\b" + re.escape(name) + r"\s*(?:<[^;(]*?>)?\s*\(", text):
+        for m in re.finditer(r"\b" + re.escape(name) + r"\s*(?:<([^;(]*?)>)?\s*\(", text):
+            template_args = split_top(m.group(1)) if m.group(1) else []
             start = m.end()
             depth_paren, i = 1, start
             while i < len(text) and depth_paren:
@@ -300,4 +365,17 @@ def _follow_calls(cursor, text: str, rename: dict[str, str], facts: EntryFacts, 
                     continue
                 sub = {params[j][0]: t for j, t in mapped.items() if j < len(params) and is_tensor_type(params[j][1])}
                 if sub:
-                    _analyze(callee, sub, facts, functions, depth + 1, seen)
+                    passed = {params[j][0]: _scalar_arg(a, {**(aliases or {}), **rename})
+                              for j, a in enumerate(args) if j < len(params) and j not in mapped
+                              and not is_tensor_type(params[j][1])}
+                    passed |= {p.name: _scalar_arg(a, {**(aliases or {}), **rename})
+                               for p, a in zip(_template_params(callee), template_args) if p.kind != "template"}
+                    _analyze(callee, sub, facts, functions, depth + 1, seen,
+                             {k: v for k, v in passed.items() if v and k != v})
+
+
+def _scalar_arg(arg: str, names: dict[str, str]) -> str | None:
+    """A caller's argument as the callee's scalar means it, in the entry's names (None: not plain)."""
+    if not re.fullmatch(r"[\w\s()+\-*/%.<>:]+", arg) or "<<" in arg:
+        return None
+    return re.sub(r"(?<![.\w>:])([A-Za-z_]\w*)", lambda m: names.get(m.group(1), m.group(1)), arg)

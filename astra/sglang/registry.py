@@ -50,11 +50,27 @@ def resolve_source(tree: SglangTree, rel: str) -> Path | None:
     candidate = Path(rel)
     if candidate.is_absolute():
         return candidate if candidate.exists() else None
-    roots = [tree.csrc_dir] + sorted(p for base in tree.loader_dirs for p in base.rglob("csrc") if p.is_dir())
+    extra = getattr(tree, "loader_dirs", ())  # a bare csrc tree (tests, a checkout subset) has none
+    roots = [tree.csrc_dir] + sorted(p for base in extra for p in base.rglob("csrc") if p.is_dir())
     for root in roots:
         if (root / rel).is_file():
             return root / rel
     return None
+
+
+def source_roots(tree: SglangTree, rels: list[str]) -> list[str]:
+    """The csrc directories other than the main one that hold files named at a call site (kernels
+    SGLang keeps beside their loader, e.g. `kda_kernels/csrc`): they join the include path so the
+    relative `#include` of such a file, and its own quoted includes, resolve as SGLang's do."""
+    roots: list[str] = []
+    for rel in rels:
+        found = resolve_source(tree, rel)
+        if found is None or Path(rel).is_absolute() or found.is_relative_to(tree.csrc_dir):
+            continue
+        root = str(found)[: -len(rel)].rstrip("/")
+        if root not in roots:
+            roots.append(root)
+    return roots
 
 
 _IF = re.compile(r"^\s*#\s*(if|ifdef|ifndef|elif|else|endif)\b(.*)$")

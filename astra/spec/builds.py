@@ -73,7 +73,8 @@ def plan(tree: SglangTree, name: str, opts: BuildOptions) -> list[PlannedBuild]:
     cpp = [str(f) for f in files[len(site.cuda_files):]]
     req = BuildRequest(
         name=name.replace("{", "").replace("}", ""), source_root=str(tree.csrc_dir),
-        include_dirs=[str(tree.include_dir)] + [i for i in site.extra_include_paths if "{" not in i],
+        include_dirs=[str(tree.include_dir)] + registry.source_roots(tree, site.cuda_files + site.cpp_files)
+        + [i for i in site.extra_include_paths if "{" not in i],
         cuda_files=cuda, cpp_files=cpp,
         cuda_wrappers=[(e, en) for e, en, lang in guess.wrappers if lang == "cuda"],
         cpp_wrappers=[(e, en) for e, en, lang in guess.wrappers if lang == "cpp"],

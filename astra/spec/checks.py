@@ -11,12 +11,12 @@ from pathlib import Path
 
 import yaml
 
-from astra.spec.expr import DTYPE_BYTES, names_in
+from astra.spec.expr import DTYPE_BYTES, evaluate, names_in
 
 MAX_BYTES = 1 << 20  # 1 MiB: the largest committed spec is a few KiB
 
 TOP = ("name", "module", "category", "description", "source", "build", "entry", "signature", "dims", "derived",
-       "dtypes", "arguments", "shapes", "tolerance", "bytes", "reference")
+       "dtypes", "arguments", "shapes", "tolerance", "bytes", "bytes_read", "bytes_written", "reference")
 SOURCE = ("sglang_version", "kernel_file", "repo_path", "sha256", "loader")
 BUILD = ("cuda_files", "cpp_files", "extra_cuda_cflags", "extra_cflags", "extra_ldflags", "extra_include_paths",
          "extra_dependencies", "wrappers", "header_only")
@@ -187,6 +187,39 @@ def check_tensor_options(arg: dict, where: str, known: set[str]) -> list[str]:
         elif names_in(value) - known:
             out.append(f"{where}: {key} {value!r} uses unknown name(s) {sorted(names_in(value) - known)}")
     return out
+
+
+def check_byte_split(raw: dict, known: set[str]) -> list[str]:
+    """`bytes_read` and `bytes_written` (optional): both or neither, each an expression (or a non-negative
+    integer) over dims, derived names and dtype; their values are checked per case (`byte_split_problem`)."""
+    given = [key for key in ("bytes_read", "bytes_written") if raw.get(key) is not None]
+    if len(given) == 1:
+        other = "bytes_written" if given[0] == "bytes_read" else "bytes_read"
+        return [f"`{given[0]}` needs `{other}` too (give both, adding up to `bytes`, or neither: then `bytes` is "
+                "split by the arguments' roles)"]
+    out = []
+    for key in given:
+        value = raw[key]
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            out.append(f"`{key}` must be an expression over dims (bytes), not {value!r}"[:200])
+        elif names_in(value) - known:
+            out.append(f"`{key}` {value!r} uses unknown name(s) {sorted(names_in(value) - known)}")
+    return out
+
+
+def byte_split_problem(raw: dict, names: dict) -> str | None:
+    """In one case: `bytes_read` and `bytes_written` are non-negative integers adding up to `bytes`."""
+    if raw.get("bytes_read") is None or raw.get("bytes_written") is None:
+        return None
+    total, parts = evaluate(raw["bytes"], names), [evaluate(raw[k], names) for k in ("bytes_read", "bytes_written")]
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in parts):
+        return f"bytes_read and bytes_written must give non-negative integers, not {parts[0]!r} and {parts[1]!r}"
+    if parts[0] + parts[1] != total:
+        return (f"bytes_read {parts[0]} + bytes_written {parts[1]} = {parts[0] + parts[1]}, not bytes {total!r}: "
+                "they split the bytes the kernel must move")
+    return None
 
 
 def check_source(source) -> list[str]:

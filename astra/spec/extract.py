@@ -47,7 +47,8 @@ def snapshot(tree: SglangTree, name: str, files: list[Path]) -> Path:
     return target
 
 
-def extract(tree: SglangTree, name: str, out_dir: Path | None = None, export: str | None = None) -> ExtractResult:
+def extract(tree: SglangTree, name: str, out_dir: Path | None = None, export: str | None = None,
+            build_check: bool = True) -> ExtractResult:
     module = registry.find(tree, name)
     site = module.call_sites[0]
     sources = [registry.resolve_source(tree, f) for f in site.cuda_files + site.cpp_files]
@@ -62,6 +63,10 @@ def extract(tree: SglangTree, name: str, out_dir: Path | None = None, export: st
     notes = [f"template argument `{s}` has no default; fill it in" for s in guess.unresolved]
     spec, more = drafting.draft_module(tree, module, export=export)
     notes += more
+    if build_check:  # template values the compiler decides (nvcc --cubin on this machine, cached)
+        from astra.spec import template_search
+
+        notes += template_search.settle(tree, module, spec).notes
     out = out_dir or paths.drafts_dir() / _safe(name)
     out.mkdir(parents=True, exist_ok=True)
     draft = out / "kernel.yaml"
@@ -110,7 +115,7 @@ def single_gpu_modules(tree: SglangTree) -> list[str]:
 
 
 def extract_many(tree: SglangTree, names: list[str] | None = None,
-                 jobs: int | None = None) -> list[tuple[str, Path | None, list[str], str | None]]:
+                 jobs: int | None = None, build_check: bool = True) -> list[tuple[str, Path | None, list[str], str | None]]:
     """Draft every named module (default: every single-GPU sm_90a module), libclang parses in
     `jobs` spawned processes (default: every CPU core). Returns (name, draft, notes, error)."""
     import multiprocessing
@@ -119,7 +124,7 @@ def extract_many(tree: SglangTree, names: list[str] | None = None,
 
     names = names or single_gpu_modules(tree)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
-    work = [(str(tree.root), tree.version, tree.origin, n) for n in names]
+    work = [(str(tree.root), tree.version, tree.origin, n, build_check) for n in names]
     if jobs == 1:
         return [_extract_one(w) for w in work]
     # spawn, not fork: libclang parses on helper threads
@@ -130,10 +135,10 @@ def extract_many(tree: SglangTree, names: list[str] | None = None,
 def _extract_one(work: tuple) -> tuple[str, Path | None, list[str], str | None]:
     from astra.errors import AstraError
 
-    root, version, origin, name = work
+    root, version, origin, name, build_check = work
     tree = SglangTree(Path(root), version, origin)
     try:
-        result = extract(tree, name)
+        result = extract(tree, name, build_check=build_check)
     except (AstraError, ValueError, KeyError, IndexError, TypeError) as err:
         return name, None, [], f"{type(err).__name__}: {str(err)[:200]}"
     return name, result.draft, result.notes, None

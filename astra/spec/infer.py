@@ -3,254 +3,43 @@ site's template arguments, the wrapper's Python (astra.sglang.wrapper_facts) and
 call sites (astra.sglang.srt_gates). Names only break ties; every guess left is a `TODO(review)`
 note, and the GPU probe (`astra probe`) decides whether the draft describes the kernel.
 
-Dims: each `SymbolicSize` of the checks becomes a spec dim (named by its label), fixed ones
-(`set_value(kDim)`) become `derived` expressions over the template-argument dims; wildcard sizes
-(`-1`) get a dim of their own. The token dim is the free dim named like a token count that leads the
-most tensors. Values come from model configurations by meaning (astra.spec.meanings).
+The inference is in four modules; this one gathers their public names:
+
+- astra.spec.draft_dims: dims from SymbolicSizes, TensorMatchers and template arguments
+  (`bind_template`, `dims_from_facts`, `translate`, `token_dim_of`);
+- astra.spec.argument_kinds: dtypes and fills of the arguments (`tensor_dtype`, `scalar_dtype`,
+  `tensor_init`);
+- astra.spec.host_relations: the host checks as derived dims and constraints (`cond_env`,
+  `host_relations`);
+- astra.spec.constraint_fit: dim values that meet the constraints (`satisfy`, `violated`).
+
+Values come from model configurations by meaning (astra.spec.meanings); astra.spec.draft assembles
+the spec.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from astra.sglang.cxx_facts import EntryFacts, entry_parts, split_top
-from astra.spec import meanings
-from astra.spec.expr import CPP_DTYPES
+from astra.sglang.cxx_facts import split_top
+from astra.spec.argument_kinds import CPP_TO_DTYPE, INDEX_NAMES, LEN_NAMES, scalar_dtype, tensor_dtype, tensor_init
+from astra.spec.constraint_fit import satisfy, violated
+from astra.spec.draft_dims import Dims, bind_template, dims_from_facts, ident, token_dim_of, translate
+from astra.spec.host_relations import Relations, cond_env, host_relations, meaning_names, scalar_placeholder
 
-CPP_TO_DTYPE = {v: k for k, v in CPP_DTYPES.items()} | {
-    "float": "float32", "half": "float16", "__half": "float16", "__nv_bfloat16": "bfloat16", "nv_bfloat16": "bfloat16",
-    "int": "int32", "int32_t": "int32", "int64_t": "int64", "long": "int64", "uint32_t": "int32", "unsigned": "int32",
-    "uint64_t": "int64", "int8_t": "int8", "uint8_t": "uint8", "bool": "bool", "fp8_e4m3_t": "float8_e4m3fn",
-    "__nv_fp8_e4m3": "float8_e4m3fn", "fp16_t": "float16", "bf16_t": "bfloat16", "fp32_t": "float32",
-    "double": "float64", "int16_t": "int16"}
-_MAIN_DTYPES = ("bf16_t", "fp16_t", "fp32_t", "half", "nv_bfloat16")
-_SCALAR_TYPES = {"float": "float32", "double": "float64", "int": "int32", "int32_t": "int32", "int64_t": "int64",
-                 "uint32_t": "int64", "uint64_t": "int64", "bool": "bool", "size_t": "int64", "long": "int64"}
-_INDEX_NAMES = re.compile(r"ind|idx|loc|slot|pos|page|table|map|perm|ids?$|_id|offset|start|src|dst_?i|token_to|"
-                          r"req_to|expert_?id|topk_?id|select", re.I)
-_LEN_NAMES = re.compile(r"len|count|num_|cnt|size", re.I)
-_SCATTER_NAMES = re.compile(r"loc|slot|out_cache|dst_ind|indices", re.I)
+__all__ = ["CPP_TO_DTYPE", "Dims", "Draft", "Relations", "bind_template", "cond_env", "dims_from_facts",
+           "host_relations", "meaning_names", "satisfy", "scalar_dtype", "split_args", "tensor_dtype",
+           "tensor_init", "token_dim_of", "translate", "violated"]
+
+# the names these had when they lived here
+_Dims, _ident, _tensor_dtype, _scalar_placeholder = Dims, ident, tensor_dtype, scalar_placeholder
+_INDEX_NAMES, _LEN_NAMES = INDEX_NAMES, LEN_NAMES
 
 
 @dataclass
 class Draft:
     spec: dict
     notes: list[str] = field(default_factory=list)
-
-
-def _ident(text: str) -> str:
-    name = re.sub(r"\W+", "_", text.strip()).strip("_").lower() or "d"
-    return name if not name[0].isdigit() else f"d_{name}"
-
-
-class _Dims:
-    """The spec's dims: free ones (values from models), derived ones (expressions), by C++ name."""
-
-    def __init__(self):
-        self.free: dict[str, str] = {}  # dim -> meaning text
-        self.derived: dict[str, str] = {}  # dim -> expr over free dims
-        self.by_cpp: dict[str, str] = {}  # C++ symbol or template parameter -> spec name / expr
-
-    def add_free(self, name: str, why: str) -> str:
-        name = _ident(name)
-        base, i = name, 2
-        while name in self.derived or (name in self.free and self.free[name] != why):
-            name, i = f"{base}_{i}", i + 1
-        self.free.setdefault(name, why)
-        return name
-
-
-def translate(expr: str, table: dict[str, str]) -> str | None:
-    """A C++ size expression as a spec expression over `table`'s names, or None when it uses
-    anything else (a tensor's size at run time, a function call)."""
-    text = expr.strip()
-    if re.search(r"\.|->|\(|\[|\?|::", text.replace("static_cast<int64_t>(", "(")):
-        return None
-    out = []
-    for token in re.findall(r"[A-Za-z_]\w*|\d+|\S", text):
-        if re.fullmatch(r"[A-Za-z_]\w*", token):
-            if token not in table:
-                return None
-            out.append(f"({table[token]})" if not re.fullmatch(r"\w+", table[token]) else table[token])
-        elif token == "/":
-            out.append("//")
-        elif token in "+-*%()&|^<>" or token.isdigit():
-            out.append(token)
-        else:
-            return None
-    return " ".join(out)
-
-
-def bind_template(facts: EntryFacts, raw_entry: str, template_args: dict[str, list[str]],
-                  values: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str], list[str]]:
-    """(entry template for the spec, C++ param -> spec name/expr, spec dim -> Python symbol, notes).
-
-    `raw_entry` is the call site's entry with `{var}` holes; `template_args` maps each var to the
-    Python symbols given to `make_cpp_args`; `values` are the guessed C++ values of those symbols."""
-    notes: list[str] = []
-
-    def expand(m: re.Match) -> str:
-        inner = m.group(1)
-        return ", ".join(f"@{a}@" for a in template_args[inner]) if inner in template_args else f"@{inner}@"
-
-    holed = re.sub(r"\{([^{}]+)\}", expand, raw_entry)
-    cls, fn, cls_args, fn_args = entry_parts(holed)
-    cls_params = len(facts.template_params) - len(fn_args) if facts.template_params else 0
-    args = (cls_args + [""] * max(0, cls_params - len(cls_args)))[:max(cls_params, 0)] + fn_args
-    binding: dict[str, str] = {}
-    dim_symbols: dict[str, str] = {}
-    main_dtype_taken = False
-    rendered: dict[str, str] = {}
-    for param, arg in zip(facts.template_params, args):
-        holes = re.findall(r"@([^@]+)@", arg)
-        if not holes:
-            binding[param.name] = arg
-            continue
-        symbol = holes[0]
-        value = values.get(symbol, "")
-        if param.kind == "type":
-            if value in _MAIN_DTYPES and not main_dtype_taken:
-                main_dtype_taken = True
-                rendered[symbol] = "{cpp_dtype(dtype)}"
-                binding[param.name] = "{dtype}"
-            else:
-                rendered[symbol] = value
-                binding[param.name] = CPP_TO_DTYPE.get(value, value)
-        elif (param.type or "").strip() == "bool" or value in ("true", "false"):
-            rendered[symbol] = value or "false"
-            binding[param.name] = "1" if value == "true" else "0"
-        elif re.fullmatch(r"-?\d+", value or "") or not value:
-            dim = _ident(symbol.split(".")[-1].rstrip("()"))
-            dim_symbols[dim] = symbol
-            rendered[symbol] = "{" + dim + "}"
-            binding[param.name] = dim
-        else:
-            rendered[symbol] = value
-            binding[param.name] = value
-            notes.append(f"template argument `{symbol}` = {value} was taken as a constant")
-    def final(m: re.Match) -> str:
-        symbol = m.group(1)
-        if symbol in rendered or symbol in values:
-            return rendered.get(symbol, values.get(symbol, symbol))
-        return facts.class_name or symbol  # a class chosen in Python at run time: the one found
-
-    entry = re.sub(r"@([^@]+)@", final, holed)
-    return entry, binding, dim_symbols, notes
-
-
-def _tensor_dtype(fact, binding: dict[str, str]) -> tuple[str, bool]:
-    """(dtype field, certain) of a tensor: `{dtype}` where its check names the main dtype param."""
-    options = [binding.get(d, d) for d in fact.dtypes]
-    for opt in options:
-        if opt == "{dtype}":
-            return "{dtype}", True
-    for opt in options:
-        name = CPP_TO_DTYPE.get(opt, opt if opt in CPP_DTYPES else None)
-        if name:
-            return name, True
-    for elem in fact.elem_types:
-        mapped = binding.get(elem, elem)
-        if mapped == "{dtype}":
-            return "{dtype}", False
-        if mapped in CPP_TO_DTYPE:
-            return CPP_TO_DTYPE[mapped], False
-        if mapped in CPP_DTYPES:
-            return mapped, False
-    return "{dtype}", False
-
-
-def scalar_dtype(ctype: str) -> str:
-    return _SCALAR_TYPES.get(re.sub(r"\bconst\b|&", "", ctype).strip(), "float32")
-
-
-def tensor_init(name: str, dtype: str, shape: list[str], others: list[tuple[str, list[str]]],
-                token_dim: str | None) -> dict:
-    """How to fill a tensor: floats normal (scales positive), integers as indices below the size of
-    what they index, lengths positive, bools random."""
-    if dtype == "{dtype}" or dtype.startswith(("float", "bfloat")):
-        if re.search(r"scale|norm_?w|gamma|weight_scale|inv", name, re.I):
-            return {"dist": "uniform", "low": 0.5, "high": 1.5}
-        return {"dist": "normal", "mean": 0.0, "std": 1.0}
-    if dtype == "bool":
-        return {"dist": "randint", "low": 0, "high": 2}
-    if dtype == "uint8":
-        return {"dist": "randint", "low": 0, "high": 256}
-    own = set(shape)
-    firsts = [s[0] for n, s in others if s and s[0] not in own and s[0] != token_dim]
-    high = (f"min({', '.join(dict.fromkeys(firsts))})" if len(set(firsts)) > 1 else firsts[0]) if firsts else None
-    capacity = [f for f in firsts if (meanings.meaning_of(f) or meanings.MEANINGS[0]).key == "capacity"]
-    if _INDEX_NAMES.search(name) and high:
-        if _SCATTER_NAMES.search(name) and capacity:  # distinct slots, below a pool larger than any sweep
-            return {"dist": "perm", "high": capacity[0]}
-        return {"dist": "randint", "low": 0, "high": high}
-    if _LEN_NAMES.search(name):
-        return {"dist": "randint", "low": 1, "high": high or 64}
-    return {"dist": "randint", "low": 0, "high": high or 64}
-
-
-def dims_from_facts(facts: EntryFacts, binding: dict[str, str], dims: _Dims) -> dict[str, list[str]]:
-    """Every tensor's shape as spec expressions; dims registered in `dims`."""
-    table = {p: v for p, v in binding.items() if re.fullmatch(r"[\w ()*/+-]+", v) and v != "{dtype}"}
-    for param, value in binding.items():
-        if re.fullmatch(r"[A-Za-z_]\w*", value) and value not in ("true", "false") and value != "{dtype}":
-            dims.add_free(value, f"template argument {param}")
-    for _ in range(3):  # constants defined from other constants
-        for name, expr in facts.constants.items():
-            if name not in table:
-                value = translate(re.sub(r"static_cast<\w+>", "", expr), table)
-                if value is not None:
-                    table[name] = value
-    same = {b: a for a, b in facts.equal_sizes if a in facts.sizes and b in facts.sizes}
-    for var, size in facts.sizes.items():
-        if var in same and same[var] in dims.by_cpp and size.value is None:
-            dims.by_cpp[var] = dims.by_cpp[same[var]]
-            continue
-        if size.value is not None:
-            expr = translate(size.value, {**table, **dims.by_cpp})
-            if expr is not None:
-                name = _ident(size.label or var)
-                if name in dims.free or name in dims.derived:
-                    name = _ident(var)
-                dims.derived[name] = expr
-                dims.by_cpp[var] = name
-                continue
-        dims.by_cpp[var] = dims.add_free(size.label or var, f"SymbolicSize {var}")
-    for name, fact in facts.tensors.items():  # bare names in checks (locals such as `rows`) first
-        for entry in (fact.shapes[0] if fact.shapes else []):
-            entry = entry.strip()
-            if re.fullmatch(r"[A-Za-z_]\w*", entry) and entry not in table and entry not in dims.by_cpp \
-                    and entry != "kAnySize":
-                dims.by_cpp[entry] = dims.add_free(entry, f"`{entry}` of {name}")
-    shapes: dict[str, list[str]] = {}
-    for name, fact in facts.tensors.items():
-        if not fact.shapes:
-            continue
-        shape = []
-        for i, entry in enumerate(fact.shapes[0]):
-            entry = entry.strip()
-            if entry in ("-1", "kAnySize"):
-                shape.append(dims.add_free(f"{name}_d{i}", f"any size ({name} dim {i})"))
-                continue
-            expr = translate(entry, {**table, **dims.by_cpp})
-            if expr is None:
-                expr = dims.add_free(entry, f"`{entry}` of {name}")
-                dims.by_cpp.setdefault(entry, expr)
-            shape.append(expr)
-        shapes[name] = shape
-    return shapes
-
-
-def token_dim_of(shapes: dict[str, list[str]], dims: _Dims) -> str | None:
-    """The free dim that counts tokens: named like one and leading most tensors."""
-    lead: dict[str, int] = {}
-    for shape in shapes.values():
-        for i, d in enumerate(shape):
-            if d in dims.free:
-                lead[d] = lead.get(d, 0) + (3 if i == 0 else 1)
-    named = [d for d in lead if meanings.is_token_name(d) or meanings.is_token_name(dims.free[d].split()[-1])]
-    pool = named or [d for d in lead if meanings.meaning_of(d) is None]
-    return max(pool, key=lambda d: lead[d]) if pool else None
 
 
 def split_args(text: str) -> list[str]:

@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from astra.errors import AstraError
+from astra.sglang import registry
 from astra.sglang.tree import SglangTree
 from astra.spec.expr import evaluate, render
 from astra.spec.model import KernelSpec, arg_present, arg_row_stride
 from harness import ArgSpec, BuildBase, BuildRequest, Case, Job, Options, Variant, band_of, build_requests
+from harness.job import split_bytes
 
 
 def _variant(spec: KernelSpec, names: dict) -> Variant:
@@ -55,6 +57,16 @@ def _in_place(args: list[ArgSpec]) -> list[ArgSpec]:
     return args
 
 
+def traffic(spec: KernelSpec, names: dict, args: list[ArgSpec]) -> tuple[int, int, int, str]:
+    """(bytes, bytes read, bytes written, how they were split) of one case: the spec's `bytes_read` and
+    `bytes_written` where it gives them (validation holds them to add up to `bytes`), else `bytes` split
+    by the arguments' roles (harness.job.split_bytes: in read, out written, inout both, scratch neither)."""
+    total = int(evaluate(spec.raw["bytes"], names))
+    if spec.raw.get("bytes_read") is not None and spec.raw.get("bytes_written") is not None:
+        return total, int(evaluate(spec.raw["bytes_read"], names)), int(evaluate(spec.raw["bytes_written"], names)), "spec"
+    return (total, *split_bytes(total, args))
+
+
 def cases(spec: KernelSpec, extra_shapes: list[dict] | None = None) -> tuple[list[Case], dict[str, Variant]]:
     """All cases of the suite but those `shapes.exclude` names (plus `extra_shapes` proposed by a testing
     agent) and their variants."""
@@ -72,13 +84,14 @@ def cases(spec: KernelSpec, extra_shapes: list[dict] | None = None) -> tuple[lis
             names = spec.names_for(sc.dims, dtype)
             variant = _variant(spec, names)
             variants.setdefault(variant.key, variant)
+            args = _in_place([_arg(a, names) for a in spec.arguments])
+            total, read, written, split = traffic(spec, names, args)
             out.append(Case(
                 id=case_id,
                 band=band_of(spec.token_count(sc.dims)),
                 label=sc.label, dtype=dtype, dims=dict(sc.dims), variant=variant.key,
-                bytes=int(evaluate(spec.raw["bytes"], names)),
-                args=_in_place([_arg(a, names) for a in spec.arguments]),
-                timed=index == 0 and not sc.edge,
+                bytes=total, args=args, timed=index == 0 and not sc.edge,
+                bytes_read=read, bytes_written=written, bytes_split=split,
             ))
     return out, variants
 
@@ -96,7 +109,9 @@ def make_job(spec: KernelSpec, tree: SglangTree, *, candidate_source: str | None
         kernel_file=spec.kernel_file,
         build=BuildBase(
             source_root=str(tree.csrc_dir),
-            include_dirs=[str(tree.include_dir)] + list(build.get("extra_include_paths", [])),
+            include_dirs=[str(tree.include_dir)] + registry.source_roots(
+                tree, list(build.get("cuda_files", [])) + list(build.get("cpp_files", [])))
+            + list(build.get("extra_include_paths", [])),
             cuda_files=list(build.get("cuda_files", [])),
             cpp_files=list(build.get("cpp_files", [])),
             extra_cflags=list(build.get("extra_cflags", [])),

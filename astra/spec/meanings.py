@@ -44,7 +44,7 @@ MEANINGS: tuple[Meaning, ...] = (
     Meaning("page_size", r"page_?size|^p_?$|block_?size|kpagesize", None, 64),
     Meaning("capacity", r"capacity|slots|num_?pages|num_?blocks|cache|max_?pos|max_?seq|entries|pool|^l_?$",
             None, 32768),
-    Meaning("conv_width", r"width", None, 4),
+    Meaning("conv_width", r"conv_?w|kernel_?width|^w_?$|^width$|^kw$", None, 4),
     Meaning("state_len", r"state_len|state", None, 3),
     Meaning("hidden", r"hidden|^d_?$|^dim$|^c$|channels?|^k_?hidden|model_dim|^embed", "hidden_size", 4096),
 )

@@ -240,6 +240,7 @@ def validate(raw, path: Path) -> list[str]:
         if dt not in DTYPE_BYTES:
             problems.append(f"dtypes: unknown dtype {dt!r} (known: {', '.join(DTYPE_BYTES)})")
     problems += _check_arguments(raw["arguments"], raw)
+    problems += checks.check_byte_split(raw, set(dims) | set(raw.get("derived") or {}) | {"dtype"})
     if not isinstance(raw["entry"], str):
         problems.append("`entry` must be the name of the export the harness calls")
     exports = [w.get("export") for w in raw["build"].get("wrappers", []) if isinstance(w, dict)]
@@ -340,6 +341,10 @@ def _check_cases(spec: KernelSpec) -> list[str]:
                 if not evaluate(c, names):
                     out.append(f"shape {case.label} {case.dims}: violates constraint `{c}`")
             evaluate(spec.raw["bytes"], names)
+            split = checks.byte_split_problem(spec.raw, names)
+            if split and "bytes split" not in failed:  # one mistake, named at its first shape
+                failed.add("bytes split")
+                out.append(f"shape {case.label} {case.dims} ({dtype}): {split}")
             for w in spec.raw["build"].get("wrappers", []):
                 render(w["entry"], names)
             for a in spec.arguments:

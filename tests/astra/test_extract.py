@@ -59,7 +59,7 @@ def test_extract_works_across_buildable_modules(sglang_0523, specs_dir):
     drafted, refused = [], []
     for module in buildable[::16]:
         try:
-            result = extract.extract(sglang_0523, module.name)
+            result = extract.extract(sglang_0523, module.name, build_check=False)
         except AstraError as err:  # a module the inference cannot describe says why, in one line
             assert "cannot draft a spec" in str(err) or "cannot find source" in str(err), str(err)
             refused.append(module.name)

@@ -46,7 +46,7 @@ def test_set_value_dims_and_file_constants_become_derived(sglang_0523):
     its TensorMatcher checks; the constants are file-level constexprs (K = NOPE + ROPE)."""
     spec, _ = draft.draft_module(sglang_0523, registry.find(sglang_0523, "concat_mla_k"))
     assert list(spec["dims"]) == ["num_tokens"]
-    assert spec["derived"] == {"num_heads": "128", "k_head_dim": "(128 + 64)", "nope_head_dim": "128",
+    assert spec["derived"] == {"num_heads": "128", "k_head_dim": "192", "nope_head_dim": "128",
                                "rope_head_dim": "64"}
     assert _args(spec)["k_rope"]["shape"] == ["num_tokens", "1", "rope_head_dim"]
 

@@ -9,6 +9,12 @@ from astra.optimize.edits import apply_reply
 from astra.optimize.templates import TemplateError, render, variables
 
 ROLES = {
+    "testing_spec": ["dtypes", "models"],
+    "testing_draft": ["kernel", "sglang_version", "export", "entry", "kernel_file", "draft", "notes", "source",
+                      "wrapper", "call_sites"],
+    "testing_repair": ["kernel", "sglang_version", "export", "entry", "kernel_file", "probe", "draft", "notes",
+                       "source", "wrapper", "call_sites"],
+    "testing_refused": ["problems"],
     "testing": ["kernel", "sglang_version", "kernel_file", "description", "arguments", "dims", "constraints",
                 "spec_shapes", "models", "source", "max_shapes", "dim_names"],
     "profiling": ["kernel", "sglang_version", "kernel_file", "gpu", "environment", "copy_bandwidth",

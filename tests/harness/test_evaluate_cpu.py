@@ -15,7 +15,8 @@ from harness.check import OriginalFailed, ReferenceFailed, check_case, determini
 from harness.evaluate import default_cache_dir
 from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant
 from harness.plan import build_requests
-from harness.roofline import roofline, suspect
+from harness.perf_model import PerfModel
+from harness.roofline import floors, suspect
 from harness.stats import Stats
 from harness.timing import sets_needed
 from harness.verdict import CaseResult, ModeTiming, Verdict, band_speedups, decide
@@ -228,15 +229,17 @@ def test_decide_statuses():
 
 
 def test_suspect_flags():
-    bw = 3.0e12
-    nbytes = 300_000_000  # floor 100 us
-    assert roofline(nbytes, 200.0, bw)["fraction"] == pytest.approx(0.5)
-    assert roofline(nbytes, 200.0, bw)["floor_us"] == pytest.approx(100.0)
-    assert suspect(1.5, 120.0, nbytes, bw) is None
-    assert "roofline floor" in suspect(3.0, 80.0, nbytes, bw)
-    assert "empty launch" in suspect(1.5, 0.5, 1000, bw, launch_floor_us=0.84)
-    assert suspect(1.5, 0.9, 1000, bw, launch_floor_us=0.84) is None
-    assert "plausible" in suspect(60.0, 2.0, 1000, bw)
+    model = PerfModel(read_Bps=2.9e12, write_Bps=2.9e12, copy_Bps=2.8e12, launch_graph_us=0.84, launch_cold_us=3.0,
+                      peak_dram_Bps=3.0e12, l2_bytes=50 << 20)
+    nbytes = 300_000_000  # 100 us at the 3 TB/s peak (cold: every read crosses DRAM)
+    floor = floors("cold", nbytes // 2, nbytes // 2, model)
+    assert floor["physical_us"] == pytest.approx((nbytes - (50 << 20)) / 3.0e12 * 1e6)
+    assert suspect(1.5, 120.0, floor, nbytes) is None
+    assert "physical floor" in suspect(3.0, 50.0, floor, nbytes)
+    tiny = floors("graph", 500, 500, model)
+    assert "empty launch" in suspect(1.5, 0.5, tiny, 1000)
+    assert suspect(1.5, 0.9, tiny, 1000) is None
+    assert "plausible" in suspect(60.0, 2.0, tiny, 1000)
 
 
 def test_verdict_json_round_trip():

@@ -1,0 +1,294 @@
+"""The template arguments of a draft's wrapper entry, as astra.spec.template_search searches them.
+
+An entry such as `ns::Kernel<{vec}, 32, false>::run` has argument lists (`arg_lists`, `rebuild`);
+`lists_with_params` maps them onto the parameters the kernel's sources declare and repairs a list that
+is missing, too long or too short; `slots` picks the arguments the search may change (a `{dim}` hole,
+an enum parameter given a number, a bool guessed from a symbol's name, a literal in a repaired list)
+with their candidate values, and `render_entry` writes an assignment of values back into the entry.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from astra.sglang import registry, static_asserts, variants
+from astra.sglang.discovery import CallSite
+from astra.sglang.includes import include_closure
+from astra.sglang.static_asserts import SourceFacts
+from astra.sglang.template_params import TemplateParam, split_top
+from astra.sglang.tree import SglangTree
+from astra.spec import meanings
+from astra.spec.expr import render
+from astra.spec.model import load_models
+
+_HOLE = re.compile(r"^\{(\w+)\}$")
+
+
+@dataclass
+class EntrySources:
+    """What the slots are read from: the draft spec, its module's call site and the sources' facts."""
+
+    spec: dict
+    site: CallSite
+    facts: SourceFacts
+
+    @classmethod
+    def read(cls, tree: SglangTree, module: registry.JitModule, spec: dict) -> "EntrySources":
+        site = module.call_sites[0]
+        kernel_files = [registry.resolve_source(tree, f) for f in site.cuda_files]
+        kernel_files = [f for f in kernel_files if f is not None]
+        texts = {str(f): f.read_text(errors="replace") for f in kernel_files}
+        texts.update({str(f): f.read_text(errors="replace") for f in include_closure(tree, kernel_files)
+                      if str(f) not in texts})
+        return cls(spec, site, SourceFacts.read(texts, {str(f) for f in kernel_files}))
+
+
+@dataclass
+class ArgList:
+    owner: str  # the class or function template the list belongs to
+    start: int  # span of the text between < and > in the entry (-1: a list the entry lacks)
+    end: int
+    args: list[str]
+    params: list[TemplateParam] | None = None
+
+    def copy(self) -> "ArgList":
+        return ArgList(self.owner, self.start, self.end, list(self.args), self.params)
+
+
+@dataclass
+class Slot:
+    """One template argument the search may change."""
+
+    list_index: int
+    arg_index: int
+    param: TemplateParam
+    kind: str  # "dim" | "number" | "bool" | "enum"
+    current: str  # as drafted (a `{dim}` hole or a literal)
+    candidates: list = field(default_factory=list)
+    dim: str | None = None
+    value: object = None  # the drafted value (rendered for the reference case)
+
+
+def arg_lists(entry: str) -> list[ArgList]:
+    """The top-level template argument lists of an entry (`ns::Cls<a, b>::run<c>`), in order."""
+    out, i = [], 0
+    while i < len(entry):
+        if entry[i] == "<":
+            depth, j = 0, i
+            while j < len(entry):
+                depth += {"<": 1, ">": -1}.get(entry[j], 0)
+                if depth == 0:
+                    break
+                j += 1
+            owner = re.search(r"(\w+)\s*$", entry[:i])
+            out.append(ArgList(owner.group(1) if owner else "", i + 1, j, split_top(entry[i + 1:j])))
+            i = j
+        i += 1
+    return out
+
+
+def rebuild(entry: str, lists: list[ArgList]) -> str:
+    """The entry with each list's arguments as they are now in `lists`."""
+    out, pos = [], 0
+    for lst in lists:
+        if lst.start < 0:  # a list that was missing: goes right after its owner's name
+            at = re.search(rf"\b{re.escape(lst.owner)}\b", entry[pos:])
+            cut = pos + at.end() if at else pos
+            out.append(entry[pos:cut] + "<" + ", ".join(lst.args) + ">")
+            pos = cut
+            continue
+        out.append(entry[pos:lst.start] + ", ".join(lst.args))
+        pos = lst.end
+    return "".join(out) + entry[pos:]
+
+
+def entry_owner_names(entry: str) -> list[str]:
+    """Names in the entry that may be templates missing their argument list (`Cls::run`)."""
+    parts = re.sub(r"<[^<>]*>", "", entry.lstrip("&")).split("::")
+    return [p.strip() for p in parts if re.fullmatch(r"\w+", p.strip())]
+
+
+def show(value) -> str:
+    """A value as a C++ template argument (`true`, `8`, an enumerator's name)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def enum_literal(slot: Slot, value: str) -> str:
+    return f"{slot.param.type}::{value}"
+
+
+def cxx_value(slot: Slot, value) -> str:
+    return enum_literal(slot, value) if slot.kind == "enum" else show(value)
+
+
+def render_entry(entry: str, lists: list[ArgList], slots: list[Slot], assignment: dict) -> str:
+    """The entry with the assignment's values in place of the slots' arguments."""
+    copies = [lst.copy() for lst in lists]
+    for slot in slots:
+        copies[slot.list_index].args[slot.arg_index] = cxx_value(slot, assignment[slot.param.name])
+    return rebuild(entry, copies)
+
+
+# ---------------------------------------------------------------- lists and their declared parameters
+
+
+def lists_with_params(src: EntrySources, entry: str) -> tuple[list[ArgList], list[str]]:
+    """The entry's argument lists with their declared parameters; lists that are missing, too long or
+    too short are repaired (what was done, as notes)."""
+    lists = arg_lists(entry)
+    repairs: list[str] = []
+    for lst in lists:
+        lst.params = src.facts.params_of(lst.owner)
+    owners = {lst.owner for lst in lists}
+    for name in entry_owner_names(entry):
+        if name in owners:
+            continue
+        params = src.facts.params_of(name)
+        if params and all(p.default is None for p in params if p.kind != "pack"):
+            args = _site_args(src, len(params)) or [_default_arg(p) for p in params]
+            lists.append(ArgList(name, -1, -1, args, params))
+            repairs.append(f"the argument list of `{name}` was missing: filled as <{', '.join(args)}>")
+            lists.sort(key=lambda lst: entry.find(lst.owner) if lst.start < 0 else lst.start)
+    for lst in lists:
+        if not lst.params or any(p.kind == "pack" for p in lst.params):
+            continue
+        need = [p for p in lst.params if p.default is None]
+        if len(lst.args) > len(lst.params):
+            repairs.append(f"`{lst.owner}` takes {len(lst.params)} template argument(s): dropped "
+                           f"{', '.join(lst.args[len(lst.params):])}")
+            lst.args = lst.args[:len(lst.params)]
+        elif len(lst.args) < len(need):
+            added = [_default_arg(p) for p in lst.params[len(lst.args):len(need)]]
+            repairs.append(f"`{lst.owner}` needs {len(need)} template argument(s): added {', '.join(added)}")
+            lst.args = lst.args + added
+    return lists, repairs
+
+
+def _site_args(src: EntrySources, count: int) -> list[str] | None:
+    """The call site's one template-argument list, rendered with the guessed values, when its length fits."""
+    lists = [args for args in src.site.template_args.values()]
+    if len(lists) != 1 or len([a for a in lists[0] if not a.startswith("*")]) != count:
+        return None
+    guess = variants.guess(src.site)
+    out = []
+    for symbol in lists[0]:
+        value = guess.values.get(symbol)
+        if value in ("bf16_t", "fp16_t") and "{dtype}" in json.dumps(src.spec["arguments"]):
+            value = "{cpp_dtype(dtype)}"
+        dim = _dim_for(src.spec, symbol)
+        out.append(f"{{{dim}}}" if dim and re.fullmatch(r"\d+", value or "") else (value or "0"))
+    return out
+
+
+def _dim_for(spec: dict, symbol: str) -> str | None:
+    """A dim of the spec that means what `symbol` means."""
+    wanted = meanings.meaning_of(symbol.rstrip("()").split(".")[-1])
+    token = spec["shapes"].get("token_dim")
+    for dim in spec["dims"]:
+        if dim != token and wanted is not None and meanings.meaning_of(dim) == wanted:
+            return dim
+    return None
+
+
+def _default_arg(param: TemplateParam) -> str:
+    if param.kind == "type":
+        return "bf16_t"
+    if param.type == "bool":
+        return "true" if re.search(r"pdl", param.name, re.I) else "false"
+    return "1"
+
+
+# ---------------------------------------------------------------- the slots
+
+
+def slots(src: EntrySources, lists: list[ArgList], names: dict) -> tuple[list[Slot], dict]:
+    """The arguments the search may change, and the values of the others (for the static_asserts)."""
+    spec = src.spec
+    token = spec["shapes"].get("token_dim")
+    guessed = _guessed_bools(src)
+    out: list[Slot] = []
+    fixed: dict = {}
+    for li, lst in enumerate(lists):
+        for ai, (arg, param) in enumerate(zip(lst.args, lst.params or [])):
+            if param.kind not in ("type", "value"):
+                continue
+            text = render(arg, names) if "{" in arg else arg
+            value = _literal_value(text)
+            enum = src.facts.enum_of(param.type) if param.kind == "value" else None
+            hole = _HOLE.match(arg)
+            if param.kind == "type":
+                fixed[param.name] = text
+            elif enum is not None:
+                current = text.split("::")[-1]
+                if current not in enum.values:
+                    order = sorted(enum.values, key=lambda e: enum.values[e])
+                    out.append(Slot(li, ai, param, "enum", arg, order, hole.group(1) if hole else None))
+                else:
+                    fixed[param.name] = current
+            elif isinstance(value, bool):
+                if (lst.owner, ai) in guessed or lst.start < 0:
+                    out.append(Slot(li, ai, param, "bool", arg, [value, not value]))
+                else:
+                    fixed[param.name] = value
+            elif hole and hole.group(1) in spec["dims"] and hole.group(1) != token and isinstance(value, int):
+                dim = hole.group(1)
+                cands = static_asserts.numeric_candidates(param.name, value, model_values(dim), src.facts)
+                if used_outside_entry(spec, dim):
+                    cands = [v for v in cands if v > 0]
+                out.append(Slot(li, ai, param, "dim", arg, cands, dim, value))
+            elif isinstance(value, int) and lst.start < 0:
+                cands = static_asserts.numeric_candidates(param.name, value, [], src.facts)
+                out.append(Slot(li, ai, param, "number", arg, cands))
+            elif value is not None:
+                fixed[param.name] = value
+    return out, fixed
+
+
+def _literal_value(text: str):
+    if text in ("true", "false"):
+        return text == "true"
+    if re.fullmatch(r"-?\d+[uUlL]*", text):
+        return int(re.sub(r"[uUlL]+$", "", text))
+    return None
+
+
+def _guessed_bools(src: EntrySources) -> set[tuple[str, int]]:
+    """(owner, position) of the entry's arguments that came from a symbol guessed by its name."""
+    guess = variants.guess(src.site)
+    export = src.spec["build"]["wrappers"][0]["export"]
+    raw = next((w.entry for w in src.site.wrappers if w.export == export), src.site.wrappers[0].entry)
+
+    def expand(m: re.Match) -> str:
+        inner = m.group(1)
+        args = src.site.template_args.get(inner)
+        return ", ".join(f"@{a}@" for a in args if not a.startswith("*")) if args else f"@{inner}@"
+
+    out = set()
+    for lst in arg_lists(re.sub(r"\{([^{}]+)\}", expand, raw)):
+        for i, arg in enumerate(lst.args):
+            if any(symbol in guess.guessed for symbol in re.findall(r"@([^@]+)@", arg)):
+                out.add((lst.owner, i))
+    return out
+
+
+def model_values(dim: str) -> list[int]:
+    """The values the models give the dim's meaning (tp 1), in the models' order."""
+    meaning = meanings.meaning_of(dim)
+    if meaning is None:
+        return []
+    values = []
+    for fields in load_models().values():
+        value, _ = meanings.value_for(meaning, fields, 1)
+        if isinstance(value, str):
+            value = fields.get(value) if isinstance(fields.get(value), int) else None
+        if isinstance(value, int) and value > 0:
+            values.append(value)
+    return list(dict.fromkeys(values))
+
+
+def used_outside_entry(spec: dict, dim: str) -> bool:
+    """Whether an argument, derived name or the bytes formula of the spec uses `dim`."""
+    text = json.dumps({k: spec.get(k) for k in ("arguments", "derived", "bytes")})
+    return re.search(rf"\b{re.escape(dim)}\b", text) is not None

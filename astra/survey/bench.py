@@ -1,0 +1,137 @@
+"""One kernel's bench, as a task an executor can run anywhere: `bench_one` is a top-level, picklable
+function of plain arguments that returns the verdict as a dict (harness `Verdict.to_dict()`).
+
+`serial_run` runs tasks one after another in this process; it is the default `Run` of
+`astra.survey.run.survey`. Any other `Run` (a pool, the astra.scale executor: one
+`Task(key=task.name, fn=bench_one, args=task.args(), kind="gpu")` per task, each `Outcome` turned into a
+`BenchResult`) may yield results in any order; the survey writes each record as its result arrives.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+from astra.errors import AstraError
+from astra.report.safe_text import one_line
+from astra.sglang import tree as sglang_tree
+from astra.spec.model import KernelSpec
+
+VIEWS = ("graph", "cold")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How each kernel is timed: both views by default (the ranking picks one), the harness's budget."""
+
+    modes: tuple[str, ...] = VIEWS
+    budget_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class BenchTask:
+    """One kernel to bench: its name, its spec file, which SGLang (None, None: the spec's own version)."""
+
+    name: str
+    spec_file: str
+    sglang_version: str | None
+    sglang_src: str | None
+    settings: BenchSettings = BenchSettings()
+
+    def args(self) -> tuple:
+        """The positional arguments of `bench_one` for this task."""
+        return (self.name, self.spec_file, self.sglang_version, self.sglang_src, self.settings)
+
+
+@dataclass
+class BenchResult:
+    """What came back for one task: a verdict dict, or a one-line error; wall seconds where measured."""
+
+    name: str
+    verdict: dict | None
+    error: str | None = None
+    wall_s: float | None = None
+
+
+Bench = Callable[..., dict]
+Run = Callable[[Sequence[BenchTask]], Iterable[BenchResult]]
+
+
+def bench_one(name: str, spec_file: str, sglang_version: str | None, sglang_src: str | None,
+              settings: BenchSettings) -> dict:
+    """`astra bench` of one spec (the original over its timed cases, both views): the verdict as a dict.
+    Raises AstraError (NoGpu, UnknownKernel, a source mismatch, ...) like `astra bench` does."""
+    from astra.spec.resolve import resolve
+    from astra.spec.source_check import require_same_source
+    from astra.verify import runner
+
+    spec = resolve(spec_file or name)
+    tree = tree_for(spec, sglang_version, sglang_src)
+    require_same_source(spec, tree)
+    opts = runner.CheckOptions(modes=list(settings.modes), sanitizer=False, budget_ms=settings.budget_ms)
+    return runner.bench_original(spec, tree, opts).to_dict()
+
+
+def serial_run(tasks: Sequence[BenchTask], bench: Bench = bench_one) -> Iterator[BenchResult]:
+    """Each task in turn, in this process; an AstraError becomes that kernel's error, the rest go on."""
+    for task in tasks:
+        start = time.monotonic()
+        try:
+            verdict = bench(*task.args())
+        except AstraError as err:
+            yield BenchResult(task.name, None, one_line(err, 400), time.monotonic() - start)
+        else:
+            yield BenchResult(task.name, verdict, None, time.monotonic() - start)
+
+
+def tree_for(spec: KernelSpec, version: str | None, src: str | None) -> sglang_tree.SglangTree:
+    """The tree a spec is benched on: the one the user names, else the spec's own SGLang version
+    (the installed package when it is that version, else its wheel), as `astra bench` chooses."""
+    if version or src:
+        return sglang_tree.locate(version=version, src=src)
+    own = spec_version(spec)
+    installed = sglang_tree.find_installed()
+    if installed is not None and installed.version == own:
+        return installed
+    return sglang_tree.from_wheel(own)
+
+
+def tree_version(spec: KernelSpec | None, version: str | None, src: str | None) -> str:
+    """The SGLang version `tree_for` would give, without downloading anything."""
+    if src:
+        return sglang_tree.from_source(Path(src)).version
+    return version or spec_version(spec)
+
+
+def spec_version(spec: KernelSpec) -> str:
+    return str(spec.raw["source"]["sglang_version"])
+
+
+def gpu_name() -> str | None:
+    """The name of CUDA device 0 as torch reports it (None: no torch or no GPU here)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return str(torch.cuda.get_device_name(0))
+
+
+def executor_run(executor, bench: Bench = bench_one) -> Run:
+    """A `Run` over an astra.scale executor: one GPU task per kernel (a local worker per GPU, or a Ray task
+    holding one GPU), results in completion order; a task that raised or whose worker died twice is that
+    kernel's error, the rest go on."""
+    from astra.scale import Task
+
+    def run(tasks: Sequence[BenchTask]) -> Iterator[BenchResult]:
+        for out in executor.map([Task(key=t.name, fn=bench, args=t.args(), kind="gpu") for t in tasks]):
+            if out.ok:
+                yield BenchResult(out.key, out.value, None, None)
+            else:
+                yield BenchResult(out.key, None, one_line(f"{out.error} (on {out.where or 'a worker'}, "
+                                                          f"{out.attempts} attempt(s))", 400), None)
+
+    return run

@@ -1,0 +1,220 @@
+"""Template values the build decides (astra.spec.template_search and its helpers).
+
+The first part settles drafts of real SGLang 0.5.23 modules with nvcc `--cubin` on the CPU (skipped
+without nvcc; compile results are cached under $ASTRA_HOME/template-checks, see tests/conftest.py).
+The second part checks, without a compiler, the C++ text reading that orders what nvcc is asked:
+template parameter lists, constant expressions, the facts of a small source and the value search.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from astra.sglang import registry, static_asserts
+from astra.sglang.constexpr_eval import evaluate
+from astra.sglang.static_asserts import SourceFacts
+from astra.sglang.template_params import TemplateParam, call_condition, split_top, template_params
+from astra.spec import template_search
+from astra.spec.draft import draft_module
+from astra.spec.template_args import ArgList, EntrySources, arg_lists, rebuild
+from astra.spec.template_check import failed_assert
+
+needs_nvcc = pytest.mark.skipif(not template_search.nvcc_available(), reason="needs nvcc (CUDA toolkit)")
+
+
+def _settled(tree, name: str):
+    module = registry.find(tree, name)
+    spec, _ = draft_module(tree, module)
+    drafted = {"entry": spec["build"]["wrappers"][0]["entry"], "dtypes": list(spec["dtypes"]),
+               "dims": list(spec["dims"])}
+    return module, spec, drafted, template_search.settle(tree, module, spec)
+
+
+# ---------------------------------------------------------------- real modules, compiled with nvcc
+
+
+@pytest.mark.network
+@needs_nvcc
+def test_channel_rmsnorm_values_are_searched_until_the_static_asserts_hold(sglang_0523):
+    tree = sglang_0523
+    module, spec, drafted, settled = _settled(tree, "channel_rmsnorm_silu_nhwc")
+    assert settled.builds is True and settled.changed
+    note = next(n for n in settled.notes if "template arguments chosen" in n)
+    chosen = {k: int(v) for k, v in re.findall(r"\b(kVec|kLanesPerRow|kUnitsPerLane)=(\d+)", note)}
+    assert set(chosen) == {"kVec", "kLanesPerRow", "kUnitsPerLane"}, note
+    assert "static assertion failed" in note  # the drafted values' reason is kept for the reviewer
+    assert chosen["kVec"] in (2, 4, 8)
+    assert chosen["kUnitsPerLane"] >= 1 and chosen["kUnitsPerLane"] * chosen["kVec"] <= 64
+    # every static_assert of the kernel that names these parameters accepts the chosen values
+    facts = EntrySources.read(tree, module, spec).facts
+    relevant = facts.mentioning(set(chosen), facts.asserts)
+    assert any("kVec == 2" in c for c in relevant)
+    env = {**chosen, "kHasBias": False}
+    assert all(evaluate(c, env, facts) is not False for c in relevant), relevant
+    assert evaluate("kVec == 2 || kVec == 4 || kVec == 8", env, facts) is True
+    # the holes became derived constants with those values, and every variant of the result compiles
+    entry = spec["build"]["wrappers"][0]["entry"]
+    holes = re.findall(r"\{(\w+)\}", entry.split("<", 1)[1])[:3]
+    assert [spec["derived"][h] for h in holes] == [str(chosen[k]) for k in ("kVec", "kLanesPerRow", "kUnitsPerLane")]
+    assert not set(holes) & set(spec["dims"])
+    results = template_search.check_variants(spec, tree)
+    assert results and all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}
+
+
+@pytest.mark.network
+@needs_nvcc
+def test_a_dtype_the_kernel_static_asserts_away_is_dropped(sglang_0523):
+    _, spec, drafted, settled = _settled(sglang_0523, "diffusion_interleaved_rope_fp64")
+    assert "float16" in drafted["dtypes"] and "bfloat16" in drafted["dtypes"]
+    assert spec["dtypes"] == [dt for dt in drafted["dtypes"] if dt != "float16"]
+    assert settled.builds is True and settled.changed
+    note = next(n for n in settled.notes if n.startswith("dtype float16 dropped"))
+    assert "static_assert(std::is_same_v<T, bf16_t>)" in note
+    assert spec["build"]["wrappers"][0]["entry"] == drafted["entry"]  # nothing else was touched
+
+
+@pytest.mark.network
+@needs_nvcc
+def test_an_enum_template_parameter_gets_an_enumerator(sglang_0523):
+    tree = sglang_0523
+    _, spec, drafted, settled = _settled(tree, "c1_decode")
+    entry = spec["build"]["wrappers"][0]["entry"]
+    assert "{cpp_name}" in drafted["entry"] and "{cpp_name}" not in entry
+    assert re.search(r"\bdeepseek_v4::KVLayout::\w+\b", entry), entry
+    assert "cpp_name" in drafted["dims"] and "cpp_name" not in spec["dims"]
+    assert settled.builds is True
+    assert any("kLayout=" in n for n in settled.notes), settled.notes
+    results = template_search.check_variants(spec, tree)
+    assert results and all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}
+
+
+@pytest.mark.network
+@needs_nvcc
+def test_a_failure_no_template_argument_explains_is_reported_not_hidden(sglang_0523):
+    _, spec, drafted, settled = _settled(sglang_0523, "candidate_block_table")
+    assert settled.builds is False and not settled.changed
+    assert spec["build"]["wrappers"][0]["entry"] == drafted["entry"]
+    assert any(n.startswith("no template arguments found that compile") for n in settled.notes), settled.notes
+
+
+# ---------------------------------------------------------------- C++ text, no compiler
+
+_SOURCE = """
+namespace sglang {
+namespace demo {
+enum class Layout : int32_t { A = 0, B = 4, C };
+}  // namespace demo
+inline constexpr int kWarp = 32;  // a comment with static_assert(false) in it
+template <int kVec, int kLanes, bool kPdl, typename T = float, demo::Layout kLayout = demo::Layout::A>
+struct Kernel {
+  static constexpr int kRows = kWarp / kLanes;
+  static_assert(kVec == 2 || kVec == 4 || kVec == 8, "vector of 4, 8 or 16 bytes");
+  static_assert(kRows * kLanes == kWarp && kVec * sizeof(T) <= 32, "lanes divide a warp");
+  static_assert(std::is_same_v<T, float>, "float only");
+  static void run(int n) {
+    if constexpr (kLayout == demo::Layout::B) {}
+    RuntimeCheck(n % 48 == 0, "n is a multiple of 48");
+  }
+};
+}  // namespace sglang
+"""
+
+
+def _facts() -> SourceFacts:
+    return SourceFacts.read({"k.cuh": _SOURCE, "other.cuh": "static_assert(kVec == 3);"}, {"k.cuh"})
+
+
+def test_template_parameter_lists_are_read_by_hand():
+    params = template_params(_SOURCE, "Kernel")
+    assert [(p.name, p.kind, p.type) for p in params] == [
+        ("kVec", "value", "int"), ("kLanes", "value", "int"), ("kPdl", "value", "bool"), ("T", "type", ""),
+        ("kLayout", "value", "demo::Layout")]
+    assert params[3] == TemplateParam("T", "type", "", "float")
+    assert template_params(_SOURCE, "Missing") is None
+    assert template_params("template <typename... Ts, int N> __global__ void go(Ts... x);", "go") == [
+        TemplateParam("Ts", "pack", ""), TemplateParam("N", "value", "int")]
+    assert split_top("a<b, c>, f(x, y), {1, 2}") == ["a<b, c>", "f(x, y)", "{1, 2}"]
+    text = 'static_assert(std::is_same_v<A, B> && x < y, "msg, with comma");'
+    assert call_condition(text, text.index("(")) == "std::is_same_v<A, B> && x < y"
+
+
+def test_source_facts_keep_the_kernels_own_conditions():
+    facts = _facts()
+    assert facts.constants["kWarp"] == "32" and facts.constants["kRows"] == "kWarp / kLanes"
+    assert len(facts.asserts) == 3 and "kVec == 3" not in facts.asserts  # only the checked file counts
+    assert "kLayout == demo::Layout::B" in facts.hints and "n % 48 == 0" in facts.hints
+    layout = facts.enum_of("demo::Layout")
+    assert layout.qualified == "demo::Layout" and layout.values == {"A": 0, "B": 4, "C": 5}
+    assert layout.literal("C") == "demo::Layout::C"
+    assert facts.depends("kRows > 1") >= {"kRows", "kWarp", "kLanes"}
+    assert facts.mentioning({"kLanes"}, facts.asserts) == [facts.asserts[1]]  # through kRows
+
+
+def test_constant_expressions_in_three_valued_logic():
+    facts = _facts()
+    assert evaluate("kRows * kLanes == kWarp", {"kLanes": 8}, facts) is True
+    assert evaluate("kRows * kLanes == kWarp", {"kLanes": 64}, facts) is False  # 32 / 64 == 0 in C
+    assert evaluate("kVec * sizeof(T) <= 32", {"kVec": 8, "T": "float"}, facts) is True
+    assert evaluate("kVec * sizeof(T) <= 32", {"kVec": 16, "T": "double"}, facts) is False
+    assert evaluate("std::is_same_v<T, float>", {"T": "bf16_t"}, facts) is False
+    assert evaluate("kUnknown > 0", {}, facts) is None
+    assert evaluate("kUnknown > 0 && kVec == 4", {"kVec": 2}, facts) is False  # decided without kUnknown
+    assert evaluate("kUnknown > 0 || kVec == 4", {"kVec": 4}, facts) is True
+    assert evaluate("-7 / 2 == -3 && -7 % 2 == -1", {}) is True  # C truncates toward zero
+    assert evaluate("1u << 4 == 16ul && !false", {}) is True
+    assert evaluate("kLayout == demo::Layout::B", {"kLayout": "B"}, facts) is True
+    assert evaluate("kLayout == demo::Layout::B", {"kLayout": "C"}, facts) is False
+    assert evaluate("x ? 1 : 2", {"x": 1}) is None  # what Python cannot read is unknown, not an error
+
+
+def test_candidates_and_the_solver_respect_the_static_asserts():
+    facts = _facts()
+    cands = static_asserts.numeric_candidates("kVec", 16, [], facts)
+    assert cands[0] == 16 and {2, 4, 8} <= set(cands)
+    assert cands.index(8) < cands.index(2)  # nearest to the drafted value first
+    assert {48, 96} <= set(static_asserts.numeric_candidates("n", None, [], facts))  # the host check's
+    assert static_asserts.literals(["n % 3 == 0", "k < 1000000"]) == [3, 6, 12, 0]
+    fixed = {"T": "float", "kPdl": False}
+    candidates = {"kVec": cands, "kLanes": [64, 32, 8]}
+    first = static_asserts.solve(candidates, fixed, facts)
+    assert first == {"kVec": 8, "kLanes": 32}
+    # a compile that failed on kVec=8 rules it out; the next proposal still satisfies every assert
+    second = static_asserts.solve(candidates, fixed, facts, [{"kVec": 8}])
+    assert second["kVec"] in (2, 4) and second["kLanes"] == 32
+    assert static_asserts.solve({"kVec": [16, 32]}, fixed, facts) is None
+
+
+def test_proposals_come_nearest_first_without_building_the_whole_product():
+    for sizes in ([3, 1, 4], [2, 2], [5], [4, 3, 5, 2], [3, 0, 2], []):
+        whole = sorted(itertools.product(*[range(n) for n in sizes]), key=lambda ix: (sum(ix), ix))
+        assert list(static_asserts.ranked_indices(sizes)) == whole, sizes
+    many = list(itertools.islice(static_asserts.ranked_indices([12] * 9), 50))  # 5e9 tuples in all
+    assert many[0] == (0,) * 9 and all(sum(ix) <= 1 for ix in many[:10]) and sum(many[-1]) == 2
+    facts = _facts()
+    wide = {f"kUnused{i}": [0, 1, 2] for i in range(10)}  # 59049 combinations no assert rules out
+    assert static_asserts.solve({**wide, "kVec": [16, 8]}, {}, facts) == {**{n: 0 for n in wide}, "kVec": 8}
+
+
+def test_entry_argument_lists_round_trip():
+    entry = "ns::Kernel<{vec}, f(a, b), Inner<1, 2>>::run<true>"
+    lists = arg_lists(entry)
+    assert [(lst.owner, lst.args) for lst in lists] == [("Kernel", ["{vec}", "f(a, b)", "Inner<1, 2>"]),
+                                                      ("run", ["true"])]
+    assert rebuild(entry, lists) == entry
+    lists[0].args[0] = "8"
+    lists[1].args[0] = "false"
+    assert rebuild(entry, lists) == "ns::Kernel<8, f(a, b), Inner<1, 2>>::run<false>"
+    missing = [ArgList("Kernel", -1, -1, ["4", "32"])]
+    assert rebuild("Kernel::run", missing) == "Kernel<4, 32>::run"
+
+
+def test_a_failed_static_assert_is_read_back_from_its_source(tmp_path):
+    header = tmp_path / "k.cuh"
+    header.write_text("// line 1\nstruct K {\n  static_assert(\n      kVec == 2 || kVec == 4,  // bytes\n"
+                      "      \"vector of 4 or 8 bytes\");\n};\n")
+    log = f'{header}(3): error: static assertion failed with "vector of 4 or 8 bytes"\n  static_assert(\n'
+    assert failed_assert(log) == "kVec == 2 || kVec == 4"
+    assert failed_assert("cuda.cu(8): error: too many arguments for class template") is None
