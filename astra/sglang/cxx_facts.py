@@ -333,9 +333,28 @@ def _sizes(text: str, facts: EntryFacts) -> None:
     for a, b in _EQUAL.findall(text):
         if (a, b) not in facts.equal_sizes:
             facts.equal_sizes.append((a, b))
-    for var, value in _SET_VALUE.findall(text):
-        if var in facts.sizes and facts.sizes[var].value is None:
+    for m in _SET_VALUE.finditer(text):
+        var, value = m.groups()
+        if var in facts.sizes and facts.sizes[var].value is None and not _fallback_value(text, m.start(), var):
             facts.sizes[var].value = value
+
+
+def _fallback_value(text: str, at: int, var: str) -> bool:
+    """Whether the `set_value` at `at` runs in an `if`/`else` block while a TensorMatcher binds `var`
+    (`if (k.has_value()) TensorMatcher({B, K, D})...; else K.set_value(0);`): the other branch's value."""
+    depth, i = 0, at
+    while i > 0:
+        i -= 1
+        if text[i] == "}":
+            depth += 1
+        elif text[i] == "{":
+            if depth == 0:
+                break
+            depth -= 1
+    head = text[:i].rstrip()
+    conditional = head.endswith("else") or (head.endswith(")") and re.search(r"\bif\s*(constexpr\s*)?\([^{};]*$", head))
+    bound = re.search(rf"TensorMatcher\s*\(\s*\{{[^}}]*\b{re.escape(var)}\b", text) is not None
+    return bool(conditional) and bound
 
 
 def _follow_calls(cursor, text: str, rename: dict[str, str], facts: EntryFacts, functions: dict,

@@ -19,6 +19,7 @@ from astra.spec.draft_arguments import build_arguments, index_constraints, main_
 from astra.spec.draft_arguments import bytes_expr as _bytes  # the name astra.verify.message_repair imports
 from astra.spec.draft_cases import MAX_CASE_BYTES, fill_models, gate_models
 from astra.spec.draft_dims import Dims, bind_template, dims_from_facts, token_dim_of
+from astra.spec.draft_tables import lead_as_tokens, table_shape
 from astra.spec.expr import names_in
 from astra.spec.host_relations import Relations, cond_env, host_relations, scalar_placeholder
 
@@ -80,12 +81,18 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     token_dim = token_dim_of(shapes, dims)
     ev = evidence.wrapper_evidence(tree, site, export_name, [p for p, _ in facts.params])
     unshaped = [n for n in facts.tensors if n not in shapes]
+    matched_token_dim = token_dim
     fallback = [token_dim or dims.add_free("tokens", "tokens"), dims.add_free("hidden", "hidden size")]
     for name in unshaped:
         like = ev.like(name) if ev else None
         if like in shapes:
             shapes[name] = list(shapes[like])
             notes.append(f"tensor `{name}`: shape of `{like}`, as the wrapper allocates it ({ev.where})")
+            continue
+        named = None if facts.tensors[name].optional else table_shape(facts, name, fallback, dims)
+        if named:
+            shapes[name] = named
+            notes.append(f"tensor `{name}`: shape {named} from the sizes its entry reads (rows: a table)")
             continue
         shapes[name] = list(fallback)
         if facts.tensors[name].optional:
@@ -98,6 +105,8 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     guessed: set[str] = set()
     arguments, _ = build_arguments(facts, binding, shapes, token_dim, ev, [], int_main=int_main, guessed=guessed)
     rel = _host_relations(facts, binding, dims, shapes, arguments, token_dim, guessed)
+    if matched_token_dim is None:
+        lead_as_tokens(rel, dims, token_dim, notes)
     for name, shape in rel.reshaped.items():
         shapes[name] = shape
         notes[:] = [n for n in notes if not n.startswith(f"tensor `{name}`: no TensorMatcher")]
@@ -105,7 +114,7 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     notes += rel.notes
     arguments, dtype_used = build_arguments(facts, binding, shapes, token_dim, ev, notes, int_main=int_main,
                                             promoted=rel.promoted)
-    for scalar, dim in rel.promoted.items():
+    for scalar, dim in ((s, d) for s, d in rel.promoted.items() if not d.isdigit()):
         notes.append(f"scalar `{scalar}` became dim `{dim}`: a host check constrains it")
     checks = rel.constraints + index_constraints(arguments)
     used, used_derived = _used_dims(arguments, dims, token_dim, entry)

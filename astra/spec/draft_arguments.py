@@ -78,7 +78,7 @@ def build_arguments(facts, binding, shapes, token_dim, ev, notes, int_main: bool
         else:
             if promoted and name in promoted:
                 arguments.append({"name": name, "kind": "scalar", "dtype": scalar_dtype(ctype),
-                                  "value": promoted[name]})
+                                  "value": int(promoted[name]) if promoted[name].isdigit() else promoted[name]})
                 continue
             index = [p for p, _ in facts.params].index(name)
             passed = ev.scalar(index, shapes) if ev else None

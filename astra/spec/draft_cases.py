@@ -82,15 +82,18 @@ def fill_models(spec: dict, models, dim_meanings: dict, token_dim: str, notes: l
         notes.append(f"models {dropped}: every token count is over {MAX_CASE_BYTES >> 20} MiB of tensors, "
                      "invalid or refused by a host check")
     if not spec["shapes"]["models"]:
-        edge = []
-        for t in (1, 16, 128):
-            values = {d: 64 for d in spec["dims"] if d != token_dim}
-            values = satisfy({**values, token_dim: t}, derived, constraints, set(values), dtypes[0])
-            values = satisfy(values, derived, constraints, {token_dim}, dtypes[0])
-            if _fits(spec, values, constraints) and values not in edge:
-                edge.append(values)
+        edge: list[dict] = []
+        for base in (64, 16, 8):  # smaller dims when tensors of many dims outgrow MAX_CASE_BYTES at 64
+            for t in (1, 16, 128):
+                values = {d: base for d in spec["dims"] if d != token_dim}
+                values = satisfy({**values, token_dim: t}, derived, constraints, set(values), dtypes[0])
+                values = satisfy(values, derived, constraints, {token_dim}, dtypes[0])
+                if _fits(spec, values, constraints) and values not in edge:
+                    edge.append(values)
+            if edge:
+                break
         spec["shapes"]["edge"] = edge
-        notes.append("no model configuration fits: edge shapes with every dim 64 (moved where a check asks) "
+        notes.append(f"no model configuration fits: edge shapes with every dim {base} (moved where a check asks) "
                      "were used")
         if not edge:
             notes.append("no edge shape meets every host check either: the draft has no case")

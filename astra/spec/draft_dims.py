@@ -152,6 +152,8 @@ def dims_from_facts(facts: EntryFacts, binding: dict[str, str], dims: Dims) -> d
                     and entry != "kAnySize":
                 dims.by_cpp[entry] = dims.add_free(entry, f"`{entry}` of {name}")
     shapes: dict[str, list[str]] = {}
+    scalars = {p: ident(p) for p, ctype in facts.params  # integer scalars a shape names (`dim_t / 2`)
+               if p not in facts.tensors and re.search(r"\b(u?int\w*|size_t|long)\b", ctype)}
     for name, fact in facts.tensors.items():
         if not fact.shapes:
             continue
@@ -162,12 +164,35 @@ def dims_from_facts(facts: EntryFacts, binding: dict[str, str], dims: Dims) -> d
                 shape.append(dims.add_free(f"{name}_d{i}", f"any size ({name} dim {i})"))
                 continue
             expr = translate(entry, {**table, **dims.by_cpp})
+            if expr is None and not re.fullmatch(r"\w+", entry):
+                expr = _with_locals(entry, facts, {**scalars, **table, **dims.by_cpp})
+                for p in dict.fromkeys(re.findall(r"\w+", expr or "")):
+                    if p in scalars.values() and p not in dims.by_cpp.values():
+                        dims.by_cpp[p] = dims.add_free(p, f"scalar {p}")
             if expr is None:
                 expr = dims.add_free(entry, f"`{entry}` of {name}")
                 dims.by_cpp.setdefault(entry, expr)
             shape.append(expr)
         shapes[name] = shape
     return shapes
+
+
+def _with_locals(entry: str, facts: EntryFacts, base: dict[str, str]) -> str | None:
+    """`entry` translated over `base` and the entry's locals (`dim_w = head_dim - dim_t - dim_h`,
+    `head_dim = D.unwrap()`), each read the same way, a few levels deep."""
+    texts: dict[str, str] = {}
+    for check in facts.checks:
+        for name, text in check.locals.items():
+            texts.setdefault(name, re.sub(r"static_cast < \w+ >|\b(\w+) \. unwrap \( \)", lambda m: m.group(1) or "",
+                                          text))
+    table = dict(base)
+    for _ in range(3):
+        for name, text in texts.items():
+            if name not in table:
+                value = translate(text, table)
+                if value is not None:
+                    table[name] = value
+    return translate(entry, table)
 
 
 def token_dim_of(shapes: dict[str, list[str]], dims: Dims) -> str | None:

@@ -20,6 +20,7 @@ from astra.sglang.cxx_facts import EntryFacts
 from astra.spec import meanings
 from astra.spec.argument_kinds import CPP_TO_DTYPE
 from astra.spec.draft_dims import Dims
+from astra.spec.draft_ranks import _reshape, ranked, ranks, rename
 from astra.spec.expr import CPP_DTYPES, ExprError, evaluate, names_in
 
 
@@ -81,16 +82,17 @@ def host_relations(facts: EntryFacts, env: host_checks.CondEnv, dims: Dims, toke
     dims, give unshaped tensors the shape their checks state, and turn equalities into derived dims
     (`D_out * 2 == D_in` -> `input_width = output_width * 2`)."""
     rel = Relations()
+    ranks_ = ranks(facts, env)
     parts: list[str] = []
     for check in facts.checks:
         local = host_checks.CondEnv(**{**env.__dict__, "cxx": {**env.cxx, **check.locals}})
-        if check.guard is not None and _guard_false(host_checks.to_python(check.guard, local)):
+        if check.guard is not None and _guard_false(ranked(host_checks.to_python(check.guard, local), ranks_)):
             continue
-        for part in host_checks.conjuncts(host_checks.to_python(check.cond, local)):
+        for part in host_checks.conjuncts(ranked(host_checks.to_python(check.cond, local), ranks_)):
             if part not in parts and _has_names(part) and not _always_true(part):
                 parts.append(part)
     parts = _promote(parts, guessed, dims, rel)
-    parts = _reshape(parts, env, dims, rel)
+    parts = _reshape(parts, env, dims, rel.reshaped, ranks_)
     parts = [p for p in parts if not _always_true(p)]  # `_t_x__ndim == 2`, now read as `2 == 2`
     for _ in range(2):
         for part in parts:
@@ -155,10 +157,35 @@ def _guard_false(expr: str) -> bool:
     return _constant(expr, False)
 
 
+_FLAG = re.compile(r"^(is|use|has|enable|do|with|apply)_|_(flag|enabled)$")
+
+
+def _flag_value(scalar: str, parts: list[str]) -> int | None:
+    """A guessed integer scalar that is a flag (named `is_x`, `use_x`, or read as a truth value,
+    `!x`) takes 0 or 1, whichever no check over it alone refuses; None when it is no flag."""
+    name = scalar_placeholder(scalar)
+    mine = [p for p in parts if name in meaning_names(p)]
+    negated = any(isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not) and isinstance(n.operand, ast.Name)
+                  and n.operand.id == name for p in mine for n in ast.walk(ast.parse(p, mode="eval")))
+    if not (_FLAG.search(scalar.lower()) or negated):
+        return None
+    alone = [p for p in mine if meaning_names(p) == {name}]
+    for value in (1, 0):
+        if not any(_constant(rename(p, {name: str(value)}), False) for p in alone):
+            return value
+    return None
+
+
 def _promote(parts: list[str], guessed: set[str], dims: Dims, rel: Relations) -> list[str]:
     """Guessed integer scalars that a check names become dims (their value is then what the check
-    asks, not the guess)."""
+    asks, not the guess); a flag among them takes the value 0 or 1 its checks allow instead."""
     out = []
+    for scalar in sorted({n[3:] for p in parts for n in meaning_names(p) if n.startswith("_s_")}):
+        value = _flag_value(scalar, parts)
+        if value is not None:
+            rel.promoted[scalar] = str(value)
+            parts = [rename(p, {scalar_placeholder(scalar): str(value)}) for p in parts]
+            rel.notes.append(f"scalar `{scalar}` is a flag: {value}, as its host checks allow")
     for part in parts:
         for name in sorted(meaning_names(part)):
             if not name.startswith("_s_"):
@@ -167,71 +194,9 @@ def _promote(parts: list[str], guessed: set[str], dims: Dims, rel: Relations) ->
             if scalar not in rel.promoted:
                 rel.promoted[scalar] = dims.add_free(scalar, f"scalar {scalar}")
                 dims.by_cpp.setdefault(scalar, rel.promoted[scalar])
-            part = _rename(part, {name: rel.promoted[scalar]})
+            part = rename(part, {name: rel.promoted[scalar]})
         out.append(part)
     return out
-
-
-def _rename(expr: str, table: dict[str, str]) -> str:
-    tree = ast.parse(expr, mode="eval")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id in table:
-            node.id = table[node.id]
-    return ast.unparse(tree.body)
-
-
-def _reshape(parts: list[str], env: host_checks.CondEnv, dims: Dims, rel: Relations) -> list[str]:
-    """Tensors without a TensorMatcher: their rank from `x.ndim() == k`, their dims from
-    `x.size(i) == e`, a one-element tensor from `x.numel() == 1`."""
-    facts: dict[str, dict[str, str]] = {}
-    pattern = re.compile(r"^_t_(\w+?)__(m?\d+|numel|ndim)$")
-    for part in parts:
-        tree = ast.parse(part, mode="eval").body
-        if isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.ops[0], ast.Eq):
-            for a, b in ((tree.left, tree.comparators[0]), (tree.comparators[0], tree.left)):
-                if isinstance(a, ast.Name) and pattern.match(a.id):
-                    tensor, what = pattern.match(a.id).groups()
-                    facts.setdefault(tensor, {}).setdefault(what, ast.unparse(b))
-    table: dict[str, str] = {}
-    for tensor, known in facts.items():
-        if tensor not in env.unshaped or not env.present.get(tensor, True):
-            continue
-        rank = _int(known.get("ndim"))
-        indices = [int(k) for k in known if k.isdigit()]
-        if rank is None:
-            rank = max(indices) + 1 if indices else (1 if "numel" in known else None)
-        if rank is None or not 0 <= rank <= 8:
-            continue
-        if rank == 1 and "numel" in known and "0" not in known and _int(known["numel"]) is not None:
-            shape = [str(_int(known["numel"]))]
-        else:
-            shape = [dims.add_free(f"{tensor}_d{i}", f"any size ({tensor} dim {i})") for i in range(rank)]
-        rel.reshaped[tensor] = shape
-        table[f"_t_{tensor}__ndim"] = str(rank)
-        for i, d in enumerate(shape):
-            table[f"_t_{tensor}__{i}"] = d
-            table[f"_t_{tensor}__m{rank - i}"] = d
-        table[f"_t_{tensor}__numel"] = " * ".join(shape) if shape else "1"
-    out = []
-    for part in parts:
-        names = meaning_names(part)
-        if any(pattern.match(n) for n in names):
-            if not all(n in table for n in names if pattern.match(n)):
-                continue
-            part = _rename(part, {n: f"({table[n]})" for n in names if n in table})
-            part = ast.unparse(ast.parse(part, mode="eval").body)
-        out.append(part)
-    return out
-
-
-def _int(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        value = ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError):
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _expand(expr: str, derived: dict[str, str], depth: int = 0) -> set[str]:

@@ -32,7 +32,7 @@ MEANINGS: tuple[Meaning, ...] = (
     Meaning("kv_lora_rank", r"lora_rank|kv_lora|latent|ckv|kv_dim", "kv_lora_rank", 512),
     Meaning("v_head_dim", r"(^|_)v_head_?dim|value_dim|^v_dim|^dv$", "v_head_dim", 128),
     Meaning("head_dim", r"head_?dim|head_?size|headdim|^d_?head$|^hd$", "head_dim", 128),
-    Meaning("num_kv_heads", r"kv_?heads|num_kv|^hkv$|^h_?kv$|^kv_h", "num_key_value_heads", 8, True),
+    Meaning("num_kv_heads", r"kv_?heads|num_kv|^hkv$|^h_?kv$|^kv_h|heads_(k|v|kv)$|(^|_)k_heads$", "num_key_value_heads", 8, True),
     Meaning("num_heads", r"^h_?$|^hq$|num_?heads|^heads$|q_?heads|qo_?heads|num_head", "num_attention_heads", 32,
             True),
     Meaning("num_experts", r"^e_?$|expert", "num_experts", 8),

@@ -186,3 +186,54 @@ def test_template_arguments_of_a_helper_select_its_branch(sglang_0510, export, c
     assert spec["build"]["wrappers"][0]["export"] == export
     assert spec["shapes"]["constraints"] == constraints
     assert _cases_meet_constraints(spec) > 0
+
+
+def test_rotary_embedding_takes_one_rank_branch_and_a_table(sglang_0523):
+    """`positions.ndim() == 1 || positions.ndim() == 2` picks rank 1, so the `positions_ndim == 2`
+    branch's checks are skipped (reading both left `1 % head_size == 0`); `query.numel() / num_tokens`
+    gives query a dim past the one its size checks read; `cos_sin_cache` (read only through
+    `int rot_dim = cos_sin_cache.size(1)`) is a table of rows that positions index, not [tokens, hidden]."""
+    spec, _ = _draft(sglang_0523, "rotary_embedding")
+    args = _args(spec)
+    assert spec["shapes"]["token_dim"] == "tokens"
+    assert len(args["positions"]["shape"]) == 1 and args["query"]["shape"][0] == "tokens"
+    assert len(args["query"]["shape"]) == 2 and args["positions"]["dtype"] == "int64"
+    assert args["cos_sin_cache"]["shape"] == ["cos_sin_cache_rows", "rot_dim"]
+    assert args["positions"]["init"]["high"] == "cos_sin_cache_rows"
+    assert spec["shapes"]["models"] and all(m["dims"]["head_size"] == "head_dim" for m in spec["shapes"]["models"])
+    assert _cases_meet_constraints(spec) > 0
+
+
+def test_int_flag_scalar_takes_a_value_not_a_dim(sglang_0523):
+    """fused_qknorm_rope's `int is_neox` is read as a truth value (`!is_neox`): a flag set to what its
+    check allows (0), not a dim that would have to be 0 while dims are >= 1."""
+    spec, notes = _draft(sglang_0523, "fused_qknorm_rope")
+    assert "is_neox" not in spec["dims"] and _args(spec)["is_neox"]["value"] in (0, 1)
+    assert any("`is_neox` is a flag" in n for n in notes)
+    assert _cases_meet_constraints(spec) > 0
+
+
+def test_set_value_of_the_absent_branch_is_not_the_size(sglang_0523):
+    """fused_rope: `if (k.has_value()) TensorMatcher({B, K, D}).verify(k); else K.set_value(0);`: with k
+    drafted present, K is a free dim (it was 0, an empty tensor, and the draft had no case)."""
+    spec, _ = _draft(sglang_0523, "fused_rope")
+    assert "num_k_heads" in spec["dims"] and "num_k_heads" not in spec["derived"]
+    assert _cases_meet_constraints(spec) > 0
+
+
+def test_shapes_over_scalars_and_locals_and_smaller_edges(sglang_0523):
+    """ltx25 rope: `TensorMatcher({W, dim_w / 2})` with the local `dim_w = head_dim - dim_t - dim_h`
+    and the scalars dim_t, dim_h reads as one expression; six-dim tensors outgrow the case budget at
+    64 per dim, so the edge shapes take smaller dims."""
+    spec, _ = _draft(sglang_0523, "diffusion_ltx25_decoder_rope")
+    assert _args(spec)["cos_w"]["shape"][1] == "(head_dim - dim_t - dim_h) // 2"
+    assert _args(spec)["cos_t"]["shape"][1] == "dim_t // 2"
+    assert _cases_meet_constraints(spec) > 0
+
+
+def test_rank_from_a_lower_bound_negative_indices_and_another_rank(sglang_0523):
+    """vdn_delta_factors: `A.ndim() >= 2 && A.size(-2) == kDim && A.size(-1) == kDim` gives A rank 2, and
+    `alpha.ndim() == A.ndim() - 1` gives alpha rank 1 (they read as `1 >= 2`, `1 == 1 - 1`: no case)."""
+    spec, _ = _draft(sglang_0523, "diffusion_vdn_delta_factors")
+    assert len(_args(spec)["A"]["shape"]) == 2 and len(_args(spec)["alpha"]["shape"]) == 1
+    assert _cases_meet_constraints(spec) > 0
