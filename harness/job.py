@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -78,6 +79,16 @@ DTYPE_SIZES = {
 }
 
 
+def dtype_size(name: str) -> int:
+    """Bytes per element of a torch dtype name: the table above, else the bit count the name carries
+    (uint64: 8, complex64: 8, float4_e2m1fn_x2: 1), else 1."""
+    name = name.removeprefix("torch.")
+    if name in DTYPE_SIZES:
+        return DTYPE_SIZES[name]
+    bits = re.search(r"\d+", name)
+    return max(1, int(bits.group()) // 8) if bits else 1
+
+
 def role_bytes(args: list[ArgSpec]) -> tuple[int, int]:
     """(read, written) bytes by argument roles: an `in` tensor is read once, an `out` written once, an
     `inout` (or the target of an alias) both; scratch, absent tensors and scalars count nothing. Sizes
@@ -87,9 +98,7 @@ def role_bytes(args: list[ArgSpec]) -> tuple[int, int]:
     for a in args:
         if a.kind != "tensor" or not a.present or a.role in ("alias", "scratch"):
             continue
-        if a.dtype not in DTYPE_SIZES:
-            raise ValueError(f"argument {a.name}: unknown dtype {a.dtype!r}")
-        size = math.prod(int(d) for d in a.shape) * DTYPE_SIZES[a.dtype]
+        size = math.prod(int(d) for d in a.shape) * dtype_size(a.dtype)
         inout = a.role == "inout" or a.name in targets
         read += size if a.role == "in" or inout else 0
         written += size if a.role == "out" or inout else 0

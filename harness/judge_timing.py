@@ -22,7 +22,7 @@ import torch
 from harness.envinfo import driver_version
 from harness.exchange import Malformed, read_timings, valid_stats
 from harness.inputs import storage_numel
-from harness.job import DTYPE_SIZES, Case, Job
+from harness.job import Case, Job, dtype_size
 from harness.perf_model import PerfModel, for_device
 from harness.roofline import copy_floor, floor_entry, floors, roofline_entry, suspect
 from harness.stats import speedup
@@ -52,7 +52,7 @@ def collect_env(device: torch.device, cache_dir: str | Path | None = None) -> di
 def rotation_sets(case: Case, l2: int) -> int:
     """The input sets graph mode cycles through for `case`, as harness.timing sizes them: whole storages
     of the tensors of one set (an alias once, an absent tensor not at all) against L2."""
-    held = sum(storage_numel(a) * DTYPE_SIZES.get(a.dtype, 1) for a in case.tensors() if a.role != "alias")
+    held = sum(storage_numel(a) * dtype_size(a.dtype) for a in case.tensors() if a.role != "alias")
     return sets_needed(held, l2)
 
 

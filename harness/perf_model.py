@@ -157,6 +157,7 @@ def _read(path: Path, key: dict[str, Any], peak: float | None) -> tuple[PerfMode
 
 def _write(path: Path, model: PerfModel) -> str:
     """Write atomically; "" or why it could not be written (the model is used either way)."""
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=".perf-model-", suffix=".tmp")
@@ -164,6 +165,8 @@ def _write(path: Path, model: PerfModel) -> str:
             json.dump(model.to_dict(), out, indent=1)
         os.replace(tmp, path)
     except OSError as error:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         return f"; not cached: {error}"
     return ""
 
@@ -173,9 +176,11 @@ def cached(key: dict[str, Any], cache_dir: str | Path | None, measure: Callable[
     """The model for `key`: from this process's memory, else `cache_dir`'s file, else `measure()` (then
     written there). `peak`: the device's peak, against which a cached model must be plausible."""
     name = digest(key)
-    if name in _MEMO:
-        return _MEMO[name]
     path = cache_path(cache_dir, key) if cache_dir is not None else None
+    if name in _MEMO:
+        if path is not None and not path.exists():  # measured in this process for another directory
+            _write(path, _MEMO[name])
+        return _MEMO[name]
     model, why = _read(path, key, peak) if path is not None else (None, "")
     if model is not None:
         model.cache = "hit"

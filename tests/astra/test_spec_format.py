@@ -176,6 +176,45 @@ def test_excluding_every_case_is_refused(tmp_path, qknorm_raw):
     assert "shapes.exclude leaves no case to check; remove entries or add shapes" in _problems(tmp_path, raw)
 
 
+# ---------------------------------------------------------------- bytes read and written
+
+
+def test_bytes_are_split_by_roles_on_the_committed_specs():
+    rmsnorm = _case(jobs.cases(spec.load("rmsnorm"))[0], tokens=1024, hidden=4096)
+    assert rmsnorm.bytes_split == "roles" and rmsnorm.bytes == rmsnorm.bytes_read + rmsnorm.bytes_written
+    assert (rmsnorm.bytes_read, rmsnorm.bytes_written) == ((1024 * 4096 + 4096) * 2, 1024 * 4096 * 2)
+    fused = jobs.cases(spec.load("fused_add_rmsnorm"))[0][0]  # input and residual in place: read and written
+    assert fused.bytes_split == "roles" and fused.bytes_written == 2 * fused.dims["tokens"] * fused.dims["hidden"] * 2
+    store = _case(jobs.cases(spec.load("store_cache"))[0], tokens=1024)  # 8 MB scattered into 2 x 64 MiB of cache
+    assert store.bytes_read + store.bytes_written == store.bytes == 4 * 1024 * store.dims["kv_heads"] * store.dims["head_dim"] * 2 + 8 * 1024
+    assert store.bytes_split.startswith("roles, scaled to bytes (less than")
+
+
+def test_explicit_bytes_read_and_written_reach_the_job(tmp_path, qknorm_raw):
+    raw = copy.deepcopy(qknorm_raw)
+    raw["bytes_read"] = "(tokens * (q_heads + kv_heads) * head_dim + 2 * head_dim) * elt(dtype)"
+    raw["bytes_written"] = "tokens * (q_heads + kv_heads) * head_dim * elt(dtype)"
+    case = jobs.cases(spec.load(_write(tmp_path, raw)))[0][0]
+    q, kv, d = case.dims["q_heads"], case.dims["kv_heads"], case.dims["head_dim"]
+    assert case.bytes_split == "spec" and case.bytes_written == case.dims["tokens"] * (q + kv) * d * 2
+    assert case.bytes_read + case.bytes_written == case.bytes
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"bytes_read": "tokens"}, "`bytes_read` needs `bytes_written` too"),
+    ({"bytes_read": "bytes", "bytes_written": "0"}, "uses unknown name(s) ['bytes']"),
+    ({"bytes_read": [1], "bytes_written": "0"}, "`bytes_read` must be an expression"),
+    ({"bytes_read": "tokens", "bytes_written": "tokens"}, "not bytes"),
+    ({"bytes_read": "0 - tokens", "bytes_written": "tokens"}, "non-negative integers"),
+    ({"bytes_writen": "tokens"}, "did you mean `bytes_written`?"),
+])
+def test_bad_bytes_read_and_written_are_explained(tmp_path, qknorm_raw, change, needle):
+    raw = {**copy.deepcopy(qknorm_raw), **change}
+    problems = _problems(tmp_path, raw)
+    assert any(needle in p for p in problems), problems
+    assert len([p for p in problems if "bytes" in p]) == 1  # one mistake, one message (not one per shape)
+
+
 # ---------------------------------------------------------------- the documented expression functions
 
 

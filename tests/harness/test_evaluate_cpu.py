@@ -14,8 +14,8 @@ from harness.acceptance import slower_shapes, verified_faster
 from harness.check import OriginalFailed, ReferenceFailed, check_case, deterministic
 from harness.evaluate import default_cache_dir
 from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant
-from harness.plan import build_requests
 from harness.perf_model import PerfModel
+from harness.plan import build_requests
 from harness.roofline import floors, suspect
 from harness.stats import Stats
 from harness.timing import sets_needed

@@ -114,10 +114,23 @@ def _mutate(old: str, new: str) -> str:
 
 
 def test_original_against_itself(source_root, cache_dir):
-    verdict = evaluate(_job(source_root, cache_dir))
-    assert verdict.status == "correct", verdict.reason
+    from harness.judge_timing import rotation_sets
+
+    job = _job(source_root, cache_dir)
+    verdict = evaluate(job)
+    assert verdict.status == "correct", verdict.reason  # the original is never under its own physical floor
     assert verdict.correct and all(c.correct for c in verdict.cases)
     assert verdict.env["copy_bandwidth_Bps"] > 1e11 and verdict.env["launch_floor_us"] > 0
+    model = verdict.env["perf_model"]
+    assert model["floor_Bps"] >= max(model["read_Bps"], model["write_Bps"], model["copy_Bps"]) > 1e11
+    assert (cache_dir / next(p.name for p in cache_dir.iterdir() if p.name.startswith("perf-model-"))).is_file()
+    for case, result in zip(job.cases, verdict.cases):
+        assert (result.bytes_read, result.bytes_written) == case.traffic()[:2] and result.bytes_split == "roles"
+        if result.timed:  # the judge's recomputed rotation is the one the candidate process timed
+            assert result.timings["graph"].info["input_sets"] == rotation_sets(case, verdict.env["l2_bytes"])
+            for view in ("graph", "cold"):
+                floor = result.floors[view]
+                assert 0 < floor["physical_us"] <= floor["practical_us"] and floor["orig_us"] > 0.9 * floor["physical_us"]
     assert verdict.env["l2_bytes"] == l2_bytes()
     assert set(verdict.band_speedups) == {"graph", "cold"}
     timed = [c for c in verdict.cases if c.timed]

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from harness import perf_model
-from harness.job import ArgSpec, Case, Job, role_bytes, split_bytes
+from harness.job import ArgSpec, BuildBase, Case, Job, dtype_size, role_bytes, split_bytes
 from harness.judge_timing import apply_mode, rotation_sets
 from harness.perf_model import PerfModel
-from harness.roofline import dram_bytes, floors, suspect
+from harness.roofline import dram_bytes, floors
 from harness.verdict import CaseResult, Verdict
 
 MiB = 1 << 20
@@ -151,6 +151,7 @@ def test_split_by_roles():
     assert split_bytes(10, [ArgSpec("n", "scalar", "in", value=1)]) == (5, 5, "half/half (no tensor roles to split by)")
     in_place = [_tensor("x", "in", [4]), _tensor("x_out", "alias", [4], alias="x")]
     assert role_bytes(in_place) == (8, 8)
+    assert [dtype_size(d) for d in ("torch.bfloat16", "uint64", "uint16", "complex64", "float4_e2m1fn_x2")] == [2, 8, 2, 8, 1]
 
 
 def test_a_job_keeps_its_split_and_an_older_job_is_split_by_roles():
@@ -158,8 +159,8 @@ def test_a_job_keeps_its_split_and_an_older_job_is_split_by_roles():
     assert case.traffic() == (64, 32, "roles") and not case.in_place()
     case.bytes_read, case.bytes_written, case.bytes_split = 60, 36, "spec"
     assert case.traffic() == (60, 36, "spec")
-    job = Job(name="j", entry="e", kernel_file="k.cuh", build={"source_root": "/", "include_dirs": [],
-              "cuda_files": []}, variants={}, cases=[case], tolerance={})
+    job = Job(name="j", entry="e", kernel_file="k.cuh", build=BuildBase("/", [], []), variants={}, cases=[case],
+              tolerance={})
     data = json.loads(job.to_json())
     assert Job.from_dict(data).cases[0].traffic() == (60, 36, "spec")
     for key in ("bytes_read", "bytes_written", "bytes_split"):

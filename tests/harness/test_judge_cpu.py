@@ -229,9 +229,12 @@ def test_rejected_source_comes_first(monkeypatch, tmp_path):
 
 def test_untrusted_timings_are_validated_by_the_judge():
     from harness.judge_timing import apply_mode
+    from harness.perf_model import PerfModel
     from harness.verdict import CaseResult
 
-    env = {"copy_bandwidth_Bps": 3.0e12, "launch_floor_us": 0.8}
+    model = PerfModel(read_Bps=2.9e12, write_Bps=2.8e12, copy_Bps=2.7e12, launch_graph_us=0.8, launch_cold_us=2.5,
+                      peak_dram_Bps=3.0e12, l2_bytes=1 << 18)
+    env = {"perf_model": model.to_dict(), "copy_bandwidth_Bps": 2.7e12, "launch_floor_us": 0.8}
 
     def fresh() -> CaseResult:
         return CaseResult(id="c", band="decode", label="t", dtype="float32", dims={}, timed=True, bytes=3_000_000)
@@ -240,10 +243,12 @@ def test_untrusted_timings_are_validated_by_the_judge():
     result = fresh()
     assert apply_mode(result, "graph", {"orig": good, "cand": {**good, "median_us": 5.0, "p10_us": 4.0}}, env) is None
     assert result.timings["graph"].speedup == pytest.approx(2.0) and "graph" in result.roofline
-    assert result.suspect == []  # 5 us for 3 MB at 3 TB/s (1 us floor) is plausible
+    assert result.suspect == []  # 5 us for 3 MB at 3 TB/s (a 1 us floor less what L2 may keep) is plausible
+    assert result.floors["graph"]["orig_us"] == 10.0 and result.floors["graph"]["cand_us"] == 5.0
     result = fresh()
     apply_mode(result, "graph", {"orig": good, "cand": {**good, "median_us": 0.5, "p10_us": 0.4}}, env)
-    assert result.suspect and "floor" in result.suspect[0]  # computed by the judge, not the candidate
+    assert result.suspect and "physical floor" in result.suspect[0]  # computed by the judge, not the candidate
+    assert "3.00 TB/s" in result.suspect[0] and "3000000 bytes" in result.suspect[0]
     for bad in ({**good, "median_us": -1.0}, {**good, "median_us": float("nan")}, {**good, "p10_us": 99.0},
                 {**good, "n": 0}, "fast", {**good, "extra": 1}):
         why = apply_mode(fresh(), "cold", {"orig": good, "cand": bad}, env)
