@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--html", action="store_true", help="write the run's static HTML report and print its path")
 
-    p = sub.add_parser("bench", help="time the original kernel over its shape suite with roofline (GPU)")
+    p = sub.add_parser("bench", help="time the original kernel over its shape suite against its physical and practical floors (GPU)")
     p.add_argument("names", nargs="+", metavar="NAME")
     _sglang_options(p)
     p.add_argument("--modes", default="graph,cold")
