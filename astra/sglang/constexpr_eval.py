@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import lru_cache
 from typing import Protocol
+
+from astra.sglang.template_params import balanced
 
 TYPE_SIZES = {"bf16_t": 2, "fp16_t": 2, "half": 2, "__half": 2, "__nv_bfloat16": 2, "fp32_t": 4, "float": 4,
               "double": 8, "fp8_e4m3_t": 1, "fp8_e5m2_t": 1, "int8_t": 1, "uint8_t": 1, "int16_t": 2,
@@ -31,9 +34,8 @@ def evaluate(expr: str, env: dict, facts: KnownNames | None = None, _depth: int 
     text = _to_python(expr, env)
     if text is None:
         return None
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError:
+    tree = _parse(text.strip())
+    if tree is None:
         return None
     try:
         return _eval(tree.body, env, facts, _depth)
@@ -41,10 +43,18 @@ def evaluate(expr: str, env: dict, facts: KnownNames | None = None, _depth: int 
         return None  # e.g. arithmetic on an enumerator's name
 
 
+@lru_cache(maxsize=4096)
+def _parse(text: str) -> ast.Expression | None:
+    try:
+        return ast.parse(text, mode="eval")
+    except SyntaxError:
+        return None
+
+
 def _to_python(expr: str, env: dict) -> str | None:
     """C++ condition text as Python expression text (None when it uses what Python cannot read)."""
     text = INT_SUFFIX.sub(r"\1", expr)
-    if "?" in text or "[" in text or "->" in text or "\"" in text or "'" in text:
+    if "[" in text or "->" in text or "\"" in text or "'" in text:
         return None
 
     def same(m: re.Match) -> str:
@@ -64,9 +74,56 @@ def _to_python(expr: str, env: dict) -> str | None:
     text = re.sub(r"\b(?:std|host|device|math|sglang)::(\w+)", r"\1", text)
     # ns::Enum::Value as one name (compared by the enumerator's name below)
     text = re.sub(r"\b\w+(?:::\w+)+", lambda m: m.group(0).replace("::", "__"), text)
+    if ":" in text.replace("?", "").replace(":", "", text.count("?")):
+        return None  # a `:` that is not a ternary's
+    text = _ternaries(text)
+    if text is None:
+        return None
     text = text.replace("&&", " and ").replace("||", " or ")
     text = re.sub(r"!(?!=)", " not ", text)
     return text.replace("true", "True").replace("false", "False")
+
+
+def _ternaries(text: str) -> str | None:
+    """`c ? a : b` as Python's `((a) if (c) else (b))`, inside parentheses first (C's precedence: the
+    ternary binds loosest, so at one level it splits at the first `?` and its matching `:`)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "(":
+            depth, j = 0, i
+            while j < len(text):
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                if depth == 0:
+                    break
+                j += 1
+            inner = _ternaries(text[i + 1:j])
+            if inner is None or j >= len(text):
+                return None
+            out.append(f"({inner})")
+            i = j + 1
+            continue
+        out.append(text[i])
+        i += 1
+    flat = "".join(out)
+    if "?" not in flat:
+        return flat
+    depth, ask, nested = 0, -1, 0
+    for k, c in enumerate(flat):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth:
+            continue
+        if c == "?":
+            if ask < 0:
+                ask = k
+            else:
+                nested += 1
+        elif c == ":" and ask >= 0:
+            if nested:
+                nested -= 1
+                continue
+            cond, yes, no = flat[:ask], _ternaries(flat[ask + 1:k]), _ternaries(flat[k + 1:])
+            return None if yes is None or no is None else f"(({yes}) if ({cond}) else ({no}))"
+    return None
 
 
 def _type_name(value) -> str:
@@ -91,6 +148,9 @@ def _eval(node, env: dict, facts: KnownNames | None, depth: int):
             return None
         return (not v) if isinstance(node.op, ast.Not) else (-v if isinstance(node.op, ast.USub) else
                                                             (~v if isinstance(node.op, ast.Invert) else v))
+    if isinstance(node, ast.IfExp):
+        test = ev(node.test)
+        return None if test is None or isinstance(test, str) else ev(node.body if test else node.orelse)
     if isinstance(node, ast.BinOp):
         return _binary(type(node.op), ev(node.left), ev(node.right))
     if isinstance(node, ast.Compare):
@@ -166,3 +226,66 @@ def _enum_value(text: str, facts: KnownNames | None):
     if facts is not None and any(last in e.values for e in facts.enums.values()):
         return last
     return None
+
+
+# ---------------------------------------------------------------- the shape of a condition
+
+
+def conjuncts(cond: str) -> list[str]:
+    """The parts of `a && (b && c)` joined by a top-level `&&`, outer parentheses dropped, flattened."""
+    parts = split_logical(_unwrap(cond), "&&")
+    return parts if len(parts) == 1 else [c for p in parts for c in conjuncts(p)]
+
+
+def comparison(text: str) -> tuple[str, str, str] | None:
+    """(left, operator, right) of a single top-level comparison (`a + b == c`); None otherwise. A `<`
+    right after a name and before no space opens template arguments (`is_same_v<A, B>`)."""
+    found, depth, angle, i = [], 0, 0, 0
+    while i < len(text):
+        c, two = text[i], text[i:i + 2]
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif depth or two in ("<<", ">>", "&&", "||", "->"):
+            i += 1 + (not depth)
+            continue
+        elif c == "<" and i and (text[i - 1].isalnum() or text[i - 1] == "_") and text[i + 1:i + 2] not in " =":
+            angle += 1
+        elif c == ">" and angle:
+            angle -= 1
+        elif not angle and two in ("==", "!=", "<=", ">="):
+            found.append((i, two))
+            i += 2
+            continue
+        elif not angle and c in "<>":
+            found.append((i, c))
+        i += 1
+    if len(found) != 1:
+        return None
+    at, op = found[0]
+    return _unwrap(text[:at]), op, _unwrap(text[at + len(op):])
+
+
+def split_logical(text: str, op: str) -> list[str]:
+    """`text` split at top-level `op` (`&&` or `||`)."""
+    out, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        if text[i] in "([{":
+            depth += 1
+        elif text[i] in ")]}":
+            depth -= 1
+        elif depth == 0 and text.startswith(op, i):
+            out.append(text[start:i].strip())
+            start = i + len(op)
+            i += len(op)
+            continue
+        i += 1
+    return [*out, text[start:].strip()]
+
+
+def _unwrap(text: str) -> str:
+    text = text.strip()
+    while text.startswith("(") and balanced(text, 0, "(", ")") == len(text):
+        text = text[1:-1].strip()
+    return text

@@ -7,12 +7,15 @@ and the template values that satisfy it.
 - `constexpr` definitions (`kWarpThreads = 32`, `kRopeVecSize = kRopeDim / (kWarpThreads * 2)`);
 - enums and their enumerators (`enum class KVLayout : int32_t { V4 = 0, ... }`);
 - from the `checked` files only (the kernel's own): the conditions of `static_assert`s (hard
-  constraints), and of `if constexpr` and host checks (`RuntimeCheck`, `CHECK_HOST`: hints only).
+  constraints; an `if constexpr` branch's guarded by its condition), and of `if constexpr` and host
+  checks (`RuntimeCheck`, `CHECK_HOST`: hints only); each with the named scope holding it, so that
+  `for_entry` keeps those of the entry's kernel and of what it instantiates (their own constants
+  inlined, their parameters bound to the entry's arguments), not other kernels' of the same file.
 
 `evaluate` (astra.sglang.constexpr_eval) reads a C++ constant expression over known names in
-three-valued logic, and `solve` proposes template values, nearest to the drafted ones first, that every
-static_assert it can evaluate accepts. The compiler has the last word (astra.spec.template_search);
-this only orders what it is asked.
+three-valued logic; `narrow` solves the asserts for the parameters they name alone, `solve` proposes
+template values, nearest to the drafted ones first, that every static_assert it can evaluate accepts
+(computing a parameter an equality gives). The compiler has the last word (astra.spec.template_search).
 """
 
 from __future__ import annotations
@@ -20,22 +23,28 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from astra.sglang.constexpr_eval import INT_SUFFIX, evaluate
+from astra.sglang.constexpr_eval import INT_SUFFIX, comparison, conjuncts, evaluate, split_logical
 from astra.sglang.template_params import (
     Scopes,
     TemplateParam,
+    balanced,
+    bind_names,
     call_condition,
+    class_templates,
     drop_inactive,
+    fits_template_param,
+    inline_names,
     namespace_of,
     split_top,
     strip_comments,
     template_params,
 )
 
-__all__ = ["POWERS", "Enum", "SourceFacts", "TemplateParam", "evaluate", "literals", "numeric_candidates",
-           "ranked_indices", "solve", "split_top", "strip_comments"]
+__all__ = ["POWERS", "Enum", "Fact", "SourceFacts", "TemplateParam", "comparison", "conjuncts", "dependents",
+           "evaluate", "failing_side", "literals", "narrow", "numeric_candidates", "ranked_indices", "rules_out",
+           "solve", "solved_for", "split_top", "strip_comments"]
 
 _CHECK_CALLS = re.compile(r"\b(?:RuntimeCheck|CHECK_HOST|TORCH_CHECK|host::RuntimeCheck)\s*\(")
 
@@ -63,6 +72,7 @@ class Fact:
     text: str  # the condition (its `if constexpr` guards folded in) or the definition's expression
     scope: str | None  # the struct, class or function (outside any other) holding it; None: namespace level
     name: str = ""  # a definition's name
+    nested: bool = False  # inside a member function (or another named scope) of `scope`
 
 
 @dataclass
@@ -74,6 +84,10 @@ class SourceFacts:
     texts: list[str] = field(default_factory=list)
     facts: dict[str, list[Fact]] = field(default_factory=dict)  # "constants" | "asserts" | "hints" -> read
     bodies: dict[str, list[str]] = field(default_factory=dict)  # named scope -> its texts
+    own: list[str] = field(default_factory=list)  # the texts of the checked files (the kernel's own)
+    hard: list[str] = field(default_factory=list)  # (for_entry) asserts every instantiation of the entry meets
+    aliases: dict[str, str] = field(default_factory=dict)  # `using Trait = Kernel<kDim, kRows>;` (for depends)
+    members: dict[tuple, str] = field(default_factory=dict)  # (scope, name) -> its own definition
 
     @classmethod
     def read(cls, texts: dict[str, str], checked: set[str]) -> "SourceFacts":
@@ -86,10 +100,16 @@ class SourceFacts:
             for name, bodies in scopes.bodies(text).items():
                 facts.bodies.setdefault(name, []).extend(bodies)
             for m in re.finditer(r"\bconstexpr\s+(?:[\w:]+(?:<[^;{}()]*>)?\s+)*?(\w+)\s*=\s*([^;{}]+);", text):
-                facts._add("constants", Fact(" ".join(m.group(2).split()), scopes.top(m.start()), m.group(1)))
+                named = scopes.named(m.start())
+                fact = Fact(" ".join(m.group(2).split()), next(iter(named), None), m.group(1), len(named) > 1)
+                facts._add("constants", fact)
+                facts.members.setdefault((fact.scope, fact.name), fact.text)
             facts._enums(text, namespace_of(text))
+            for m in re.finditer(r"\busing\s+(\w+)\s*=\s*([^;{}]+);", text):
+                facts.aliases.setdefault(m.group(1), " ".join(m.group(2).split()))
             if path not in checked:
                 continue
+            facts.own.append(text)
             for kind, calls in (("asserts", re.finditer(r"\bstatic_assert\s*\(", text)),
                                 ("hints", itertools.chain(re.finditer(r"\bif\s+constexpr\s*\(", text),
                                                           _CHECK_CALLS.finditer(text)))):
@@ -98,7 +118,8 @@ class SourceFacts:
                         guards = scopes.guards(m.start())
                         if guards and kind == "asserts":
                             cond = f"!({' && '.join(guards)}) || ({cond})"
-                        facts._add(kind, Fact(cond, scopes.top(m.start())))
+                        named = scopes.named(m.start())
+                        facts._add(kind, Fact(cond, next(iter(named), None), nested=len(named) > 1))
         return facts
 
     def _add(self, kind: str, fact: Fact) -> None:
@@ -123,13 +144,48 @@ class SourceFacts:
             reached.add(name)
             for body in self.bodies.get(name, []):
                 todo += [w for w in set(re.findall(r"\b[A-Za-z_]\w*\b", body)) if w in self.bodies]
-        out = SourceFacts(enums=self.enums, texts=self.texts, bodies=self.bodies,
+        out = SourceFacts(enums=self.enums, texts=self.texts, bodies=self.bodies, own=self.own, aliases=self.aliases,
+                          members=self.members,
                           facts={k: [] for k in self.facts})
-        for kind, items in self.facts.items():
-            for fact in items:
+        local: dict[str, dict[str, str]] = {}  # scope -> its own definitions (they shadow the others)
+        for fact in self.facts["constants"]:
+            if fact.scope in reached and fact.scope != start:
+                local.setdefault(fact.scope, {}).setdefault(fact.name, fact.text)
+            elif fact.scope is None or fact.scope == start:
+                out._add("constants", fact)
+        bound = self._bindings(start, reached)
+        for kind in ("asserts", "hints"):
+            for fact in self.facts[kind]:
                 if fact.scope is None or fact.scope in reached:
-                    out._add(kind, fact)
+                    text = bind_names(inline_names(fact.text, local.get(fact.scope, {})), bound.get(fact.scope, {}))
+                    out._add(kind, Fact(text, fact.scope, nested=fact.nested))
+                    if kind == "asserts" and (fact.scope is None or fact.scope == start and not fact.nested):
+                        out.hard.append(text)
         return out
+
+    def _bindings(self, start: str, reached: set[str]) -> dict[str, dict[str, str]]:
+        """{scope: {parameter: argument}} of the templates the entry's own body instantiates with
+        arguments (`using Trait = AttnTrait<kDim, kNvb>;`: AttnTrait's kDim_ is the entry's kDim)."""
+        body = "\n".join(self.bodies.get(start, []))
+        out: dict[str, dict[str, str]] = {}
+        for scope in reached - {start}:
+            m = re.search(rf"(?<![\w:]){re.escape(scope)}\s*<", body)
+            end = balanced(body, m.end() - 1, "<", ">") if m else -1
+            params = self.params_of(scope) if end > 0 else None
+            if params:
+                args = split_top(body[m.end():end - 1])
+                out[scope] = {p.name: a for p, a in zip(params, args) if p.kind == "value" and a != p.name}
+        return out
+
+    def member(self, scope: str, name: str):
+        """The value of `scope::name`, a static constexpr member of a struct (`N128K512Trait::K`)."""
+        local = {n: text for (sc, n), text in self.members.items() if sc == scope}
+        return evaluate(inline_names(local[name], local), {}, self) if name in local else None
+
+    def strict(self) -> "SourceFacts":
+        """These facts with only the asserts every instantiation of the entry meets (those of its own
+        scope, outside its member functions): the others are instantiated only on some paths."""
+        return replace(self, asserts=list(self.hard), hints=list(self.hints))
 
     def _enums(self, text: str, namespace: str) -> None:
         for m in re.finditer(r"\benum\s+(class\s+|struct\s+)?(\w+)\s*(?::\s*[\w:]+\s*)?\{([^}]*)\}", text):
@@ -151,6 +207,11 @@ class SourceFacts:
                 return found
         return None
 
+    def templates_for(self, param: TemplateParam, exclude: set[str] = frozenset()) -> list[str]:
+        """The kernel's class templates that fit template template parameter `param`, in source order."""
+        names = dict.fromkeys(n for text in self.own for n in class_templates(text) if n not in exclude)
+        return [n for n in names if fits_template_param(param, self.params_of(n) or [])]
+
     def enum_of(self, type_text: str) -> Enum | None:
         return self.enums.get(type_text.split("::")[-1].strip())
 
@@ -163,8 +224,9 @@ class SourceFacts:
         out: set[str] = set()
         for ident in set(re.findall(r"\b[A-Za-z_]\w*\b", expr)):
             out.add(ident)
-            if ident not in _seen and self.constants.get(ident):
-                out |= self.depends(self.constants[ident], _seen | {ident})
+            definition = self.constants.get(ident) or self.aliases.get(ident)
+            if ident not in _seen and definition:
+                out |= self.depends(definition, _seen | {ident})
         return out
 
 
@@ -197,20 +259,125 @@ def numeric_candidates(name: str, current: int | None, extra: list[int], facts: 
                                          abs(math.log2(max(v, 0.5) / current)), v))
 
 
+def narrow(candidates: dict[str, list], fixed: dict, facts: SourceFacts) -> dict[str, list]:
+    """Each parameter's candidates with the values the static_asserts that name it alone (besides fixed
+    values and constants) solve for it: an equality gives its value, a bound its edge and the powers of
+    two at it, `% k == 0` multiples of k; then only those these asserts accept (none: an empty list)."""
+    names = set(candidates)
+    out = {}
+    for name, values in candidates.items():
+        unary = [c for cond in facts.asserts for c in conjuncts(cond)
+                 if name in (d := facts.depends(c)) and not d & (names - {name})]
+        exact, near = [], []
+        for conj in unary:
+            found = solved_for(name, conj, fixed, facts)
+            exact += found["=="]
+            near += found["~"]
+        pool = [*exact, *values, *near] if all(isinstance(v, int) for v in values) else list(values)
+        out[name] = [v for v in dict.fromkeys(pool)
+                     if all(evaluate(c, {**fixed, name: v}, facts) is not False for c in unary)]
+    return out
+
+
+def solved_for(name: str, cond: str, env: dict, facts: SourceFacts) -> dict[str, list[int]]:
+    """Values of `name` that condition `cond` points at, with the other names' values in `env`:
+    {"==": what an equality (or one branch of a disjunction of them) requires, "~": values at its bounds
+    and multiples}."""
+    out: dict[str, list[int]] = {"==": [], "~": []}
+    for branch in split_logical(cond, "||"):
+        for conj in conjuncts(branch):
+            m = re.fullmatch(rf"{re.escape(name)}\s*%\s*(.+?)\s*==\s*0", conj)
+            if m and isinstance(k := evaluate(m.group(1), env, facts), int) and k > 0:
+                out["~"] += [k * i for i in (1, 2, 4, 8, 16)]
+                continue
+            sides = comparison(conj)
+            if sides is None:
+                continue
+            left, op, right = sides
+            if right == name:
+                left, right, op = right, left, {"<": ">", ">": "<", "<=": ">=", ">=": "<="}.get(op, op)
+            if left != name or not isinstance(v := evaluate(right, env, facts), int) or isinstance(v, bool):
+                continue
+            if op == "==":
+                out["=="].append(v)
+            elif op in ("<", "<="):
+                edge = v - (op == "<")
+                out["~"] += [edge, *([1 << (edge.bit_length() - 1)] if edge > 0 else [])]
+            elif op in (">", ">="):
+                edge = v + (op == ">")
+                out["~"] += [edge, *([1 << max(edge - 1, 0).bit_length()] if edge >= 0 else [])]
+    return out
+
+
+def dependents(names: list[str], facts: SourceFacts) -> dict[str, str]:
+    """{parameter: expression} of the asserts' equalities that give one parameter from the others
+    (`NC == NUM_RED_LOG + NUM_GPUS`): the search computes it instead of trying values."""
+    out: dict[str, str] = {}
+    pool = set(names)
+    for cond in facts.mentioning(pool, facts.asserts):
+        for conj in conjuncts(cond):
+            sides = comparison(conj)
+            if sides is None or sides[1] != "==":
+                continue
+            for side, other in ((sides[0], sides[2]), (sides[2], sides[0])):
+                uses = facts.depends(other) & pool
+                if (side in pool and side not in out and uses and side not in uses and not uses & set(out)
+                        and not any(side in facts.depends(e) for e in out.values())):
+                    out[side] = other
+                    break
+    return out
+
+
 def solve(candidates: dict[str, list], fixed: dict, facts: SourceFacts, nogoods: list[dict] = (),
           limit: int = 20000) -> dict | None:
     """The first assignment, in order of the candidates' ranks, that every static_assert which can be
-    evaluated accepts and that matches no `nogoods` entry (a failed set of values); None when none."""
+    evaluated accepts and that matches no `nogoods` entry (a failed set of values); None when none.
+    A parameter an equality gives from the others (`dependents`) is computed, not enumerated."""
     names = list(candidates)
     relevant = facts.mentioning(set(names), facts.asserts)
-    lists = [candidates[n][:12] for n in names]
+    derived = dependents(names, facts)
+    lists = [(candidates[n] or [0])[:1] if n in derived else candidates[n][:12] for n in names]
+    seen: set[tuple] = set()
     for ix in itertools.islice(ranked_indices([len(values) for values in lists]), limit):
         env = {**fixed, **{n: lists[i][k] for i, (n, k) in enumerate(zip(names, ix))}}
-        if any(all(env.get(k) == v for k, v in bad.items()) for bad in nogoods):
+        for name, expr in derived.items():
+            value = evaluate(expr, env, facts)
+            if isinstance(value, int) and not isinstance(value, bool) and (value > 0 or value in candidates[name]):
+                env[name] = value
+        key = tuple(repr(env[n]) for n in names)
+        if key in seen or any(all(rules_out(env.get(k), v) for k, v in bad.items()) for bad in nogoods):
             continue
+        seen.add(key)
         if all(evaluate(cond, env, facts) is not False for cond in relevant):
             return {n: env[n] for n in names}
     return None
+
+
+def rules_out(value, bad) -> bool:
+    """Whether `value` is what a nogood entry rules out: a value, or (">=" | "<=", bound) for every value
+    on the failing side of a bound (a failed `n * size <= budget` fails for every larger n too)."""
+    if isinstance(bad, tuple):
+        op, bound = bad
+        return isinstance(value, int) and (value >= bound if op == ">=" else value <= bound)
+    return value == bad
+
+
+def failing_side(cond: str, env: dict, facts: SourceFacts, names: set[str]) -> dict[str, str]:
+    """{name: ">=" | "<="} for the `names` that a failed bound of `cond` grows with on its large side
+    (`kOccupancy * kSmemBytes <= 233472`: larger kOccupancy fails too) or its small side; only sides
+    that add and multiply (no `-`, `/`, `%`, `>>`) count."""
+    out: dict[str, str] = {}
+    for conj in conjuncts(cond):
+        sides = comparison(conj)
+        if sides is None or sides[1] not in ("<", "<=", ">", ">=") or evaluate(conj, env, facts) is True:
+            continue
+        big, small = (sides[0], sides[2]) if sides[1] in ("<", "<=") else (sides[2], sides[0])
+        for side, op, other in ((big, ">=", small), (small, "<=", big)):
+            if re.search(r"-|/|%|>>|\?", side):
+                continue
+            for name in names & facts.depends(side) - facts.depends(other):
+                out.setdefault(name, op)
+    return out
 
 
 def ranked_indices(sizes: list[int]):

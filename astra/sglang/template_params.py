@@ -72,8 +72,9 @@ def parse_param(text: str) -> TemplateParam | None:
         return None
     decl, _, default = text.partition("=")
     decl, default = decl.strip(), default.strip() or None
-    if decl.startswith("template"):
-        return TemplateParam(decl.split()[-1], "template", "", default)
+    if decl.startswith("template"):  # `template <uint32_t> class Trait`: its parameters' text as the type
+        inner = re.match(r"template\s*<(.*)>\s*(?:class|typename)", decl)
+        return TemplateParam(decl.split()[-1], "template", inner.group(1).strip() if inner else "", default)
     m = re.fullmatch(r"(typename|class)\s*(\.\.\.)?\s*(\w+)?", decl)
     if m:
         return TemplateParam(m.group(3) or "", "pack" if m.group(2) else "type", "", default)
@@ -103,6 +104,29 @@ def template_params(text: str, name: str) -> list[TemplateParam] | None:
         params = [parse_param(p) for p in split_top(text[m.end():end - 1])]
         return [p for p in params if p is not None]
     return None
+
+
+def class_templates(text: str) -> list[str]:
+    """Names of the class templates `text` defines (`template <...> struct Name {`), in order."""
+    out = []
+    for m in re.finditer(r"\btemplate\s*<", text):
+        end = balanced(text, m.end() - 1, "<", ">")
+        declared = re.match(r"\s*(?:struct|class)\s+(?:\[\[[^\]]*\]\]\s*)?(\w+)\s*(?::[^;{]*)?\{", text[end:end + 400]) \
+            if end > 0 else None
+        if declared:
+            out.append(declared.group(1))
+    return list(dict.fromkeys(out))
+
+
+def fits_template_param(param: TemplateParam, params: list[TemplateParam]) -> bool:
+    """Whether a class template with `params` may be the argument of template template parameter `param`."""
+    wanted = [parse_param(p) if len(p.split()) > 1 or p in ("typename", "class") else TemplateParam("", "value", p)
+              for p in split_top(param.type)] if param.type else []  # the parameters may be unnamed
+    wanted = [w for w in wanted if w is not None]
+    if len(wanted) != len(params) or any(p.kind == "pack" for p in [*wanted, *params]):
+        return False
+    return all(w.kind == p.kind and (w.kind != "value" or w.type.split("::")[-1] == p.type.split("::")[-1])
+               for w, p in zip(wanted, params))
 
 
 def call_condition(text: str, start: int) -> str | None:
@@ -220,9 +244,13 @@ class Scopes:
             i = b.parent
         return out[::-1]
 
+    def named(self, pos: int) -> list[str]:
+        """The named scopes around `pos`, outermost first (empty at namespace level)."""
+        return [self.names[i] for i in self.enclosing(pos) if self.names[i]]
+
     def top(self, pos: int) -> str | None:
         """The outermost named scope around `pos` (None at namespace level)."""
-        return next((self.names[i] for i in self.enclosing(pos) if self.names[i]), None)
+        return next(iter(self.named(pos)), None)
 
     def guards(self, pos: int) -> list[str]:
         """The conditions under which `pos` is compiled: those of the `if constexpr` branches around it."""
@@ -295,3 +323,20 @@ def block_name(header: str) -> str | None:
         elif depth == 0 and m.group(1) not in _NOT_NAMES:
             name = m.group(1)
     return name
+
+
+def inline_names(cond: str, local: dict[str, str], depth: int = 0) -> str:
+    """`cond` with the names a scope defines itself replaced by their definitions."""
+    if not local or depth > 8:
+        return cond
+    new = re.sub(r"(?<![\w:.])[A-Za-z_]\w*\b", lambda m: f"({local[m.group(0)]})" if m.group(0) in local
+                 else m.group(0), cond)
+    return cond if new == cond else inline_names(new, local, depth + 1)
+
+
+def bind_names(cond: str, binding: dict[str, str]) -> str:
+    """`cond` with a template's parameters replaced, once, by the arguments the entry gives them."""
+    if not binding:
+        return cond
+    return re.sub(r"(?<![\w:.])[A-Za-z_]\w*\b", lambda m: f"({binding[m.group(0)]})" if m.group(0) in binding
+                  else m.group(0), cond)

@@ -2,9 +2,11 @@
 
 An entry such as `ns::Kernel<{vec}, 32, false>::run` has argument lists (`arg_lists`, `rebuild`);
 `lists_with_params` maps them onto the parameters the kernel's sources declare and repairs a list that
-is missing, too long or too short; `slots` picks the arguments the search may change (a `{dim}` hole,
-an enum parameter given a number, a bool guessed from a symbol's name, a literal in a repaired list)
-with their candidate values, and `render_entry` writes an assignment of values back into the entry.
+is missing, too long or too short; `slots` picks the arguments the search may change (a `{dim}` hole or
+one of a derived name renaming a dim, the sweep's dim (computed only), an enum parameter given a
+number, a template template parameter (the kernel's class templates that fit), a bool or type guessed
+from a symbol's name, a literal in a repaired list) with their candidate values, and `render_entry`
+writes an assignment of values back into the entry.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from astra.spec.expr import render
 from astra.spec.model import load_models
 
 _HOLE = re.compile(r"^\{(\w+)\}$")
+TYPES = {"int32_t": "int32", "int64_t": "int64", "bf16_t": "bfloat16", "fp16_t": "float16", "fp32_t": "float32",
+         "uint8_t": "uint8"}  # a guessed type argument's alternatives, with the spec's dtype of each
 
 
 @dataclass
@@ -42,7 +46,9 @@ class EntrySources:
         texts = {str(f): f.read_text(errors="replace") for f in kernel_files}
         texts.update({str(f): f.read_text(errors="replace") for f in include_closure(tree, kernel_files)
                       if str(f) not in texts})
-        return cls(spec, site, SourceFacts.read(texts, {str(f) for f in kernel_files}))
+        facts = SourceFacts.read(texts, {str(f) for f in kernel_files})
+        entry = (spec["build"].get("wrappers") or [{}])[0].get("entry", "")
+        return cls(spec, site, facts.for_entry(entry_owner_names(entry)))
 
 
 @dataclass
@@ -52,9 +58,10 @@ class ArgList:
     end: int
     args: list[str]
     params: list[TemplateParam] | None = None
+    repaired: bool = False  # filled or completed by lists_with_params: its literals are guesses
 
     def copy(self) -> "ArgList":
-        return ArgList(self.owner, self.start, self.end, list(self.args), self.params)
+        return ArgList(self.owner, self.start, self.end, list(self.args), self.params, self.repaired)
 
 
 @dataclass
@@ -64,10 +71,10 @@ class Slot:
     list_index: int
     arg_index: int
     param: TemplateParam
-    kind: str  # "dim" | "number" | "bool" | "enum"
+    kind: str  # "dim" | "number" | "bool" | "enum" | "template" | "type" | "token" (the sweep's dim: computed)
     current: str  # as drafted (a `{dim}` hole or a literal)
     candidates: list = field(default_factory=list)
-    dim: str | None = None
+    dim: str | None = None  # the hole's dim (a "type" slot: the loader's symbol it was guessed for)
     value: object = None  # the drafted value (rendered for the reference case)
 
 
@@ -106,7 +113,10 @@ def rebuild(entry: str, lists: list[ArgList]) -> str:
 
 def entry_owner_names(entry: str) -> list[str]:
     """Names in the entry that may be templates missing their argument list (`Cls::run`)."""
-    parts = re.sub(r"<[^<>]*>", "", entry.lstrip("&")).split("::")
+    text = entry.lstrip("&")
+    while (shorter := re.sub(r"<[^<>]*>", "", text)) != text:
+        text = shorter
+    parts = text.split("::")
     return [p.strip() for p in parts if re.fullmatch(r"\w+", p.strip())]
 
 
@@ -147,8 +157,8 @@ def lists_with_params(src: EntrySources, entry: str) -> tuple[list[ArgList], lis
             continue
         params = src.facts.params_of(name)
         if params and all(p.default is None for p in params if p.kind != "pack"):
-            args = _site_args(src, len(params)) or [_default_arg(p) for p in params]
-            lists.append(ArgList(name, -1, -1, args, params))
+            args = _site_args(src, len(params)) or [_by_name(src, p) or _default_arg(p) for p in params]
+            lists.append(ArgList(name, -1, -1, args, params, repaired=True))
             repairs.append(f"the argument list of `{name}` was missing: filled as <{', '.join(args)}>")
             lists.sort(key=lambda lst: entry.find(lst.owner) if lst.start < 0 else lst.start)
     for lst in lists:
@@ -160,9 +170,11 @@ def lists_with_params(src: EntrySources, entry: str) -> tuple[list[ArgList], lis
                            f"{', '.join(lst.args[len(lst.params):])}")
             lst.args = lst.args[:len(lst.params)]
         elif len(lst.args) < len(need):
-            added = [_default_arg(p) for p in lst.params[len(lst.args):len(need)]]
-            repairs.append(f"`{lst.owner}` needs {len(need)} template argument(s): added {', '.join(added)}")
-            lst.args = lst.args + added
+            args = [lst.args[i] if i < len(lst.args) and _fits(lst.args[i], p) else _by_name(src, p) or _default_arg(p)
+                    for i, p in enumerate(lst.params[:len(need)])]
+            repairs.append(f"`{lst.owner}` needs {len(need)} template argument(s): <{', '.join(lst.args)}> became "
+                           f"<{', '.join(args)}>")
+            lst.args, lst.repaired = args, True
     return lists, repairs
 
 
@@ -180,6 +192,31 @@ def _site_args(src: EntrySources, count: int) -> list[str] | None:
         dim = _dim_for(src.spec, symbol)
         out.append(f"{{{dim}}}" if dim and re.fullmatch(r"\d+", value or "") else (value or "0"))
     return out
+
+
+def _fits(arg: str, param: TemplateParam) -> bool:
+    """Whether a drafted argument may be meant for `param` (a bool for a bool, a number for a number)."""
+    if arg.startswith("{"):
+        return True
+    is_bool, is_number = arg in ("true", "false"), re.fullmatch(r"-?\d+[uUlL]*", arg) is not None
+    if param.kind != "value":
+        return not (is_bool or is_number)
+    return (param.type == "bool") == is_bool if is_bool or is_number else True
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"^k(?=[A-Z])", "", name.rstrip("()").split(".")[-1]).replace("_", "").lower()
+
+
+def _by_name(src: EntrySources, param: TemplateParam) -> str | None:
+    """The guessed value of the call site's template-argument symbol named like `param` (`block_size`
+    for BLOCK_SIZE, `is_mla` for IsMLA)."""
+    guess = variants.guess(src.site)
+    for args in src.site.template_args.values():
+        for symbol in args:
+            if _norm(symbol) == _norm(param.name) and guess.values.get(symbol):
+                return guess.values[symbol]
+    return None
 
 
 def _dim_for(spec: dict, symbol: str) -> str | None:
@@ -207,19 +244,29 @@ def slots(src: EntrySources, lists: list[ArgList], names: dict) -> tuple[list[Sl
     """The arguments the search may change, and the values of the others (for the static_asserts)."""
     spec = src.spec
     token = spec["shapes"].get("token_dim")
-    guessed = _guessed_bools(src)
+    guessed = _guessed_args(src)
+    owners = {lst.owner for lst in lists}
     out: list[Slot] = []
     fixed: dict = {}
     for li, lst in enumerate(lists):
         for ai, (arg, param) in enumerate(zip(lst.args, lst.params or [])):
-            if param.kind not in ("type", "value"):
-                continue
             text = render(arg, names) if "{" in arg else arg
             value = _literal_value(text)
             enum = src.facts.enum_of(param.type) if param.kind == "value" else None
             hole = _HOLE.match(arg)
-            if param.kind == "type":
-                fixed[param.name] = text
+            dim = _hole_dim(spec, hole.group(1)) if hole else None
+            if param.kind == "template":
+                options = src.facts.templates_for(param, owners)
+                if options and (hole or text not in options):
+                    out.append(Slot(li, ai, param, "template", arg, options, hole.group(1) if hole else None))
+            elif param.kind == "type" and (lst.owner, ai) in guessed and text in TYPES and "{" not in arg:
+                symbol = guessed[(lst.owner, ai)]
+                ints = re.search(r"ind|idx|loc|pos|seq|len|id\b", f"{param.name} {symbol}", re.I)
+                order = sorted(TYPES, key=lambda t: (t != text, ("int" not in t) == bool(ints)))
+                out.append(Slot(li, ai, param, "type", arg, order, symbol))
+            elif param.kind != "value":
+                if param.kind == "type":
+                    fixed[param.name] = text
             elif enum is not None:
                 current = text.split("::")[-1]
                 if current not in enum.values:
@@ -228,22 +275,32 @@ def slots(src: EntrySources, lists: list[ArgList], names: dict) -> tuple[list[Sl
                 else:
                     fixed[param.name] = current
             elif isinstance(value, bool):
-                if (lst.owner, ai) in guessed or lst.start < 0:
+                if (lst.owner, ai) in guessed or lst.repaired:
                     out.append(Slot(li, ai, param, "bool", arg, [value, not value]))
                 else:
                     fixed[param.name] = value
-            elif hole and hole.group(1) in spec["dims"] and hole.group(1) != token and isinstance(value, int):
-                dim = hole.group(1)
+            elif dim and dim == token and isinstance(value, int):
+                out.append(Slot(li, ai, param, "token", arg, [value], dim, value))
+            elif dim and isinstance(value, int):
                 cands = static_asserts.numeric_candidates(param.name, value, model_values(dim), src.facts)
-                if used_outside_entry(spec, dim):
+                if used_outside_entry(spec, dim) or dim != hole.group(1):
                     cands = [v for v in cands if v > 0]
                 out.append(Slot(li, ai, param, "dim", arg, cands, dim, value))
-            elif isinstance(value, int) and lst.start < 0:
+            elif isinstance(value, int) and lst.repaired:
                 cands = static_asserts.numeric_candidates(param.name, value, [], src.facts)
                 out.append(Slot(li, ai, param, "number", arg, cands))
             elif value is not None:
                 fixed[param.name] = value
     return out, fixed
+
+
+def _hole_dim(spec: dict, name: str) -> str | None:
+    """The dim a `{name}` hole stands for: a dim, or the dim a derived name only renames
+    (`num_steps: top_k_tokens_d1`)."""
+    if name in spec["dims"]:
+        return name
+    expr = str((spec.get("derived") or {}).get(name, "")).strip()
+    return expr if expr in spec["dims"] else None
 
 
 def _literal_value(text: str):
@@ -254,8 +311,8 @@ def _literal_value(text: str):
     return None
 
 
-def _guessed_bools(src: EntrySources) -> set[tuple[str, int]]:
-    """(owner, position) of the entry's arguments that came from a symbol guessed by its name."""
+def _guessed_args(src: EntrySources) -> dict[tuple[str, int], str]:
+    """{(owner, position): symbol} of the entry's arguments that came from a symbol guessed by its name."""
     guess = variants.guess(src.site)
     export = src.spec["build"]["wrappers"][0]["export"]
     raw = next((w.entry for w in src.site.wrappers if w.export == export), src.site.wrappers[0].entry)
@@ -265,11 +322,12 @@ def _guessed_bools(src: EntrySources) -> set[tuple[str, int]]:
         args = src.site.template_args.get(inner)
         return ", ".join(f"@{a}@" for a in args if not a.startswith("*")) if args else f"@{inner}@"
 
-    out = set()
+    out = {}
     for lst in arg_lists(re.sub(r"\{([^{}]+)\}", expand, raw)):
         for i, arg in enumerate(lst.args):
-            if any(symbol in guess.guessed for symbol in re.findall(r"@([^@]+)@", arg)):
-                out.add((lst.owner, i))
+            symbol = next((s for s in re.findall(r"@([^@]+)@", arg) if s in guess.guessed), None)
+            if symbol:
+                out[(lst.owner, i)] = symbol
     return out
 
 

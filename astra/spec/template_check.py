@@ -23,6 +23,7 @@ from pathlib import Path
 
 from astra import paths
 from astra.report.safe_text import one_line
+from astra.sglang.constexpr_eval import evaluate
 from astra.sglang.template_params import call_condition, strip_comments
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
@@ -88,7 +89,8 @@ def check_request(request: BuildRequest, timeout_s: float = CHECK_TIMEOUT_S) -> 
         cache = paths.sub("template-checks") / key[:2] / f"{key}.json"
         try:
             hit = json.loads(cache.read_text())
-            return CheckResult(hit["ok"], hit["error"], hit["log"], hit["seconds"], cached=True)
+            error = (arch_limit(hit["log"]) or hit["error"]) if hit["error"].startswith("ptxas") else hit["error"]
+            return CheckResult(hit["ok"], error, hit["log"], hit["seconds"], cached=True)
         except (OSError, ValueError, KeyError):
             pass
         (work / "cuda.cu").write_text(text)
@@ -110,9 +112,54 @@ def check_request(request: BuildRequest, timeout_s: float = CHECK_TIMEOUT_S) -> 
 
 
 def first_error(log: str, roots: list[str]) -> str:
-    """The compiler's first diagnostic with the line that follows it (the failing source), one line."""
+    """The compiler's first diagnostic with the line that follows it (the failing source), one line;
+    PTX the target lacks is said as such (see `arch_limit`)."""
+    if limit := arch_limit(log):
+        return limit
     lines = trim_errors(log, roots, max_errors=1, max_lines=3).splitlines()
     return one_line(" ".join(line.strip() for line in lines[:2]), 300)
+
+
+_PTX_TARGET = re.compile(r"error\s*:\s*(?:Instruction|Feature) '([^']+)' not supported on \.target '(\w+)'")
+
+
+def arch_limit(log: str) -> str | None:
+    """ptxas refusing instructions the target lacks (`tcgen05.mma` on sm_90a): why no template argument
+    helps, one line; None when the log says no such thing."""
+    found = list(dict.fromkeys(m.group(1) for m in _PTX_TARGET.finditer(log)))
+    if not found:
+        return None
+    target = _PTX_TARGET.search(log).group(2)
+    return (f"ptxas: {', '.join(found[:4])}{' ...' if len(found) > 4 else ''} not supported on .target "
+            f"{target} (PTX of a newer architecture, e.g. sm_100a)")
+
+
+def loader_refusal(source: str, loader: str) -> str | None:
+    """The Python loader's own refusal of the target: `if major < 10 ...: raise` in the body of function
+    `loader` of `source`, true for sm_90 (major 9, minor 0)."""
+    body = re.search(rf"^def {re.escape(loader)}\(.*?(?=^[^\s)])", source + "\nEND", re.M | re.S)
+    for m in re.finditer(r"^\s*if\s+(.+?):\s*\n\s*raise\b", body.group(0) if body else "", re.M):
+        cond = m.group(1).replace(" or ", " || ").replace(" and ", " && ").replace("not ", "!")
+        if re.search(r"\b(major|minor)\b", cond) and evaluate(cond, {"major": 9, "minor": 0}) is True:
+            return f"the loader {loader} refuses it (`if {m.group(1)}: raise`, with major=9)"
+    return None
+
+
+def failed_condition(log: str) -> str | None:
+    """What a failed compile names: the condition of its failed static_assert, else the expression of the
+    constexpr definition its first error points at (`division by zero` in `N / NUM_WARPS`)."""
+    cond = failed_assert(log)
+    if cond is not None:
+        return cond
+    m = re.search(r"^(\S+?)\((\d+)\): error:", log, re.M)
+    if not m:
+        return None
+    try:
+        line = Path(m.group(1)).read_text(errors="replace").splitlines()[int(m.group(2)) - 1]
+    except (OSError, IndexError):
+        return None
+    d = re.search(r"\bconstexpr\b[^=;]*=\s*([^;]+);", strip_comments(line))
+    return d.group(1).strip() if d else None
 
 
 def failed_assert(log: str) -> str | None:

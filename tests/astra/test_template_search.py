@@ -20,7 +20,7 @@ from astra.sglang.template_params import TemplateParam, call_condition, split_to
 from astra.spec import template_search
 from astra.spec.draft import draft_module
 from astra.spec.template_args import ArgList, EntrySources, arg_lists, rebuild
-from astra.spec.template_check import failed_assert
+from astra.spec.template_check import arch_limit, failed_assert, failed_condition, loader_refusal
 
 needs_nvcc = pytest.mark.skipif(not template_search.nvcc_available(), reason="needs nvcc (CUDA toolkit)")
 
@@ -93,11 +93,52 @@ def test_an_enum_template_parameter_gets_an_enumerator(sglang_0523):
 
 @pytest.mark.network
 @needs_nvcc
-def test_a_failure_no_template_argument_explains_is_reported_not_hidden(sglang_0523):
+def test_a_kernel_the_target_cannot_build_is_said_so_not_searched(sglang_0523):
+    # launch<8> of 32-byte vectors: a static_assert on kMaxVecBytes, which the architecture sets
     _, spec, drafted, settled = _settled(sglang_0523, "candidate_block_table")
     assert settled.builds is False and not settled.changed
     assert spec["build"]["wrappers"][0]["entry"] == drafted["entry"]
-    assert any(n.startswith("no template arguments found that compile") for n in settled.notes), settled.notes
+    note = next(n for n in settled.notes if n.startswith("does not build for sm_90a: "))
+    assert "SGL_ARCH_BLACKWELL_OR_GREATER" in note
+    # tcgen05 (TMEM) PTX: once the static_asserts hold, ptxas refuses the target
+    _, spec, _, settled = _settled(sglang_0523, "fused_rope_wo_a_g{groups}_m{max_tokens}")
+    assert settled.builds is False
+    assert any(n.startswith("does not build for sm_90a: ptxas: ") and "tcgen05" in n for n in settled.notes)
+
+
+@pytest.mark.network
+@needs_nvcc
+def test_a_dim_in_a_template_slot_takes_the_value_its_static_assert_allows(sglang_0523):
+    tree = sglang_0523
+    module, spec, drafted, settled = _settled(tree, "rmsnorm_hf")  # kDim % 32 == 0 in [32, 512)
+    assert settled.builds is True and settled.changed
+    value = int(spec["derived"]["hidden_size"])
+    assert "hidden_size" in drafted["dims"] and "hidden_size" not in spec["dims"]
+    facts = EntrySources.read(tree, module, spec).facts
+    relevant = facts.mentioning({"kDim"}, facts.asserts)
+    assert relevant and all(evaluate(c, {"kDim": value, "DType": "bf16_t"}, facts) is True for c in relevant)
+    assert not any("kDim >= 512" in c for c in relevant)  # HFRMSNormKernel's assert is another kernel's
+    results = template_search.check_variants(spec, tree)
+    assert results and all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}
+
+    _, spec, _, settled = _settled(tree, "main_q_norm_rope")  # kRopeDim == kWarpThreads * 2
+    assert settled.builds is True and spec["derived"]["rope_dim"] == "64"
+    results = template_search.check_variants(spec, tree)
+    assert results and all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}
+
+
+@pytest.mark.network
+@needs_nvcc
+def test_an_equality_computes_the_parameter_it_names(sglang_0523):
+    tree = sglang_0523
+    _, spec, _, settled = _settled(tree, "lplb_lp_prep")  # NC == NUM_RED_LOG + NUM_GPUS, NC the sweep's dim
+    assert settled.builds is True
+    note = next(n for n in settled.notes if "template arguments chosen" in n)
+    chosen = {k: int(v) for k, v in re.findall(r"\b(NC|NUM_RED_LOG|NUM_GPUS)=(\d+)", note)}
+    assert chosen["NC"] == chosen["NUM_RED_LOG"] + chosen["NUM_GPUS"]
+    assert spec["shapes"]["token_dim"] == "nc" and spec["shapes"]["tokens"] == [chosen["NC"]]
+    results = template_search.check_variants(spec, tree)
+    assert results and all(r.ok for r in results.values()), {k: r.error for k, r in results.items()}
 
 
 # ---------------------------------------------------------------- C++ text, no compiler
@@ -167,7 +208,8 @@ def test_constant_expressions_in_three_valued_logic():
     assert evaluate("1u << 4 == 16ul && !false", {}) is True
     assert evaluate("kLayout == demo::Layout::B", {"kLayout": "B"}, facts) is True
     assert evaluate("kLayout == demo::Layout::B", {"kLayout": "C"}, facts) is False
-    assert evaluate("x ? 1 : 2", {"x": 1}) is None  # what Python cannot read is unknown, not an error
+    assert evaluate("x ? 1 : 2", {"x": 1}) == 1  # C's ternary
+    assert evaluate("a[0] > 1", {"a": 1}) is None  # what Python cannot read is unknown, not an error
 
 
 def test_candidates_and_the_solver_respect_the_static_asserts():
@@ -218,3 +260,128 @@ def test_a_failed_static_assert_is_read_back_from_its_source(tmp_path):
     log = f'{header}(3): error: static assertion failed with "vector of 4 or 8 bytes"\n  static_assert(\n'
     assert failed_assert(log) == "kVec == 2 || kVec == 4"
     assert failed_assert("cuda.cu(8): error: too many arguments for class template") is None
+
+
+# ---------------------------------------------------------------- the search's rules, on small sources
+
+_KERNELS = """
+#ifdef USE_ROCM
+inline constexpr int kWarp = 64;
+#else
+inline constexpr int kWarp = 32;
+#endif
+namespace sglang {
+enum class Layout : int { A = 0, B = 1 };
+template <int kTile_, int kRows_>
+struct Trait {
+  static constexpr int kTile = kTile_;
+  static constexpr int kVec = 4;
+  static_assert(kTile % (kWarp * kVec) == 0, "whole warps");
+};
+template <uint32_t M> struct SmallTrait { static constexpr uint32_t K = 512; };
+template <uint32_t M> struct BigTrait { static constexpr uint32_t K = 5120; };
+template <int kDim, int kRope, int NC, int A, int B, Layout kLayout, template <uint32_t> class Tr>
+struct WarpKernel {
+  using T = Trait<kDim, 1>;
+  using Tr1 = Tr<1>;
+  static_assert(kDim >= 32 && kDim < 512 && kDim % 32 == 0, "a warp's row");
+  static_assert(kRope == kWarp * 2, "one pair per lane");
+  static_assert(NC == A + B);
+  static_assert(kLayout != Layout::A);
+  static void run() {
+    if constexpr (kRope == 64) {
+      static_assert(kDim != 96);
+    } else {
+      static_assert(kDim == 7);
+    }
+  }
+};
+template <int kDim>
+struct CtaKernel {
+  static constexpr int kVec = 8;
+  static_assert(kDim >= 512 && kDim % 512 == 0, "a CTA's row");
+};
+}  // namespace sglang
+"""
+
+
+def _kernel_facts():
+    return SourceFacts.read({"k.cuh": _KERNELS}, {"k.cuh"}).for_entry(["WarpKernel", "run"])
+
+
+def test_facts_are_those_of_the_entrys_kernel_and_what_it_instantiates():
+    facts = _kernel_facts()
+    assert facts.constants["kWarp"] == "32"  # the ROCm branch is not CUDA's
+    assert not any("512 ==" in c or "kDim >= 512" in c for c in facts.asserts)  # CtaKernel's are left out
+    assert "kVec" not in facts.constants  # Trait's and CtaKernel's own definitions do not leak
+    # Trait's assert: its own constants inlined, its parameter bound to what WarpKernel gives it
+    trait = next(c for c in facts.asserts if "% ((kWarp) * (4))" in c or "kWarp * (4)" in c)
+    assert evaluate(trait, {"kDim": 128}, facts) is True and evaluate(trait, {"kDim": 96}, facts) is False
+    # an `if constexpr` branch's assert holds only on its branch
+    assert evaluate(next(c for c in facts.asserts if "kDim == 7" in c), {"kRope": 64, "kDim": 128}, facts) is True
+    assert facts.strict().asserts == [c for c in facts.asserts if c in facts.hard]
+    assert all("if constexpr" not in c for c in facts.hard) and len(facts.hard) == 4
+
+
+def test_a_static_assert_is_solved_for_the_parameters_it_names():
+    facts = _kernel_facts()
+    narrowed = static_asserts.narrow({"kDim": [4096, 2048, 1024, 256], "kRope": [128, 256],
+                                      "kLayout": ["A", "B"]}, {}, facts)
+    assert narrowed["kRope"] == [64]  # the equality gives the value
+    assert narrowed["kDim"][0] == 256 and set(narrowed["kDim"]) <= {32 * i for i in range(1, 16)}  # range, multiple
+    assert narrowed["kLayout"] == ["B"]  # enumerators the asserts rule out are not tried
+    assert static_asserts.solved_for("kDim", "kDim >= 32 && kDim < 512", {}, facts) == {"==": [], "~": [32, 32, 511, 256]}
+    # an equality between parameters computes one of them from the others
+    assert static_asserts.dependents(["NC", "A", "B"], facts) == {"NC": "A + B"}
+    assert static_asserts.solve({"NC": [5], "A": [3, 2], "B": [4]}, {}, facts) == {"NC": 7, "A": 3, "B": 4}
+    # what a failed bound rules out is its whole failing side
+    cond = "kOcc >= 1 && kOcc * kBytes <= 1000"
+    side = static_asserts.failing_side(cond, {"kOcc": 8}, facts, {"kOcc"})
+    assert side == {"kOcc": ">="} and static_asserts.rules_out(16, (">=", 8)) and not static_asserts.rules_out(4, (">=", 8))
+    assert static_asserts.solve({"kOcc": [8, 16, 4, 1]}, {}, facts, [{"kOcc": (">=", 8)}]) == {"kOcc": 4}
+
+
+def test_template_template_parameters_and_ternaries():
+    facts = _kernel_facts()
+    tr = facts.params_of("WarpKernel")[-1]
+    assert tr.kind == "template" and tr.type == "uint32_t"
+    assert facts.templates_for(tr, {"WarpKernel"}) == ["SmallTrait", "BigTrait"]  # Trait takes two ints
+    assert facts.member("BigTrait", "K") == 5120 and facts.aliases["Tr1"] == "Tr<1>"
+    assert evaluate("kUnroll == 1 ? (K % 8 == 0) : (K % (256 * kUnroll) == 0)", {"kUnroll": 2, "K": 512}) is True
+    assert evaluate("kUnroll == 1 ? (K % 8 == 0) : (K % (256 * kUnroll) == 0)", {"kUnroll": 4, "K": 512}) is False
+    assert evaluate("a ? 1 : b ? 2 : 3", {"a": 0, "b": 0}) == 3 and evaluate("a ? b : c", {"a": 1}) is None
+
+
+def test_missing_and_guessed_template_arguments_become_slots():
+    from astra.sglang.discovery import CallSite, Wrapper
+    from astra.spec.template_args import lists_with_params, slots
+
+    site = CallSite("k.py", 1, "load", [], {}, "m", [], {"args": ["nc", "a", "b", "kernel_layout", "is_arch_support_pdl()"]},
+                    wrappers=[Wrapper("run", "WarpKernel<{args}>::run", "cuda")])
+    spec = {"dims": {"tokens": "", "hidden": "", "steps": ""}, "derived": {"num_steps": "steps"},
+            "shapes": {"token_dim": "tokens"}, "arguments": [], "build": {"wrappers": [{"export": "run",
+            "entry": "WarpKernel::run"}]}}
+    src = EntrySources(spec, site, _kernel_facts())
+    lists, repairs = lists_with_params(src, "WarpKernel::run")  # the argument list is missing
+    assert lists[0].owner == "WarpKernel" and lists[0].repaired and "was missing" in repairs[0]
+    lists[0].args = ["{hidden}", "{num_steps}", "{tokens}", "2", "3", "0", "7"]
+    found, fixed = slots(src, lists, {"hidden": 4096, "num_steps": 4, "tokens": 1, "steps": 4})
+    kinds = {s.param.name: (s.kind, s.dim) for s in found}
+    assert kinds["kDim"] == ("dim", "hidden") and kinds["kRope"] == ("dim", "steps")  # a derived alias's dim
+    assert kinds["NC"] == ("token", "tokens") and kinds["kLayout"][0] == "enum" and kinds["Tr"][0] == "template"
+    assert kinds["A"] == ("number", None) and fixed == {}
+
+
+def test_what_a_failed_compile_says(tmp_path):
+    header = tmp_path / "k.cuh"
+    header.write_text("template <int W>\nvoid f() {\n  constexpr int kIters = (64 + W - 1) / W;\n}\n")
+    assert failed_condition(f"{header}(3): error: division by zero\n") == "(64 + W - 1) / W"
+    log = ("ptxas /tmp/x.ptx, line 610; error   : Instruction 'tcgen05.mma' not supported on .target 'sm_90a'\n"
+           "ptxas /tmp/x.ptx, line 611; error   : Feature '.kind::f16' not supported on .target 'sm_90a'\n"
+           "ptxas fatal   : Ptx assembly aborted due to errors\n")
+    assert arch_limit(log).startswith("ptxas: tcgen05.mma, .kind::f16 not supported on .target sm_90a")
+    assert arch_limit("cuda.cu(3): error: expected a ;") is None
+    loader = ("@cache_once\ndef _jit(\n    rows: int,\n) -> Module:\n    major, minor = cap()\n"
+              "    if major < 10 or major == 12:\n        raise RuntimeError('SM100+')\n    return load_jit()\n")
+    assert "refuses it (`if major < 10 or major == 12: raise`" in loader_refusal(loader, "_jit")
+    assert loader_refusal(loader.replace("major < 10", "major < 9"), "_jit") is None
