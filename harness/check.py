@@ -165,9 +165,12 @@ def reference_args(inputs: dict[str, Any]) -> dict[str, Any]:
             for k, v in inputs.items()}
 
 
-def trials_for(case: Case, seeds: list[int]) -> list[Trial]:
-    """The judge's trial list for `case`: every seed, then large, small and extreme where they apply."""
+def trials_for(case: Case, seeds: list[int], extra: bool = True) -> list[Trial]:
+    """The judge's trial list for `case`: every seed, then (`extra`) large, small and extreme where they
+    apply. Without `extra`, the seeds alone (`astra bench`: the original against itself)."""
     trials: list[Trial] = [("seed", seed) for seed in seeds]
+    if not extra:
+        return trials
     top = max(seeds, default=0)
     if has_large_trial(case):
         trials.append(("large", top + LARGE_SEED_OFFSET))
@@ -295,7 +298,7 @@ def check_case(case: Case, launches: dict[str, Launch], job: Job, device: torch.
     "orig" and "cand". Only for trusted code (CPU tests): the judge never runs a candidate itself."""
     device = torch.device(device)
     result = new_result(case)
-    for trial in trials_for(case, job.options.seeds):
+    for trial in trials_for(case, job.options.seeds, job.options.extra_trials):
         inputs, orig = original_outputs(launches["orig"], case, trial, device)
         cand, error = run_side(launches["cand"], inputs, case, device, f"{case.id}: cand {describe(trial)}")
         judge_trial(result, case, job, trial, inputs, orig, None if error else cand, error, reference)

@@ -264,7 +264,7 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     phases["env_s"] = time.monotonic() - mark
     mark = time.monotonic()
     cand_so = {key: paths[("cand", key)] for key in keys}
-    trials = [trials_for(case, job.options.seeds) for case in job.cases]
+    trials = [trials_for(case, job.options.seeds, job.options.extra_trials) for case in job.cases]
     launches = {key: _launch(modules[key], job.entry) for key in keys}
     results: list[CaseResult] = []
     with CandidateRun(job, "outputs", device=str(device), cand_so=cand_so, deadline=deadline,

@@ -145,6 +145,7 @@ class Options:
     modes: list[str] = field(default_factory=lambda: ["graph", "cold"])
     sanitizer: bool = True
     sanitizer_max_cases: int = 2  # the smallest cases
+    extra_trials: bool = True  # the large/small/extreme trials beside the seeds (False: `astra bench`)
     budget_ms_per_case: float = 400.0  # timing budget per case and side
     target_rel_stderr: float = 0.01
     slowdown_threshold: float = 0.02

@@ -83,6 +83,7 @@ def bench_original(spec: KernelSpec, tree: SglangTree, opts: CheckOptions, kerne
     require_gpu()
     job = jobs.make_job(spec, tree, options=opts.harness_options(sanitizer=False), kernel_rel=kernel_rel)
     job.cases = [c for c in job.cases if c.timed]
+    job.options.seeds, job.options.extra_trials = job.options.seeds[:1] or [0], False  # itself: one trial each
     verdict = run_job(job, timeout_s=timeout_for(job))
     if opts.ncu:
         from astra.verify.ncu import ncu_comparison

@@ -121,6 +121,7 @@ def test_trials_include_small_and_extreme_magnitudes():
     ints = Case(id="i", band="decode", label="t", dtype="int32", dims={}, variant="v", bytes=4,
                 args=[ArgSpec("i", "tensor", "in", [4], "int32", {"dist": "randint", "low": 0, "high": 9})])
     assert trials_for(ints, [0]) == [("seed", 0)]
+    assert trials_for(_case(), [0], extra=False) == [("seed", 0)]  # astra bench: the original against itself
 
 
 def test_nondeterminism_is_reported_not_failed():
