@@ -15,7 +15,9 @@ trial list per case. Results go to DIR in the formats of harness.exchange; nothi
   bytes after the call; then two runs on identical inputs for determinism (sha256 of each). Cases are
   streamed one directory at a time, with backpressure (harness.exchange.wait_for_room).
 - `timing`: both modules, every timed case in every mode of the job (graph and cold, interleaved,
-  harness.timing): {mode: {orig, cand, info}} or {mode: {error, side, kind}} per case, in timings.json.
+  harness.timing): {mode: {orig, cand, info}} or {mode: {error, side, kind}} per case, in timings.json;
+  then, per case, one call made the way each mode times it, whose output digest the judge compares with
+  the checked call's (harness.timed_outputs).
 
 A CUDA fault that leaves the context unusable escapes as `ContextLost` (exit status 1, the CUDA error
 on stderr), which the judge reports as "crashed".
@@ -136,6 +138,7 @@ def run_timing(request: dict[str, Any], work: Path) -> None:
     """The `timing` phase (see the module docstring)."""
     import torch
 
+    from harness import timed_outputs
     from harness.job import Job
     from harness.modules import load_module
 
@@ -145,12 +148,16 @@ def run_timing(request: dict[str, Any], work: Path) -> None:
                           "cand": _launch(load_module(path), job.entry)}
                 for variant, path in request["cand_so"].items()}
     timings: dict[str, Any] = {}
+    digests: dict[str, Any] = {}
     for case in job.cases:
         if case.id not in request["timed"]:
             continue
         log.info("candidate timing %s", case.id)
         timings[case.id] = measure_case(case, launches[case.variant], job, device)
+        timed = [mode for mode, entry in timings[case.id].items() if "error" not in entry]
+        digests[case.id] = timed_outputs.timed_digests(case, launches[case.variant]["cand"], job, device, timed)
         torch.cuda.empty_cache()
+    timed_outputs.write(work, digests)  # before timings.json: the judge reads both once that one exists
     write_json_atomic(work / TIMINGS, timings)
 
 

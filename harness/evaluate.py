@@ -13,7 +13,8 @@ Runs in the process `harness.worker.run_job` starts (`python -m harness run`). S
    original's outputs on identical inputs here, read the candidate's raw outputs (harness.exchange:
    validated against the job, deleted once judged) and judge every trial (harness.check);
 5. when every case is correct, phase `timing` in a new candidate process: its numbers are untrusted,
-   validated, and speedups, floors and suspect flags are computed here (harness.judge_timing).
+   validated, and speedups, floors and suspect flags are computed here (harness.judge_timing); one call
+   per mode made the way it is timed must give the checked call's outputs (harness.timed_outputs).
 
 Fail closed: the original raising is "original_failed", reference.py raising "reference_error", a timing
 mode that could not be measured "incomplete", a candidate process that dies "crashed", one that stalls
@@ -33,6 +34,7 @@ from typing import Any
 
 import torch
 
+from harness import timed_outputs
 from harness.build import BuildResult, build_many, export_signatures, load_module
 from harness.candidate_run import CandidateRun, judge_deadline, progress_timeout
 from harness.check import (
@@ -175,8 +177,9 @@ def drop_in(job: Job, orig: dict[str, dict], cand: dict[str, dict]) -> tuple[dic
 
 
 def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, device: torch.device,
-               reference) -> CaseResult | None:
-    """The verdict on one case from the candidate's streamed results (None: they never came)."""
+               reference, checked: dict[str, str | None]) -> CaseResult | None:
+    """The verdict on one case from the candidate's streamed results (None: they never came); the digest
+    of its first determinism run goes into `checked` (harness.timed_outputs compares timed calls with it)."""
     case = job.cases[index]
     directory = case_dir(run.work, index)
     if not run.wait_for(directory, progress_timeout(job.options.case_timeout_s + (FIRST_CASE_EXTRA_S if index == 0 else 0.0))):
@@ -193,6 +196,7 @@ def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, de
             del inputs, orig, cand
         digests = manifest["determinism"]
         result.deterministic_cand = None if digests is None else digests[0] == digests[1]
+        checked[case.id] = digests[0] if digests else None
     except Malformed as error:
         result.fail(f"the candidate process's results are malformed: {error}")
     finally:
@@ -267,6 +271,7 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     trials = [trials_for(case, job.options.seeds, job.options.extra_trials) for case in job.cases]
     launches = {key: _launch(modules[key], job.entry) for key in keys}
     results: list[CaseResult] = []
+    checked: dict[str, str | None] = {}
     with CandidateRun(job, "outputs", device=str(device), cand_so=cand_so, deadline=deadline,
                       exports={key: _exports(job, key) for key in keys}, trials=trials) as run:
         if not run.wait_for(run.work / SIGNATURES, progress_timeout(STARTUP_S)):
@@ -283,7 +288,7 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
             return done(_failure(job, status, reason, signatures=signatures))
         for index, case in enumerate(job.cases):
             log.info("judging %s", case.id)
-            result = judge_case(index, run, job, trials[index], launches[case.variant], device, reference)
+            result = judge_case(index, run, job, trials[index], launches[case.variant], device, reference, checked)
             if result is None:
                 status, reason = run.failure(f"results for {case.id}")
                 return done(_failure(job, status, reason, signatures=signatures, env=env))
@@ -307,6 +312,7 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
                 status, reason = run.failure("timings")
                 return done(_failure(job, status, reason, signatures=signatures, env=env))
             incomplete = apply_timings(run.work, job, results, env, device)
+            timed_outputs.judge(run.work, job, results, checked)  # a timed call must compute the checked result
     phases["time_s"] = time.monotonic() - mark
     verdict = decide(results, list(job.options.modes), job.options.slowdown_threshold)
     if verdict.status == "correct" and incomplete:

@@ -69,8 +69,9 @@ CANDIDATES = (
     Expectation("s_small_magnitude", ("incorrect",)),  # |x*w| < 1e-6 flushed: only the small-magnitude trial
     # Evades the text scan and the .so backstop; only the judge/candidate split keeps it from forging:
     Expectation("t_ctor_obfuscated", ("rejected_source", "crashed", "incorrect")),
-    # Right outputs while checked, half the rows while timed: only the physical floor catches it:
-    Expectation("u_half_when_timed", ("suspect",)),
+    # Right outputs while checked, half the rows while timed (above the physical floor in cold, where
+    # writes may stay in L2): caught because a call made as it is timed must give the checked outputs:
+    Expectation("u_half_when_timed", ("incorrect",)),
 )
 # Candidates the static scan cannot see (the defence-in-depth demonstration): with the scan bypassed they still
 # must not get "correct", because their code runs only in the candidate process.

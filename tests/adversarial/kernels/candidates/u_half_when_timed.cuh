@@ -1,8 +1,9 @@
 // ADVERSARIAL (u): does its whole job while the judge checks it, then half of it while the judge times it.
 // A host counter per shape: the first kHonestCalls calls of a shape (every correctness trial and the
 // determinism runs) launch every row; later calls (warm-up, graph capture, cold launches) launch half the
-// rows. Outputs checked are right; timed launches skip half their work. Only the floors can see it: must be
-// flagged "suspect" (a time under the physical floor of the bytes a correct kernel must move).
+// rows. Outputs checked are right; timed launches skip half their work. On an H100 the floors did not catch
+// it (cold 1.52x on 4096 x 4096, above the physical floor: written rows may stay in L2), so the judge
+// compares a call made as each mode times it with the checked call: must be "incorrect", naming the mode.
 #pragma once
 
 #include <tvm/ffi/container/tensor.h>
