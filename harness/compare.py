@@ -116,6 +116,9 @@ def compare_outputs(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float
     if mismatches:
         reasons.append(f"{mismatches} of {numel} elements outside atol={tol.get('atol')} rtol={tol.get('rtol')} "
                        f"(max abs {max_abs:.3g}, max rel {max_rel:.3g})")
+    if reasons:  # where: the first differing positions, for whoever fixes the kernel
+        bad = (_classes(o) != _classes(c)) | (finite & (diff > bound))
+        reasons.append("first at " + ", ".join(str(list(map(int, index))) for index in torch.nonzero(bad)[:3].tolist()))
     return OutputCheck(not reasons, max_abs, max_rel, mismatches, nonfinite, numel, "; ".join(reasons))
 
 

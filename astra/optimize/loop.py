@@ -40,11 +40,32 @@ class Budget:
 
 @dataclass
 class Context:
+    """What an agent sees each round. Budgets left are real numbers (None: that budget is not set)."""
+
     kernel: str
     round: int
     base_source: str  # the best verified source so far (the original at first)
     base_verdict: Verdict | None  # its verdict against the original (the baseline self-check at first)
     history: list[HistoryEntry] = field(default_factory=list)
+    original_source: str = ""
+    best_n: int | None = None  # candidate number of base_source (None: the original)
+    failures: list[dict] = field(default_factory=list)  # the last candidates not accepted (astra.optimize.feedback)
+    rounds_left: int | None = None  # after this one
+    wall_left_s: float | None = None
+    tokens_left: int | None = None
+    cost_left_usd: float | None = None
+    run_dir: str = ""  # the run's directory (agents that write files put them under it)
+
+    def budget_text(self) -> str:
+        parts = [f"round {self.round + 1}, {self.rounds_left} more after this one" if self.rounds_left is not None
+                 else f"round {self.round + 1}"]
+        if self.wall_left_s is not None:
+            parts.append(f"{self.wall_left_s / 60:.1f} min of wall time left")
+        if self.tokens_left is not None:
+            parts.append(f"{self.tokens_left} tokens left")
+        if self.cost_left_usd is not None:
+            parts.append(f"${self.cost_left_usd:.2f} left")
+        return "; ".join(parts)
 
 
 class Agent(Protocol):
@@ -121,7 +142,7 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
         if reason:
             state.stopped = reason
             break
-        ctx = Context(state.kernel, state.round, run.best_source(), best_verdict, state.history)
+        ctx = _context(run, state, best_verdict, budget, spent(), start)
         try:
             proposals = agent.propose(ctx)
         except AstraError as err:  # an unreachable endpoint, a wrong key, a spent budget: keep what verified
@@ -163,6 +184,20 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
     run.save(state)
     events("stopped", {"reason": state.stopped})
     return state
+
+
+def _context(run: RunDir, state: RunState, best: Verdict | None, budget: Budget, spent: tuple[int, float],
+             start: float) -> Context:
+    from astra.optimize.feedback import recent_failures
+
+    tokens, cost = spent
+    return Context(state.kernel, state.round, run.best_source(), best, state.history,
+                   original_source=run.original(), best_n=state.best, failures=recent_failures(run, state.history),
+                   rounds_left=max(0, budget.rounds - state.round - 1),
+                   wall_left_s=max(0.0, budget.wall_s - (time.time() - start)),
+                   tokens_left=None if budget.tokens is None else max(0, budget.tokens - tokens),
+                   cost_left_usd=None if budget.cost_usd is None else max(0.0, budget.cost_usd - cost),
+                   run_dir=str(run.root))
 
 
 def _baseline(run: RunDir, evaluate: Evaluator) -> Verdict:
