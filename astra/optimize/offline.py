@@ -1,11 +1,20 @@
-"""The offline search agent: no LLM, deterministic. It plans from the profile (which band is far from
-its roofline) and proposes catalog transformations of the current best source, each once per base."""
+"""The offline search agent: no LLM, deterministic.
+
+With a GPU (`screen` given), each new base is searched first: the parameter space read from its source
+(launch and tile constants, vector widths, launch bounds, unroll factors: astra.optimize.param_space)
+explored by successive halving on representative shapes (astra.optimize.param_search) within part of
+the wall time left; the survivors are proposed for full verification, followed by the catalog
+transformations of families the space does not cover (restrict, fastmath, unroll pragmas). Without a
+GPU (a dry run), the catalog alone, ordered by the profile (which band is far from its floor). Every
+proposal is made once per base."""
 
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
+from astra.optimize import param_search
 from astra.optimize.loop import Context, source_id
 from astra.optimize.transforms import Proposal, catalog, kernels_of
 from harness import Verdict
@@ -41,13 +50,19 @@ def plan(verdict: Verdict | None) -> tuple[list[str], str]:
 class OfflineAgent:
     name = "offline"
 
-    def __init__(self, kernel_file: str, source_root: Path, include_dirs: list[str], per_round: int = 12):
+    def __init__(self, kernel_file: str, source_root: Path, include_dirs: list[str], per_round: int = 12,
+                 screen: param_search.Screen | None = None, prebuild: param_search.Prebuild | None = None,
+                 timed_dtype: str | None = None, search_share: float = 0.6):
         self.kernel_file = kernel_file
         self.source_root = Path(source_root)
         self.include_dirs = include_dirs
         self.per_round = per_round
         self.tried: set[tuple[str, str]] = set()
         self.rationale = ""
+        self.screen, self.prebuild, self.timed_dtype = screen, prebuild, timed_dtype
+        self.search_share = search_share  # of the wall time left, for screening one base
+        self.searched: set[str] = set()
+        self.search_log: list[str] = []
 
     def usage(self) -> tuple[int, float]:
         return 0, 0.0
@@ -58,11 +73,32 @@ class OfflineAgent:
             if entry.base == base:
                 self.tried.add((base, entry.name))
         order, self.rationale = plan(ctx.base_verdict)
+        searched = self._search(ctx, base)
         proposals = catalog(ctx.base_source, self._kernels(ctx.base_source))
+        if self.screen is not None:  # the space covers launch constants and unroll factors: the catalog the rest
+            proposals = [p for p in proposals if p.family not in ("launch", "bounds")]
         proposals.sort(key=lambda p: order.index(p.family) if p.family in order else len(order))
-        fresh = [p for p in proposals if (base, p.name) not in self.tried][: self.per_round]
+        fresh = [p for p in searched + proposals if (base, p.name) not in self.tried][: self.per_round]
         self.tried.update((base, p.name) for p in fresh)
         return fresh
+
+    def _search(self, ctx: Context, base: str) -> list[Proposal]:
+        """The survivors of a parameter search of this base (once per base; none without a GPU)."""
+        if self.screen is None or base in self.searched:
+            return []
+        self.searched.add(base)
+        budget = (ctx.wall_left_s if ctx.wall_left_s is not None else 600.0) * self.search_share
+        rungs = [param_search.representative_cases(ctx.base_verdict, self.timed_dtype, n) for n in (1, 3)]
+        search = param_search.Search(ctx.base_source, self.screen, [r for r in rungs if r],
+                                     deadline=time.time() + budget, prebuild=self.prebuild)
+        survivors = search.run()
+        self.search_log.extend(search.log)
+        screened = sum(1 for line in search.log if line.startswith("rung"))
+        self.rationale = (f"parameter search: {screened} screening(s) in {budget:.0f}s at most, "
+                          f"{len(survivors)} survivor(s); " + self.rationale)
+        return [Proposal(param_search.param_space.slug(p.assignment), "param",
+                         f"{p.reason} (screened x{p.score:.3f} on {len(search.rungs[-1])} shapes)", p.source)
+                for p in survivors]
 
     def _kernels(self, source: str) -> list:
         """Parse the source where it would live, so its relative includes resolve to the real tree."""

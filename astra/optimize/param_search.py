@@ -1,0 +1,102 @@
+"""The offline search over the parameter space (astra.optimize.param_space), spending little on losers.
+
+Successive halving on shapes: every point is first screened on one representative shape per band
+(the timed dtype only, no sanitizer: `screen(source, label, case_ids)`, a real verdict from the
+harness on those cases); the best third that is correct and faster there goes on to three shapes per
+band; what survives is handed to the loop, which verifies it on the full suite with the sanitizer like
+any candidate. Between the two rungs, the winning single moves are combined (coordinate search:
+pairs and the triple of moves on different parameters) and screened on the first rung too.
+
+Screening a point costs a build and a short worker run; `prebuild(sources)` (every CPU core, the
+harness's content-hashed cache, the variants of the rung's shapes) builds a rung's points at once so the workers find them built. The
+search stops screening at its deadline and ranks what it has.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from astra.optimize import param_space
+from harness import Verdict, score
+
+WIN = 1.01  # a screened point must beat the original by 1% on its shapes (the rest is noise on few shapes)
+Screen = Callable[[str, str, list[str]], Verdict]  # (source, label, case ids) -> verdict on those cases
+Prebuild = Callable[[list[str], list[str]], None]  # (sources, the case ids they will be screened on)
+
+
+@dataclass
+class Point:
+    assignment: dict[str, int]
+    source: str
+    scores: list[float] = field(default_factory=list)  # one per rung screened
+    status: str = ""
+    reason: str = ""
+
+    @property
+    def score(self) -> float:
+        return self.scores[-1] if self.scores else 0.0
+
+
+def representative_cases(verdict: Verdict | None, dtype: str | None, per_band: int) -> list[str]:
+    """Timed cases of `dtype` (all dtypes when None): per band, the median by bytes (per_band 1) or the
+    smallest, median and largest (per_band 3)."""
+    bands: dict[str, list] = {}
+    for case in verdict.cases if verdict else []:
+        if case.timed and (dtype is None or case.dtype == dtype):
+            bands.setdefault(case.band, []).append(case)
+    chosen: list[str] = []
+    for cases in bands.values():
+        cases.sort(key=lambda c: c.bytes)
+        picks = [cases[len(cases) // 2]] if per_band == 1 else [cases[0], cases[len(cases) // 2], cases[-1]]
+        chosen.extend(c.id for c in picks if c.id not in chosen)
+    return chosen
+
+
+@dataclass
+class Search:
+    base_source: str
+    screen: Screen
+    rungs: list[list[str]]  # case ids per rung, smallest first
+    deadline: float  # time.time() after which nothing more is screened
+    prebuild: Prebuild | None = None
+    keep: float = 1 / 3
+    log: list[str] = field(default_factory=list)  # one line per screened point, for the run's rationale
+
+    def run(self, survivors: int = 3) -> list[Point]:
+        params = param_space.find_params(self.base_source)
+        if not params or not self.rungs:
+            self.log.append("no tunable parameter in the source" if not params else "no timed shape to screen on")
+            return []
+        singles = self._rung(0, [self._point(params, a) for a in param_space.single_moves(params)])
+        winners = [p.assignment for p in singles if p.score > WIN]
+        combos = self._rung(0, [self._point(params, a) for a in param_space.combine(winners)])
+        ranked = sorted([p for p in singles + combos if p.score > WIN], key=lambda p: -p.score)
+        alive = ranked[: max(1, math.ceil(len(ranked) * self.keep))] if ranked else []
+        for rung in range(1, len(self.rungs)):
+            alive = sorted([p for p in self._rung(rung, alive) if p.score > WIN], key=lambda p: -p.score)
+        return alive[:survivors]
+
+    def _point(self, params: list[param_space.Param], assignment: dict[str, int]) -> Point:
+        point = Point(assignment, param_space.render(self.base_source, params, assignment))
+        point.reason = param_space.describe(params, assignment)
+        return point
+
+    def _rung(self, rung: int, points: list[Point]) -> list[Point]:
+        points = [p for p in points if p.source != self.base_source]
+        if self.prebuild and points and time.time() < self.deadline:
+            self.prebuild([p.source for p in points], self.rungs[rung])
+        screened = []
+        for point in points:
+            if time.time() >= self.deadline:
+                self.log.append(f"rung {rung}: deadline reached, {len(points) - len(screened)} point(s) not screened")
+                break
+            verdict = self.screen(point.source, param_space.slug(point.assignment), self.rungs[rung])
+            point.status = verdict.status
+            point.scores.append(score(verdict) if verdict.status == "correct" else 0.0)
+            self.log.append(f"rung {rung} ({len(self.rungs[rung])} shapes): {point.reason}: {verdict.status}"
+                            + (f" x{point.score:.3f}" if point.score else ""))
+            screened.append(point)
+        return screened

@@ -1,0 +1,140 @@
+"""The offline search's parameter space, read from the kernel source itself.
+
+A `Param` is one integer literal in the source that shapes how the kernel runs, with the values worth
+trying in its place:
+- `const`: a launch or tile constant (`constexpr uint32_t kBlockSize = 256;`, kThreads, kNumWarps,
+  kVecSize, kRowsPerBlock, kUnroll, ...), powers of two from a quarter to four times the value;
+- `vec`: a vector width: the element count of `AlignedVector<T, 4>` or the byte count of
+  `16 / sizeof(T)`-style widths (8 and 16 bytes: Hopper's widest load is 16 bytes);
+- `bounds`: `__launch_bounds__(N)`'s thread count (the tile must agree, or the build or checks fail)
+  and a minimum of blocks per SM added or changed (`__launch_bounds__(N, M)`, M in 1..4);
+- `unroll`: the factor of `#pragma unroll N`.
+None is assumed legal: a value the kernel's static_asserts or shapes reject fails to build or is
+incorrect, and the search drops it. `render` writes an assignment back into the text (right to left,
+so earlier spans keep their offsets).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from astra.optimize.transforms import _TUNABLE
+
+_ALIGNED = re.compile(r"\bAlignedVector\s*<\s*[\w:]+(?:\s*<[^<>]*>)?\s*,\s*(?P<value>\d+)\s*>")
+_BYTES = re.compile(r"(?P<value>\d+)(?=\s*/\s*\(?\s*sizeof\s*\()")  # 16 / sizeof(T), 16 / (sizeof(T) * 2)
+_BOUNDS = re.compile(r"__launch_bounds__\s*\(\s*(?P<value>\d+)\s*(?:,\s*(?P<min>\d+)\s*)?\)")
+_UNROLL = re.compile(r"#pragma\s+unroll\s+(?P<value>\d+)\b")
+MAX_THREADS = 1024
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str  # readable and unique: "kBlockSize", "AlignedVector@L42", "launch_bounds@L88", ...
+    kind: str  # const | vec | bounds | minblocks | unroll
+    start: int  # the literal's span in the source
+    end: int
+    value: int  # as written
+    choices: tuple[int, ...]  # values to try instead (never the current one)
+    insert: str = ""  # for a value the source does not write yet (minblocks): the text to insert at start
+
+
+def _line(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def _powers(value: int, low: int, high: int, factors=(0.25, 0.5, 2, 4)) -> tuple[int, ...]:
+    if value <= 0 or value & (value - 1):
+        return ()
+    return tuple(sorted({int(value * f) for f in factors if low <= value * f <= high and value * f != value}))
+
+
+def find_params(text: str) -> list[Param]:
+    """Every tunable literal of `text` (see the module docstring), in source order."""
+    params: list[Param] = []
+    seen_names: dict[str, int] = {}
+
+    def add(name: str, kind: str, start: int, end: int, value: int, choices: tuple[int, ...], insert: str = "") -> None:
+        if not choices:
+            return
+        count = seen_names.get(name, 0)
+        seen_names[name] = count + 1
+        params.append(Param(name if count == 0 else f"{name}@L{_line(text, start)}", kind, start, end, value,
+                            choices, insert))
+
+    for m in _TUNABLE.finditer(text):
+        value = int(m.group("value"))
+        add(m.group("name"), "const", m.start("value"), m.end("value"), value, _powers(value, 1, MAX_THREADS))
+    for m in _ALIGNED.finditer(text):
+        value = int(m.group("value"))
+        add(f"AlignedVector@L{_line(text, m.start())}", "vec", m.start("value"), m.end("value"), value,
+            _powers(value, 1, 16, factors=(0.5, 2)))
+    for m in _BYTES.finditer(text):
+        value = int(m.group("value"))
+        if value in (8, 16):
+            add(f"vector_bytes@L{_line(text, m.start())}", "vec", m.start("value"), m.end("value"), value,
+                tuple(v for v in (8, 16) if v != value))
+    for m in _BOUNDS.finditer(text):
+        value, line = int(m.group("value")), _line(text, m.start())
+        add(f"launch_bounds@L{line}", "bounds", m.start("value"), m.end("value"), value,
+            _powers(value, 32, MAX_THREADS, factors=(0.5, 2)))
+        if m.group("min"):
+            current = int(m.group("min"))
+            add(f"min_blocks@L{line}", "minblocks", m.start("min"), m.end("min"), current,
+                tuple(v for v in (1, 2, 3, 4) if v != current))
+        else:
+            add(f"min_blocks@L{line}", "minblocks", m.end("value"), m.end("value"), 0, (2, 4), insert=", {}")
+    for m in _UNROLL.finditer(text):
+        value = int(m.group("value"))
+        add(f"unroll@L{_line(text, m.start())}", "unroll", m.start("value"), m.end("value"), value,
+            _powers(value, 1, 32, factors=(0.5, 2)))
+    return params
+
+
+def render(text: str, params: list[Param], assignment: dict[str, int]) -> str:
+    """`text` with each named parameter set to its assigned value."""
+    by_name = {p.name: p for p in params}
+    edits = sorted(((by_name[name], value) for name, value in assignment.items()), key=lambda e: e[0].start,
+                   reverse=True)
+    for param, value in edits:
+        new = param.insert.format(value) if param.insert else str(value)
+        text = text[: param.start] + new + text[param.end:]
+    return text
+
+
+def describe(params: list[Param], assignment: dict[str, int]) -> str:
+    """"kBlockSize 256 -> 512, AlignedVector@L42 4 -> 8" (a candidate's idea, readable in history)."""
+    by_name = {p.name: p for p in params}
+    parts = []
+    for name, value in sorted(assignment.items()):
+        param = by_name[name]
+        before = "none" if param.insert else str(param.value)
+        parts.append(f"{name} {before} -> {value}")
+    return ", ".join(parts) or "no change"
+
+
+def slug(assignment: dict[str, int]) -> str:
+    return "param:" + ",".join(f"{name}={value}" for name, value in sorted(assignment.items()))
+
+
+def single_moves(params: list[Param]) -> list[dict[str, int]]:
+    """Every parameter moved alone to each of its choices: the first rung of the search."""
+    return [{p.name: value} for p in params for value in p.choices]
+
+
+def combine(winners: list[dict[str, int]], limit: int = 6) -> list[dict[str, int]]:
+    """Pairs (and the triple) of winning single moves on different parameters, best first: what
+    coordinate search tries once single moves have been ranked."""
+    out: list[dict[str, int]] = []
+    for i, first in enumerate(winners):
+        for second in winners[i + 1:]:
+            if set(first) & set(second):
+                continue
+            out.append({**first, **second})
+    distinct: list[dict[str, int]] = []  # the best move of each parameter, best first
+    for move in winners:
+        if not any(set(move) & set(kept) for kept in distinct):
+            distinct.append(move)
+    if len(distinct) >= 3:
+        out.insert(0, {**distinct[0], **distinct[1], **distinct[2]})
+    return out[:limit]
