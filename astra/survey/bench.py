@@ -74,6 +74,41 @@ def bench_one(name: str, spec_file: str, sglang_version: str | None, sglang_src:
     return runner.bench_original(spec, tree, opts).to_dict()
 
 
+def prebuild(tasks: Sequence[BenchTask], say: Callable[[str], None] = lambda _: None) -> dict[str, str]:
+    """Build every task's original variants at once, one nvcc per CPU core, into the cache the bench
+    workers read (they then find their modules built instead of compiling one kernel at a time).
+    Returns {name: why} for tasks whose spec or builds failed here; their benches report it."""
+    from astra import paths
+    from astra.spec import jobs
+    from astra.spec.resolve import resolve
+    from harness import build_many
+
+    requests, failed = [], {}
+    owner = []
+    for task in tasks:
+        try:
+            spec = resolve(task.spec_file or task.name)
+            tree = tree_for(spec, task.sglang_version, task.sglang_src)
+            mine = [req for side, _, req in jobs.spec_build_requests(spec, tree) if side == "orig"]
+        except AstraError as err:
+            failed[task.name] = one_line(err, 300)
+            continue
+        requests.extend(mine)
+        owner.extend([task.name] * len(mine))
+    if not requests:
+        return failed
+    start = time.monotonic()
+    say(f"building {len(requests)} variant(s) of {len(tasks) - len(failed)} kernel(s) on every CPU core")
+    results = build_many(requests, paths.sub("builds"))
+    broken = {}
+    for name, result in zip(owner, results):
+        if not result.ok and name not in broken:
+            broken[name] = one_line(result.error or "build failed", 300)
+    say(f"built in {time.monotonic() - start:.0f} s; {len(broken)} kernel(s) with a failed build")
+    failed.update(broken)
+    return failed
+
+
 def serial_run(tasks: Sequence[BenchTask], bench: Bench = bench_one) -> Iterator[BenchResult]:
     """Each task in turn, in this process; an AstraError becomes that kernel's error, the rest go on."""
     for task in tasks:

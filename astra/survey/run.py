@@ -108,8 +108,9 @@ def plan(targets: list[Target], store: Store, *, sglang_version: str | None, sgl
 def survey(targets: list[Target], store: Store, *, sglang_version: str | None = None, sglang_src: str | None = None,
            gpu: str | None = None, force: bool = False, settings: bench_mod.BenchSettings = bench_mod.BenchSettings(),
            run: bench_mod.Run = bench_mod.serial_run, reach_of: reach_mod.ReachOf | None = None,
-           say: Say = lambda _: None) -> Outcome:
-    """Bench what `plan` says is not current; write each record as its result arrives."""
+           say: Say = lambda _: None, prebuild: Callable | None = None) -> Outcome:
+    """Bench what `plan` says is not current; write each record as its result arrives. `prebuild(tasks,
+    say)` (astra.survey.bench.prebuild) first builds every module to bench on every CPU core."""
     work = plan(targets, store, sglang_version=sglang_version, sglang_src=sglang_src, gpu=gpu, force=force)
     outcome = Outcome(current=list(work.current))
     for name in work.current:
@@ -119,6 +120,8 @@ def survey(targets: list[Target], store: Store, *, sglang_version: str | None = 
         say(f"{target.name}: to bench ({why})")
     tasks = [bench_mod.BenchTask(t.name, str(t.spec_file), sglang_version, sglang_src, settings)
              for t, _, _ in work.todo]
+    if prebuild is not None and tasks:
+        prebuild(tasks, say)
     reach_cache: dict[tuple, dict] = {}
     for result in run(tasks):
         target, spec = by_name[result.name]

@@ -453,3 +453,28 @@ def test_cli_in_process(tmp_path, monkeypatch, capsys):
     assert "store problem: junk.json" in out
     assert main(["survey", "--report-only", "nope", "--out", str(store.root)]) == 12
     assert "has no record of nope" in capsys.readouterr().err
+
+
+def test_prebuild_sees_only_what_is_to_bench_before_any_bench(specs, tmp_path):
+    targets = run.select(["rmsnorm", "silu_and_mul"])
+    store, calls, seen = Store(tmp_path / "survey"), [], []
+    _survey(targets[:1], store, calls)
+    calls.clear()
+    _survey(targets, store, calls, prebuild=lambda tasks, say: seen.append(([t.name for t in tasks], list(calls))))
+    assert seen == [(["silu_and_mul"], [])] and calls == ["silu_and_mul"]  # built first, then benched
+    seen.clear()
+    _survey(targets, store, calls, prebuild=lambda tasks, say: seen.append(tasks))
+    assert seen == []  # nothing to bench: nothing to build
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_prebuild_compiles_into_the_cache_the_workers_read(specs, tmp_path, monkeypatch):
+    from astra.survey.bench import BenchTask, prebuild
+
+    monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
+    lines: list[str] = []
+    failed = prebuild([BenchTask("silu_and_mul", str(specs / "silu_and_mul" / "kernel.yaml"), None, None),
+                       BenchTask("nope", str(tmp_path / "missing.yaml"), None, None)], lines.append)
+    assert list(failed) == ["nope"]
+    assert "building" in lines[0] and "0 kernel(s) with a failed build" in lines[-1]
+    assert list((tmp_path / "home" / "builds").rglob("*.so"))
