@@ -20,7 +20,7 @@ def loop_options(args) -> OptimizeOptions:
     return OptimizeOptions(rounds=args.rounds, offline=args.offline, model=args.model, base_url=args.base_url,
                            budget_tokens=args.budget_tokens, budget_usd=args.budget_usd, wall_min=args.wall_min,
                            sanitizer=not args.no_sanitizer, dry_run=args.dry_run, quick_search=args.quick_search,
-                           resume=getattr(args, "resume", None))
+                           resume=getattr(args, "resume", None), agent=args.agent, agent_timeout_s=args.agent_timeout)
 
 
 def _printer(kind: str, data: dict) -> None:
@@ -57,7 +57,13 @@ def cmd_optimize(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    names = [n.strip() for n in args.kernels.split(",") if n.strip()]
+    if args.kernels is None:
+        from astra.optimize.evaluation import survey_targets
+
+        names = survey_targets(args.top, args.survey)
+        print(f"targets: the survey's top {len(names)} by recoverable time: {', '.join(names)}", flush=True)
+    else:
+        names = [n.strip() for n in args.kernels.split(",") if n.strip()]
     if not names:
         raise AstraError("--kernels: name at least one spec, e.g. --kernels rmsnorm,qknorm (see `astra spec-check`)")
     specs = [resolve(n) for n in names]
@@ -66,16 +72,29 @@ def cmd_eval(args) -> int:
     paths_by_name = {spec.name: str(spec.path) for spec in specs}
     result = run_eval(specs, lambda name: tree_for_spec(args, paths_by_name[name]), opts, events=_printer)
     rows = result["rows"]
-    print(table.render(["kernel", "lines before", "lines after", "us before", "us after", "speedup", "correct",
-                        "candidates"],
-                       [[r["kernel"], r["lines_before"], r["lines_after"], r["us_before"], r["us_after"], r["speedup"],
-                         {True: "yes", False: "NO", None: "(original kept)"}[r["correct"]], r["candidates"]]
+
+    def band(r: dict, name: str) -> str:
+        b = r.get("bands", {}).get(name)
+        return "-" if not b else f"{b['us_before']:.3g} -> {b['us_after']:.3g}"
+
+    print(table.render(["kernel", "lines changed", "us before", "us after", "decode us", "middle us", "prefill us",
+                        "speedup", "worst shape", "correct", "candidates", "agent", "patch"],
+                       [[r["kernel"], r["lines_changed"], r["us_before"], r["us_after"], band(r, "decode"),
+                         band(r, "middle"), band(r, "prefill"), r["speedup"], r["worst_shape"] or "-",
+                         {True: "yes", False: "NO", None: "(original kept)"}[r["correct"]], r["candidates"],
+                         r["agent"], _patch_cell(r.get("patch"))]
                         for r in rows]))
     mean = result["geomean_speedup"]
     print(f"average speedup (geomean over kernels): {'x%.3f' % mean if mean else 'n/a (nothing timed)'}; "
           "the Astra paper reports 1.32x (o4-mini, five rounds, simplified kernels)")
     write_text(args.json, json.dumps(result, indent=1))
     return 0
+
+
+def _patch_cell(text: str | None) -> str:
+    if not text:
+        return "-"
+    return "refused" if "not emitted" in text else "yes"
 
 
 def cmd_runs(args) -> int:

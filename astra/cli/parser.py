@@ -24,6 +24,11 @@ def _loop_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="no GPU: build every candidate with nvcc, verify none")
     p.add_argument("--quick-search", action="store_true",
                    help="search on the timed dtype only; verify the best on the full suite at the end")
+    p.add_argument("--agent", metavar="exec:CMD",
+                   help="run CMD as the agent: each round, in a folder of context files, it edits candidate.cuh "
+                        "(Claude Code, Codex CLI, aider, a script; docs/agents.md)")
+    p.add_argument("--agent-timeout", type=float, default=900.0, metavar="S",
+                   help="seconds the --agent command may run per round (default 900)")
 
 
 def _testing_agent_options(p: argparse.ArgumentParser) -> None:
@@ -96,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN", help="continue a run from its directory")
 
     p = sub.add_parser("eval", help="optimize several kernels and print a table like the Astra paper's Table 2")
-    p.add_argument("--kernels", required=True, help="comma-separated spec names")
+    p.add_argument("--kernels", help="comma-separated spec names (default: the survey's top kernels)")
+    p.add_argument("--top", type=int, default=10, help="without --kernels: this many from the survey (default 10)")
+    p.add_argument("--survey", metavar="DIR", help="the survey store to rank (default: the latest under $ASTRA_HOME)")
     _sglang_options(p)
     _loop_options(p)
     p.add_argument("--json", metavar="OUT")
@@ -145,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     _sglang_options(p)
     _patch_commands(sub)
     _survey_command(sub)
+    p = sub.add_parser("mcp", help="serve list, extract, probe, check, bench, profile and patch as MCP tools over "
+                                   "stdio, for a coding agent (docs/mcp.md)")
+    p.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
+                   help="seconds between progress notifications while a tool runs (default 10)")
     return parser
 
 

@@ -1,6 +1,8 @@
 """`astra eval`: the optimize loop over several kernels, summarised in the shape of the Astra paper's
-Table 2 (kernel, lines before and after, time before and after, speedup, correct), so any model or the
-offline agent can be compared with the paper's 1.32x average.
+Table 2 (kernel, lines changed, time before and after overall and per band, speedup, correct, the agent),
+so any model or the offline agent can be compared with the paper's 1.32x average. Without a kernel
+list, the targets are the survey's top kernels by recoverable time (`survey_targets`). Every kernel
+with a verified win gets its patch (the emitter's own bar applies).
 
 Time is the geometric mean over the spec's timed shapes of the graph-mode medians (the serving view);
 "after" is the best verified candidate's, "before" the original's, both from that candidate's verdict
@@ -10,10 +12,15 @@ Time is the geometric mean over the spec's timed shapes of the graph-mode median
 
 from __future__ import annotations
 
+import difflib
+
+from astra.errors import BadInput
 from astra.optimize.rundir import RunDir
-from astra.optimize.session import OptimizeOptions, run_optimize
+from astra.optimize.session import OptimizeOptions, emit_best_patch, run_optimize
 from astra.spec.model import KernelSpec
 from harness import Verdict, geomean
+
+BANDS = ("decode", "middle", "prefill")
 
 
 def positive_geomean(values: list[float | None]) -> float | None:
@@ -22,8 +29,34 @@ def positive_geomean(values: list[float | None]) -> float | None:
     return geomean(values) if values else None
 
 
-def _times(verdict: Verdict | None, side: str) -> float | None:
-    return positive_geomean([c.median_us("graph", side) for c in (verdict.cases if verdict else []) if c.timed])
+def _times(verdict: Verdict | None, side: str, band: str | None = None) -> float | None:
+    return positive_geomean([c.median_us("graph", side) for c in (verdict.cases if verdict else [])
+                             if c.timed and (band is None or c.band == band)])
+
+
+def lines_changed(before: str, after: str) -> int:
+    """Lines added plus lines removed (a unified diff's +/- lines)."""
+    return sum(1 for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="")
+               if line[:1] in "+-" and not line.startswith(("+++", "---")))
+
+
+def survey_targets(top: int = 10, store_dir: str | None = None, view: str = "graph") -> list[str]:
+    """The `top` kernels with the most recoverable time in a survey (the latest one under
+    $ASTRA_HOME/surveys unless `store_dir` names one)."""
+    from pathlib import Path
+
+    from astra.survey import mixes, rank
+    from astra.survey.store import Store, latest
+
+    root = Path(store_dir) if store_dir else latest()
+    if root is None or not root.is_dir():
+        raise BadInput("no survey to take the targets from: run `astra survey --all --reviewed` on a GPU machine "
+                       "first, or name the kernels with --kernels")
+    ranking = rank.rank(Store(root).records(), view, mixes.load_mix(None))
+    names = [k.name for k in ranking.ranked()][:top]
+    if not names:
+        raise BadInput(f"the survey in {root} ranks no kernel: run `astra survey` there again, or name --kernels")
+    return names
 
 
 def row(run: RunDir, spec: KernelSpec) -> dict:
@@ -32,17 +65,30 @@ def row(run: RunDir, spec: KernelSpec) -> dict:
     best_source, _, verdict = run.candidate(state.best) if state.best else (original, None, None)
     before = _times(verdict, "orig") if verdict else _times(run.baseline(), "orig")
     after = _times(verdict, "cand") if verdict else before
+    bands = {}
+    for band in BANDS:
+        b = _times(verdict, "orig", band) if verdict else _times(run.baseline(), "orig", band)
+        a = _times(verdict, "cand", band) if verdict else b
+        if b:
+            bands[band] = {"us_before": b, "us_after": a, "speedup": (b / a) if a else None}
+    slower = [s for s in (verdict.slower_shapes if verdict else []) if s.get("mode") == "graph"]
     return {"kernel": spec.name, "lines_before": len(original.splitlines()), "lines_after": len(best_source.splitlines()),
-            "us_before": before, "us_after": after,
+            "lines_changed": lines_changed(original, best_source),
+            "us_before": before, "us_after": after, "bands": bands,
             "speedup": (before / after) if before and after else None,
+            "worst_shape": min((s.get("speedup") for s in slower if s.get("speedup")), default=None),
             "correct": bool(verdict and verdict.status == "correct") if state.best else None,
-            "candidates": len(state.history), "run": run.root.name}
+            "candidates": len(state.history), "agent": state.agent, "run": run.root.name, "patch": None}
 
 
 def run_eval(specs: list[KernelSpec], tree_for, opts: OptimizeOptions, *, say=print, events=None) -> dict:
     """The loop over each spec (`tree_for(name)` gives its SGLang tree); {rows, geomean_speedup}."""
     rows = []
     for spec in specs:
-        run_dir, _ = run_optimize(spec, tree_for(spec.name), opts, say=say, events=events)
-        rows.append(row(run_dir, spec))
+        tree = tree_for(spec.name)
+        run_dir, state = run_optimize(spec, tree, opts, say=say, events=events)
+        entry = row(run_dir, spec)
+        if state.best is not None and not opts.dry_run:
+            entry["patch"] = emit_best_patch(run_dir, spec, tree, sanitizer_required=opts.sanitizer)
+        rows.append(entry)
     return {"rows": rows, "geomean_speedup": positive_geomean([r["speedup"] for r in rows])}

@@ -158,12 +158,16 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
             break
         improved = False
         base = source_id(ctx.base_source)
-        for proposal in proposals:
+
+        def register(proposal: Proposal) -> int:
             n = run.add_candidate(proposal.source, {"name": proposal.name, "family": proposal.family,
                                                     "description": proposal.description, "round": state.round})
             events("candidate", {"n": n, "name": proposal.name, "description": proposal.description,
                                 "rationale": getattr(agent, "rationale", "")})
-            verdict = evaluate(proposal.source, proposal.name)
+            return n
+
+        for n, proposal, verdict in _evaluated(evaluate, proposals, register,
+                                               lambda: time.time() - start > budget.wall_s):
             run.save_verdict(n, verdict)
             decision = improves_on(verdict, best_verdict if state.best else None)
             ok = decision.ok
@@ -175,8 +179,6 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
             state.tokens, state.cost_usd = spent()
             run.save(state)
             events("verdict", asdict(state.history[-1]))
-            if time.time() - start > budget.wall_s:
-                break
         idle_rounds = 0 if improved else idle_rounds + 1
         state.round += 1
         run.save(state)
@@ -184,6 +186,31 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
     run.save(state)
     events("stopped", {"reason": state.stopped})
     return state
+
+
+def _evaluated(evaluate: Evaluator, proposals: list[Proposal], register: Callable[[Proposal], int],
+               out_of_time: Callable[[], bool]):
+    """(n, proposal, verdict) in proposal order, each registered (`register`: numbered, saved) just before
+    its evaluation. An evaluator with `gpus` (the host's GPU indices, from
+    astra.optimize.session.harness_evaluator) judges a round's candidates side by side, one per GPU
+    (`evaluate(..., gpu=i)`), in batches of that many; otherwise one at a time. No new batch starts once
+    the wall budget is spent."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gpus = list(getattr(evaluate, "gpus", None) or [])
+    width = max(1, len(gpus))
+    for first in range(0, len(proposals), width):
+        if first and out_of_time():
+            return
+        batch = [(register(p), p) for p in proposals[first:first + width]]
+        if width == 1:
+            verdicts = [evaluate(p.source, p.name) for _, p in batch]
+        else:
+            with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+                verdicts = list(pool.map(lambda item: evaluate(item[1][1].source, item[1][1].name, gpu=gpus[item[0]]),
+                                         enumerate(batch)))
+        for (n, proposal), verdict in zip(batch, verdicts):
+            yield n, proposal, verdict
 
 
 def _context(run: RunDir, state: RunState, best: Verdict | None, budget: Budget, spent: tuple[int, float],

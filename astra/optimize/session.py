@@ -6,6 +6,7 @@ Library code: `run_optimize(spec, tree, OptimizeOptions(...))`; the CLI only bui
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,6 +40,8 @@ class OptimizeOptions:
     dry_run: bool = False  # no GPU: build every candidate with nvcc, verify none
     quick_search: bool = False  # search on the timed dtype; verify the best on the full suite at the end
     resume: str | None = None  # a run id to continue
+    agent: str | None = None  # "exec:CMD": a command edits the candidate each round (astra.optimize.exec_agent)
+    agent_timeout_s: float = 900.0  # the exec agent's time limit per round
 
     def __post_init__(self) -> None:
         """Refuse values no run can use, with the flag that sets each (exit 12)."""
@@ -58,6 +61,16 @@ class OptimizeOptions:
         for flag, value in (("--model", self.model), ("--base-url", self.base_url), ("--resume", self.resume)):
             if value is not None and not str(value).strip():
                 raise AstraError(f"{flag}: empty; leave it out or give a value")
+        positive(self.agent_timeout_s, "--agent-timeout")
+        if self.agent is not None:
+            from astra.optimize.exec_agent import exec_command
+
+            exec_command(self.agent)  # `exec:` and a command, or an error saying what to write
+            clash = next((flag for flag, on in (("--offline", self.offline), ("--model", self.model),
+                                                ("--base-url", self.base_url)) if on), None)
+            if clash:
+                raise AstraError(f"--agent and {clash}: pick one agent; --agent exec:CMD runs your command (it "
+                                 f"chooses its own model), {clash} is for the built-in agents: drop one of the two")
 
     def budget(self) -> Budget:
         return Budget(rounds=self.rounds, wall_s=self.wall_min * 60, tokens=self.budget_tokens,
@@ -75,7 +88,10 @@ def llm_config(opts: OptimizeOptions):
 
 def agent_kind(opts: OptimizeOptions) -> str:
     """The one rule choosing the agent: `--offline` forces the search agent; otherwise a model named by
-    a flag, the config file or $ASTRA_MODEL selects the LLM agent; with none, the search agent."""
+    a flag, the config file or $ASTRA_MODEL selects the LLM agent; with none, the search agent. `--agent
+    exec:CMD` (which refuses --offline and --model) runs a command as the agent."""
+    if opts.agent:
+        return opts.agent.strip()
     if opts.offline:
         return "offline"
     cfg = llm_config(opts)
@@ -83,6 +99,10 @@ def agent_kind(opts: OptimizeOptions) -> str:
 
 
 def make_agent(opts: OptimizeOptions, spec: KernelSpec, tree: SglangTree, run: RunDir):
+    if opts.agent:
+        from astra.optimize.exec_agent import ExecAgent, exec_command
+
+        return ExecAgent(exec_command(opts.agent), spec, opts.agent_timeout_s, tree=tree)
     if agent_kind(opts) == "offline":
         return OfflineAgent(spec.kernel_file, tree.csrc_dir, [str(tree.include_dir)])
     from astra.optimize import llm
@@ -97,16 +117,58 @@ def harness_evaluator(spec: KernelSpec, tree: SglangTree, sanitizer: bool = True
     role's additions to the spec's suite. `quick`: the search checks the timed dtype only (fewer
     builds and checks); the run's best is then verified on the full suite before it counts."""
 
-    def evaluate(source: str, label: str, *, full: bool = False) -> Verdict:
+    def evaluate(source: str, label: str, *, full: bool = False, cases: list[str] | None = None,
+                 gpu: int | None = None) -> Verdict:
+        """`cases`: screen on those case ids only, without the sanitizer (the offline search's rungs);
+        `gpu`: the worker sees that GPU only (the loop evaluates a round's candidates one per GPU)."""
         is_original = label == "original"
         job = jobs.make_job(spec, tree, candidate_source=None if is_original else source, label=label,
-                            options=Options(sanitizer=sanitizer and not is_original), extra_shapes=extra_shapes())
+                            options=Options(sanitizer=sanitizer and not is_original and cases is None),
+                            extra_shapes=extra_shapes())
         if quick and not full:
             job.cases = [c for c in job.cases if c.dtype == spec.dtypes[0]]
+        if cases is not None:
+            job.cases = [c for c in job.cases if c.id in set(cases)]
         runner = run_job if is_original else verify_job
-        return runner(job, timeout_s=timeout_for(job))
+        env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        return runner(job, timeout_s=timeout_for(job), env=env)
 
+    evaluate.gpus = _visible_gpus()
     return evaluate
+
+
+def _visible_gpus() -> list[int]:
+    """Indices of this host's GPUs as CUDA numbers them (honouring CUDA_VISIBLE_DEVICES); [] without one."""
+    try:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        return [int(v) for v in ids[:count] if v.isdigit()]
+    return list(range(count))
+
+
+def screening(spec: KernelSpec, tree: SglangTree, evaluate):
+    """(screen, prebuild) for the offline search: `screen(source, label, case_ids)` is `evaluate` on those
+    cases; `prebuild(sources)` builds the candidate variants those sources need on every CPU core into the
+    cache the workers read, so a rung's builds run side by side instead of one per worker."""
+    variants_of = {c.id: c.variant for c in jobs.make_job(spec, tree, label="screen").cases}
+
+    def screen(source: str, label: str, cases: list[str]) -> Verdict:
+        return evaluate(source, label, cases=cases)
+
+    def prebuild(sources: list[str], cases: list[str]) -> None:
+        wanted = {variants_of.get(c) for c in cases}
+        requests = [req for source in sources
+                    for side, key, req in jobs.spec_build_requests(spec, tree, candidate_source=source)
+                    if side == "cand" and key in wanted]
+        build_many(requests, paths.sub("builds"))
+
+    return screen, prebuild
 
 
 def build_only_evaluator(spec: KernelSpec, tree: SglangTree):
@@ -200,6 +262,9 @@ def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions,
                              "add --dry-run.", exit_code=err.exit_code) from None
         evaluate = harness_evaluator(spec, tree, sanitizer=opts.sanitizer,
                                      extra_shapes=lambda: getattr(agent, "extra_shapes", []), quick=opts.quick_search)
+        if isinstance(agent, OfflineAgent):  # the parameter search screens on the GPU before proposing
+            agent.screen, agent.prebuild = screening(spec, tree, evaluate)
+            agent.timed_dtype = spec.dtypes[0]
     say(f"run {run.root.name}: {spec.name} from SGLang {tree.version}, agent {agent.name}; directory {run.root}")
     state = run_loop(run, agent, evaluate, opts.budget(), events=events or (lambda kind, data: None))
     if opts.quick_search and not opts.dry_run:

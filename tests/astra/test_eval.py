@@ -28,3 +28,41 @@ def test_row_without_a_verified_candidate_keeps_the_original():
     run.save_baseline(_verdict())
     r = row(run, spec)
     assert r["correct"] is None and r["speedup"] == 1.0 and r["lines_after"] == 1
+
+
+def test_row_has_bands_lines_changed_and_the_agent():
+    spec = spec_mod.load("rmsnorm")
+    run = RunDir.create("rmsnorm", "0.5.23", "offline", "a\nb\nc\n")
+    n = run.add_candidate("a\nB\nc\nd\n", {"description": "x"})
+    run.save_verdict(n, _verdict())
+    state = run.state()
+    state.best = n
+    run.save(state)
+    r = row(run, spec)
+    assert r["lines_changed"] == 3  # b -> B (one removed, one added), d added
+    assert r["agent"] == "offline" and r["patch"] is None
+    assert r["bands"]["decode"] == {"us_before": 2.0, "us_after": 1.6, "speedup": 2.0 / 1.6}
+    assert set(r["bands"]) == {"decode", "middle", "prefill"}
+
+
+def test_survey_targets_rank_by_recoverable_time(tmp_path):
+    import pytest
+
+    from astra.errors import BadInput
+    from astra.optimize.evaluation import survey_targets
+    from astra.survey.store import Store, make_record
+
+    store = Store(tmp_path / "survey")
+    for name, scale in (("small_gap", 1.0), ("big_gap", 40.0)):
+        verdict = _verdict()
+        for case in verdict.cases:
+            for timing in case.timings.values():
+                timing.orig.median_us *= scale
+                timing.cand.median_us *= scale
+        store.write(make_record(name=name, kind="draft", spec_file=f"/x/{name}.yaml", spec_sha256="0" * 64, module=name,
+                                token_dim="tokens", sglang_version="0.5.23", gpu="Test GPU", wall_s=1.0,
+                                verdict=verdict.to_dict(), error=None, reach=None))
+    assert survey_targets(1, str(store.root)) == ["big_gap"]
+    assert survey_targets(10, str(store.root)) == ["big_gap", "small_gap"]
+    with pytest.raises(BadInput, match="astra survey"):
+        survey_targets(10, str(tmp_path / "none"))

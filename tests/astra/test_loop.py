@@ -151,3 +151,30 @@ def test_summary_names_band_only_wins_and_says_when_there_are_none(run):
     assert "best: the original" in text
     assert "per band, verified faster with no shape of the band slower" in text and "prefill #001" in text
     assert "x1.040" in text and "noise" not in text.split("per band")[1]
+
+
+def test_a_round_is_judged_one_candidate_per_gpu_side_by_side(run):
+    """An evaluator that names two GPUs gets the round's candidates two at a time, each on its own GPU;
+    decisions still follow proposal order."""
+    import threading
+    import time as _time
+
+    active, peak, seen = [0], [0], []
+    lock = threading.Lock()
+
+    def two_gpus(source, label, gpu=None):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+            seen.append((label, gpu))
+        _time.sleep(0.2)
+        with lock:
+            active[0] -= 1
+        return evaluator(source, label)
+
+    two_gpus.gpus = [0, 1]
+    agent = ScriptedAgent([[("a", "correct 1.05"), ("b", "correct 1.20"), ("c", "incorrect 2.0")]])
+    state = run_loop(run, agent, two_gpus, Budget(rounds=1))
+    assert peak[0] == 2
+    assert sorted(gpu for label, gpu in seen if label != "original") == [0, 0, 1]
+    assert [h.name for h in state.history] == ["a", "b", "c"] and state.best == 2
