@@ -3,7 +3,8 @@
 # the steps given. Usage on the GPU box, from the repo root, with the wheels of
 # ../shared/device/prepare-wheels.sh in .whl/ and SGLang trees under $ASTRA_HOME/sglang/:
 #   ASTRA_HOME=$PWD/.astra-device OUT=/some/dir scripts/device-validate.sh STEP...
-# Steps: spec-probe probe gpu harness adversarial check bench bench-rest bench-ncu patch-check tails optimize resume recheck   (logs and JSON land in $OUT)
+# Steps: spec-probe probe gpu harness adversarial check bench bench-rest bench-ncu patch-check tails optimize resume recheck
+#        bench6 survey param-search eval   (logs and JSON land in $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -50,6 +51,20 @@ for step in "$@"; do
                --budget-ms 40 --json "$OUT/bench_ncu.json" ) > "$OUT/bench_ncu.log" 2>&1
                grep -E "^==|within|bench failed|real" "$OUT/bench_ncu.log" ;;
     recheck) pytest_step recheck 300 tests/astra/test_recheck.py ;;
+    bench6) ( time timeout ${BENCH_TIMEOUT:-480} python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm rmsnorm qknorm \
+               per_token_group_quant store_cache --budget-ms 40 --json "$OUT/bench6.json" --report /tmp/bench6 ) \
+             > "$OUT/bench6.log" 2>&1; echo "bench6: exit $?"; tar czf "$OUT/bench6-report.tgz" -C /tmp bench6
+             grep -E "suspect|bench failed|wrote|real" "$OUT/bench6.log" ;;
+    survey) ( time timeout ${SURVEY_TIMEOUT:-540} python3 -m astra.cli survey ${SURVEY_ARGS:---all --reviewed} \
+               --budget-ms ${SURVEY_BUDGET_MS:-10} --out "$ASTRA_HOME/surveys/device" --report /tmp/survey-report \
+               --json "$OUT/survey.json" ) > "$OUT/survey.log" 2>&1; echo "survey: exit $?"; tail -${SURVEY_TAIL:-30} "$OUT/survey.log"
+            tar czf "$OUT/surveys.tgz" -C "$ASTRA_HOME" surveys; tar czf "$OUT/survey-report.tgz" -C /tmp survey-report ;;
+    param-search) ( time timeout ${OPT_TIMEOUT:-560} python3 -m astra.cli optimize ${OPT_KERNEL:-rmsnorm} --offline \
+               --wall-min ${OPT_WALL_MIN:-8} ) > "$OUT/param-search.log" 2>&1; echo "param-search: exit $?"
+              tail -30 "$OUT/param-search.log"; tar czf "$OUT/runs.tgz" -C "$ASTRA_HOME" runs 2>/dev/null ;;
+    eval) ( time timeout ${EVAL_TIMEOUT:-580} python3 -m astra.cli eval --offline --wall-min ${EVAL_WALL_MIN:-10} \
+               ${EVAL_ARGS:-} --json "$OUT/eval.json" ) > "$OUT/eval.log" 2>&1; echo "eval: exit $?"; tail -40 "$OUT/eval.log"
+          tar czf "$OUT/runs.tgz" -C "$ASTRA_HOME" runs 2>/dev/null ;;
     spec-probe) ( time timeout ${PROBE_TIMEOUT:-560} python3 -m astra.cli probe ${PROBE_ARGS:---all --reviewed} \
                --report "$OUT/probe-report.md" --json "$OUT/probe-report.json" ) > "$OUT/spec-probe.log" 2>&1
                echo "spec-probe: exit $?"; tail -${PROBE_TAIL:-40} "$OUT/spec-probe.log"

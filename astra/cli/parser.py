@@ -27,6 +27,8 @@ def _loop_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agent", metavar="exec:CMD",
                    help="run CMD as the agent: each round, in a folder of context files, it edits candidate.cuh "
                         "(Claude Code, Codex CLI, aider, a script; docs/agents.md)")
+    p.add_argument("--samples", type=int, default=1, metavar="N",
+                   help="LLM agent: candidates the coder writes per round, asked for at once and judged one per GPU")
     p.add_argument("--agent-timeout", type=float, default=900.0, metavar="S",
                    help="seconds the --agent command may run per round (default 900)")
 

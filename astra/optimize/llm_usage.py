@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -89,14 +90,17 @@ class Usage:
 
     def __init__(self) -> None:
         self.by_role: dict[str, Tally] = {}
+        self._lock = threading.Lock()  # the coder's samples run in threads on one client
 
     def add(self, role: str, reply: Reply) -> None:
-        self.by_role.setdefault(role, Tally()).add(reply)
+        with self._lock:
+            self.by_role.setdefault(role, Tally()).add(reply)
 
     def total(self) -> Tally:
         out = Tally()
-        for tally in self.by_role.values():
-            out.add(tally)
+        with self._lock:
+            for tally in self.by_role.values():
+                out.add(tally)
         return out
 
     def summary(self) -> str:
@@ -113,6 +117,7 @@ class Transcript:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._redact = redact
+        self._lock = threading.Lock()  # one whole line per exchange, also from concurrent samples
 
     def write(self, *, role: str, model: str | None, messages: list[dict[str, str]], attempts: list[str],
               seconds: float, reply: Reply | None = None, error: str | None = None) -> None:
@@ -124,5 +129,6 @@ class Transcript:
                   "attempts": len(attempts) + (1 if reply else 0), "failed_attempts": attempts,
                   "seconds": round(seconds, 3), "finish_reason": reply.finish_reason if reply else None,
                   "error": error}
-        with self.path.open("a", encoding="utf-8") as out:
-            out.write(self._redact(json.dumps(record, ensure_ascii=False)) + "\n")
+        line = self._redact(json.dumps(record, ensure_ascii=False)) + "\n"
+        with self._lock, self.path.open("a", encoding="utf-8") as out:
+            out.write(line)

@@ -42,6 +42,7 @@ class OptimizeOptions:
     resume: str | None = None  # a run id to continue
     agent: str | None = None  # "exec:CMD": a command edits the candidate each round (astra.optimize.exec_agent)
     agent_timeout_s: float = 900.0  # the exec agent's time limit per round
+    samples: int = 1  # the LLM coder's candidates per round, asked for at once
 
     def __post_init__(self) -> None:
         """Refuse values no run can use, with the flag that sets each (exit 12)."""
@@ -62,6 +63,7 @@ class OptimizeOptions:
             if value is not None and not str(value).strip():
                 raise AstraError(f"{flag}: empty; leave it out or give a value")
         positive(self.agent_timeout_s, "--agent-timeout")
+        positive(self.samples, "--samples", integer=True)
         if self.agent is not None:
             from astra.optimize.exec_agent import exec_command
 
@@ -108,7 +110,7 @@ def make_agent(opts: OptimizeOptions, spec: KernelSpec, tree: SglangTree, run: R
     from astra.optimize import llm
     from astra.optimize.llm_agent import LLMAgent
 
-    return LLMAgent(llm.Client(llm_config(opts), transcript=run.transcript), spec, tree)
+    return LLMAgent(llm.Client(llm_config(opts), transcript=run.transcript), spec, tree, samples=opts.samples)
 
 
 def harness_evaluator(spec: KernelSpec, tree: SglangTree, sanitizer: bool = True, extra_shapes=lambda: [],
@@ -186,7 +188,8 @@ def build_only_evaluator(spec: KernelSpec, tree: SglangTree):
                   if res.ok else (res.error or "build failed").splitlines()[0])
         return Verdict(status="built" if res.ok else "build_failed", reason=reason, correct=False, faster=False,
                        name=spec.name, candidate_label=label,
-                       builds=[{"side": side, "ok": res.ok, "resources": [r.__dict__ for r in res.resources]}])
+                       builds=[{"side": side, "ok": res.ok, "error": res.error,
+                                "resources": [r.__dict__ for r in res.resources]}])
 
     return evaluate
 

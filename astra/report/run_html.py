@@ -1,13 +1,15 @@
 """A static HTML report of one optimize run: no server, no external assets, one file.
 
 Sections: the trajectory (round, change, verdict, speedup, kept), the original against the best per
-shape (both timing modes), and a roofline chart (inline SVG from astra.report). Every number comes
-from the run directory's verdicts.
+shape (both timing modes, x above the practical floor), a chart (inline SVG from astra.report), and
+each agent role's input and output (the LLM roles from transcript.jsonl, an exec agent's rounds from
+their folders). Every number comes from the run directory's verdicts.
 """
 
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 
 from astra.optimize.loop import band_wins_line
@@ -59,10 +61,43 @@ def per_shape(verdict: Verdict | None) -> str:
         row = [case.id, case.band]
         for mode in ("graph", "cold"):
             row += [case.median_us(mode, "orig"), case.median_us(mode, "cand"), case.speedup(mode)]
-        row.append((case.roofline.get("graph") or {}).get("cand_fraction"))
+        row.append((case.floors.get("graph") or {}).get("cand_x_practical"))
         rows.append(row)
     return _table(["shape", "band", "graph orig us", "graph best us", "graph x", "cold orig us", "cold best us",
-                   "cold x", "roofline (best, graph)"], rows, left=2)
+                   "cold x", "best x above practical floor (graph)"], rows, left=2)
+
+
+def _pre(text: str, limit: int = 20000) -> str:
+    text = printable(text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more characters)")
+    return f"<pre>{html.escape(text)}</pre>"
+
+
+def exchanges(run: RunDir, limit: int = 200) -> str:
+    """Each role's input and output: one entry per LLM exchange, and per exec-agent round its idea and log."""
+    parts = []
+    path = run.transcript
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    for number, line in enumerate(lines[:limit], 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        prompt = "\n\n".join(f"[{m.get('role')}]\n{m.get('content', '')}" for m in record.get("messages") or []
+                             if isinstance(m, dict))
+        head = (f"#{number} {record.get('role')} ({record.get('model')}): {record.get('prompt_tokens', 0)} + "
+                f"{record.get('completion_tokens', 0)} tokens, {record.get('seconds', 0)} s"
+                + (f", error: {record.get('error')}" if record.get("error") else ""))
+        parts.append(f"<details><summary>{html.escape(printable(head))}</summary><h4>input</h4>{_pre(prompt)}"
+                     f"<h4>output</h4>{_pre(str(record.get('reply') or ''))}</details>")
+    for folder in sorted((run.root / "agent").glob("round-*")) if (run.root / "agent").is_dir() else []:
+        idea = folder / "IDEA.txt"
+        log = folder / "agent.log"
+        head = f"{folder.name}: " + (idea.read_text(errors="replace").strip()[:200] if idea.is_file() else "no IDEA.txt")
+        parts.append(f"<details><summary>{html.escape(printable(head))}</summary><h4>input</h4>"
+                     f"<p>the folder {html.escape(printable(str(folder)))} (README.md, best.md, failures.md, ...)</p>"
+                     f"<h4>output</h4>{_pre(log.read_text(errors='replace')[-8000:] if log.is_file() else 'no agent.log')}"
+                     "</details>")
+    return "".join(parts) or "<p>No agent exchange recorded (the offline search has no prompts).</p>"
 
 
 def render(run: RunDir) -> str:
@@ -83,7 +118,8 @@ def render(run: RunDir) -> str:
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>{summary}</p>"
             f"<p>{html.escape(printable(band_wins_line(run)))}</p>"
             f"<h2>Trajectory</h2>{trajectory(run)}<h2>Original against best, per shape</h2>{per_shape(best)}"
-            f"<h2>Roofline</h2>{chart}</body></html>\n")
+            f"<h2>Times against floors</h2>{chart}<h2>Agent roles: input and output</h2>{exchanges(run)}"
+            "</body></html>\n")
 
 
 def write(run: RunDir) -> Path:

@@ -71,7 +71,8 @@ def test_loop_survives_a_difficult_model(llm_server, sglang_0523, tmp_path):
 
     assert agent.extra_shapes == [{"tokens": 3, "hidden": 4096}]  # 4097 violates the spec's hidden % 16 == 0
     statuses = [(h.name, h.status, h.accepted) for h in state.history]
-    assert statuses == [("llm:r0", "build_failed", False), ("llm:r1", "correct", True)]
+    assert statuses == [("llm:r0:unroll-the-reduction", "build_failed", False),
+                        ("llm:r1:unroll-the-reduction", "correct", True)]
     assert state.best == 2 and "a harmless change" in run.best_source()
     assert state.stopped == "the agent has nothing left to try"
     assert state.tokens > 0
@@ -79,6 +80,8 @@ def test_loop_survives_a_difficult_model(llm_server, sglang_0523, tmp_path):
     coding = [r for r in llm_server.chat_requests() if "Role: coding" in json.dumps(r.body)]
     assert "holds no edit" in json.dumps(coding[1].body)  # the malformed reply, explained
     assert "this line is not in the file" in json.dumps(coding[2].body)
+    # round 2's coder is told why round 1's candidate failed: nvcc's own error line
+    assert "build_failed" in json.dumps(coding[3].body) and "error: expected a declaration" in json.dumps(coding[3].body)
     transcript = run.transcript.read_text()
     assert KEY not in transcript and "Authorization" not in transcript
 

@@ -12,6 +12,7 @@ import pytest
 from astra.optimize.llm import Client, LLMConfig, LLMError, LLMUnavailable
 from astra.optimize.llm_agent import LLMAgent
 from astra.optimize.loop import Budget, run_loop
+from astra.optimize.ncu_profile import unavailable
 from astra.optimize.rundir import RunDir
 from astra.report.safe_text import one_line, printable
 from astra.spec import model as spec_mod
@@ -116,12 +117,12 @@ def test_a_key_echoing_endpoint_leaves_no_key_under_the_run_directory(llm_server
     run = RunDir.create(spec.name, "0.5.23", f"llm:{MODEL}", ORIGINAL)
     client = Client(LLMConfig(base_url=llm_server.url, model=MODEL, api_key=KEY, timeout_s=2.0, max_retries=0),
                     transcript=run.transcript)
-    agent = LLMAgent(client, spec, SimpleNamespace(version="0.5.23"))
+    agent = LLMAgent(client, spec, SimpleNamespace(version="0.5.23"), profiler=lambda *_: unavailable("test"))
     speeds = iter([1.0, 1.06])
     state = run_loop(run, agent, lambda source, label, **_: make_verdict({"decode": next(speeds)}),
                      Budget(rounds=3, patience=3), events=_printer)
 
-    assert [h.name for h in state.history] == ["llm:r0"]
+    assert [h.name for h in state.history] == ["llm:r0:use-the-key-now"]
     for path in run.root.rglob("*"):
         if path.is_file():
             data = path.read_bytes()
@@ -129,7 +130,7 @@ def test_a_key_echoing_endpoint_leaves_no_key_under_the_run_directory(llm_server
             if path.name != "kernel.cuh":  # the model's code is stored as written (nvcc judges it)
                 assert b"\x1b" not in data, path
     meta = json.loads((run.root / "candidates" / "001" / "meta.json").read_text())
-    assert meta["description"] == "use the key *** now"
+    assert meta["description"] == "use the key *** now (target band: decode)"
     shown = capsys.readouterr().out
     assert "\x1b" not in shown and KEY not in shown and "use the key *** now" in shown
     for text in (run_text.summary(run), run_html.render(run)):

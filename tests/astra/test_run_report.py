@@ -59,3 +59,20 @@ def test_report_opens_in_a_headless_browser(run, tmp_path):
     width, height = struct.unpack(">II", png[16:24])
     assert (width, height) == (1200, 1600)
     assert len(png) > 20_000  # a rendered page with tables and a chart, not a blank one
+
+
+def test_report_shows_each_roles_input_and_output(run):
+    import json
+
+    record = {"role": "planning", "model": "m", "prompt_tokens": 11, "completion_tokens": 5, "seconds": 0.4,
+              "messages": [{"role": "user", "content": "Target band: <decode> please"}],
+              "reply": '{"band": "decode", "idea": "wider vectors"}'}
+    run.transcript.write_text(json.dumps(record) + "\nnot json\n")
+    folder = run.root / "agent" / "round-000"
+    folder.mkdir(parents=True)
+    (folder / "IDEA.txt").write_text("use 8-wide loads\n")
+    (folder / "agent.log").write_text("edited candidate.cuh\n")
+    page = run_report.render(run)
+    assert "#1 planning (m): 11 + 5 tokens" in page
+    assert "Target band: &lt;decode&gt; please" in page and "wider vectors" in page  # escaped input, the output
+    assert "round-000: use 8-wide loads" in page and "edited candidate.cuh" in page

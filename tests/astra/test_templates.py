@@ -17,11 +17,13 @@ ROLES = {
     "testing_refused": ["problems"],
     "testing": ["kernel", "sglang_version", "kernel_file", "description", "arguments", "dims", "constraints",
                 "spec_shapes", "models", "source", "max_shapes", "dim_names"],
-    "profiling": ["kernel", "sglang_version", "kernel_file", "gpu", "environment", "copy_bandwidth",
-                  "measurements", "resources", "ncu", "source"],
-    "planning": ["kernel", "sglang_version", "kernel_file", "gpu", "description", "source", "profile", "best",
-                 "history", "iterations_left"],
-    "coding": ["kernel_file", "kernel", "sglang_version", "plan", "exports", "feedback", "source"],
+    "profiling": ["kernel", "sglang_version", "kernel_file", "gpu", "environment", "measurements", "bands",
+                  "resources", "ncu", "source"],
+    "planning": ["kernel", "sglang_version", "kernel_file", "gpu", "description", "budget", "rounds_left",
+                 "original_source", "best", "source", "measurements", "bands", "profile", "ncu", "failures",
+                 "history", "band_choices"],
+    "coding": ["kernel_file", "kernel", "sglang_version", "plan", "target_band", "band_shapes", "measurements",
+               "failures", "exports", "feedback", "source"],
     "system": ["acceptance"],
 }
 

@@ -1,0 +1,231 @@
+"""An Nsight Compute profile of one representative shape, for the LLM agent's planner.
+
+    profiler = Profiler(spec, tree)
+    result = profiler(source, case_id, extra_shapes)   # source None: the original
+    text(result, "original")    # "shape S: 1 kernel(s), 12.3 us; DRAM 78.1% of peak (2.61 TB/s); ..."
+
+`ncu` runs a profiled process (`python -m astra.optimize.ncu_profile JOB MANIFEST`, a scrubbed environment,
+like any process that runs candidate code) that builds the job, launches the entry once to warm up and
+once between two marker kernels, as `harness.ncu` does for `astra bench --ncu`; the kernels between the
+markers are the shape's. Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy,
+weighted by each kernel's duration, the most registers per thread, local-memory (spill) instructions,
+and the top 3 warp-stall reasons (cycles per issued instruction, WarpStateStats' metrics). Without ncu,
+a GPU or a timed shape the result is {"available": False, "why": ...}, and the prompt says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from harness import Job
+
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+METRICS = {
+    "gpu__time_duration.sum": "duration_ns",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+    "dram__bytes.sum.per_second": "dram_Bps",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct",
+    "launch__registers_per_thread": "registers",
+    "launch__grid_size": "grid",
+    "launch__block_size": "block",
+    "smsp__sass_inst_executed_op_local_ld.sum": "local_loads",
+    "smsp__sass_inst_executed_op_local_st.sum": "local_stores",
+}
+STALLS = r"regex:smsp__average_warps_issue_stalled_[a-z0-9_]+_per_issue_active\.ratio"
+NOT_STALLS = ("selected",)  # issuing, not stalled
+
+
+def unavailable(why: str) -> dict:
+    return {"available": False, "why": why}
+
+
+def unavailable_reason() -> str | None:
+    """Why no profile can be taken here (no ncu, no GPU), or None."""
+    from harness.ncu import ncu_path
+
+    if ncu_path() is None:
+        return "ncu (Nsight Compute) not found on PATH or in $CUDA_HOME/bin"
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "no GPU: nvidia-smi not found"
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"no GPU: nvidia-smi -L failed ({err})"
+    if listed.returncode != 0 or "GPU" not in listed.stdout:
+        return f"no GPU: nvidia-smi -L found none (exit {listed.returncode})"
+    return None
+
+
+def pick_case(verdict) -> str | None:
+    """The representative shape: the timed case with the most microseconds above its practical floor
+    (graph view, else cold), else the largest timed case; None without a timed case."""
+    cases = [c for c in (verdict.timed_cases() if verdict else []) if c.timings]
+    if not cases:
+        return None
+
+    def above(case) -> float:
+        for view in ("graph", "cold"):
+            floor, time = (case.floors.get(view) or {}).get("practical_us"), case.median_us(view, "cand")
+            if floor is not None and time is not None:
+                return time - floor
+        return -1.0
+
+    return max(cases, key=lambda c: (above(c), c.bytes)).id
+
+
+def parse_csv(text: str) -> list[tuple[str, dict[str, float]]]:
+    """(kernel name, {metric: value}) per profiled kernel in launch order, from `ncu --csv` (one row per
+    kernel and metric); values that are not numbers ("n/a") are left out."""
+    start = text.find('"ID"')
+    if start < 0:
+        return []
+    kernels: dict[int, tuple[str, dict[str, float]]] = {}
+    for row in csv.DictReader(io.StringIO(text[start:])):
+        try:
+            key, value = int(row["ID"]), float(str(row.get("Metric Value", "")).replace(",", ""))
+        except (KeyError, ValueError):
+            continue
+        name = row.get("Kernel Name") or row.get("Function Name") or row.get("Name") or ""
+        kernels.setdefault(key, (name, {}))[1][str(row.get("Metric Name"))] = value
+    return [kernels[k] for k in sorted(kernels)]
+
+
+def summarize(kernels: list[dict[str, float]]) -> dict:
+    """One shape's kernels as one profile: sums, duration-weighted averages, the most registers, top stalls."""
+    weights = [k.get("gpu__time_duration.sum", 0.0) for k in kernels]
+    total = sum(weights)
+
+    def weighted(metric: str) -> float | None:
+        pairs = [(k[metric], w) for k, w in zip(kernels, weights) if metric in k]
+        if not pairs:
+            return None
+        mass = sum(w for _, w in pairs)
+        return sum(v * w for v, w in pairs) / mass if mass > 0 else sum(v for v, _ in pairs) / len(pairs)
+
+    stalls: dict[str, float] = {}
+    for k, w in zip(kernels, weights):
+        for metric, value in k.items():
+            reason = metric.removeprefix(STALL_PREFIX).removesuffix(STALL_SUFFIX)
+            if metric.startswith(STALL_PREFIX) and metric.endswith(STALL_SUFFIX) and reason not in NOT_STALLS:
+                stalls[reason] = stalls.get(reason, 0.0) + value * (w / total if total > 0 else 1 / len(kernels))
+    top = sorted(stalls.items(), key=lambda item: -item[1])[:3]
+    regs = [k[m] for k in kernels for m in ("launch__registers_per_thread",) if m in k]
+    return {"available": True, "kernels": len(kernels), "duration_us": total / 1000.0,
+            "dram_pct": weighted("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+            "dram_Bps": weighted("dram__bytes.sum.per_second"),
+            "occupancy_pct": weighted("sm__warps_active.avg.pct_of_peak_sustained_active"),
+            "registers": int(max(regs)) if regs else None,
+            "grid": [int(k["launch__grid_size"]) for k in kernels if "launch__grid_size" in k],
+            "block": [int(k["launch__block_size"]) for k in kernels if "launch__block_size" in k],
+            "local_loads": sum(k.get("smsp__sass_inst_executed_op_local_ld.sum", 0.0) for k in kernels),
+            "local_stores": sum(k.get("smsp__sass_inst_executed_op_local_st.sum", 0.0) for k in kernels),
+            "top_stalls": [[reason, round(value, 3)] for reason, value in top]}
+
+
+def text(profile: dict, label: str) -> str:
+    """One line for a prompt; an unavailable profile says why."""
+    if not profile.get("available"):
+        return f"{label}: no Nsight Compute profile: {profile.get('why')}"
+
+    def num(value, fmt: str) -> str:
+        return "?" if value is None else format(value, fmt)
+
+    bandwidth = "?" if profile.get("dram_Bps") is None else f"{profile['dram_Bps'] / 1e12:.2f} TB/s"
+    stalls = ", ".join(f"{r} {v:.2f}" for r, v in profile.get("top_stalls") or []) or "none reported"
+    return (f"{label}, shape {profile.get('case')}: {profile['kernels']} kernel(s), {profile['duration_us']:.2f} us "
+            f"under ncu (grid {profile.get('grid')}, block {profile.get('block')}); DRAM "
+            f"{num(profile.get('dram_pct'), '.1f')}% of peak ({bandwidth}); achieved occupancy "
+            f"{num(profile.get('occupancy_pct'), '.1f')}%; {num(profile.get('registers'), 'd')} registers per "
+            f"thread; local memory (spills): {profile['local_loads']:.0f} load and {profile['local_stores']:.0f} "
+            f"store instructions; top warp stalls (cycles per issued instruction): {stalls}")
+
+
+class Profiler:
+    """Profiles a source of `spec` on one shape of its suite with ncu; never raises for a failed profile."""
+
+    def __init__(self, spec, tree, *, timeout_s: float = 600.0):
+        self.spec, self.tree, self.timeout_s = spec, tree, timeout_s
+
+    def __call__(self, source: str | None, case_id: str | None, extra_shapes: list[dict]) -> dict:
+        if case_id is None:
+            return unavailable("no timed shape to profile (a build-only run, or nothing measured)")
+        why = unavailable_reason()
+        if why:
+            return unavailable(why)
+        from astra import paths
+        from astra.errors import AstraError
+        from astra.spec import jobs
+
+        try:
+            job = jobs.make_job(self.spec, self.tree, candidate_source=source, extra_shapes=extra_shapes,
+                                label="ncu")
+            job.cases = [c for c in job.cases if c.id == case_id]
+            if not job.cases:
+                return unavailable(f"shape {case_id} is not in the suite")
+            job.options.cache_dir = str(paths.sub("builds"))
+            result = self._run(job)
+        except (AstraError, OSError) as err:  # the run goes on without a profile, and the prompt says why
+            return unavailable(f"{type(err).__name__}: {err}")
+        result["case"] = case_id
+        return result
+
+    def _run(self, job: Job) -> dict:
+        from harness.ncu import ncu_path, split_by_markers
+        from harness.process import run_isolated, scrub_env
+
+        with tempfile.TemporaryDirectory(prefix="astra-ncu-profile-") as tmp:
+            job_path, manifest, log = Path(tmp) / "job.json", Path(tmp) / "done.json", Path(tmp) / "ncu.csv"
+            job_path.write_text(job.to_json())
+            command = [ncu_path(), "--csv", "--metrics", ",".join([*METRICS, STALLS]), "--cache-control", "all",
+                       "--clock-control", "none", "--print-units", "base", "--log-file", str(log),
+                       sys.executable, "-m", "astra.optimize.ncu_profile", str(job_path), str(manifest)]
+            outcome = run_isolated(command, timeout_s=self.timeout_s, env=scrub_env(dict(os.environ), tmp), cwd=tmp)
+            if not manifest.exists() or not log.exists():
+                how = "timed out" if outcome.timed_out else f"exit {outcome.returncode}"
+                tail = (outcome.stderr or outcome.stdout).strip().splitlines()[-1:] or ["no output"]
+                return unavailable(f"the profiled launch did not finish ({how}): {tail[0][:300]}")
+            groups = split_by_markers(parse_csv(log.read_text(errors="replace")))
+        if not groups or not groups[-1]:
+            return unavailable("ncu reported no kernel between the markers (output not as expected)")
+        return summarize(groups[-1])
+
+
+def launch(job: Job, manifest: Path) -> None:
+    """The profiled side: the job's one case, launched once to warm up, then once between two markers."""
+    import torch
+
+    from harness.evaluate import _launch, build_all, default_cache_dir
+    from harness.inputs import clone_inputs, make_inputs, poison_outputs, to_call_args
+    from harness.modules import load_module
+
+    paths, _, failure = build_all(job, default_cache_dir(job))
+    if failure is not None:
+        raise RuntimeError(failure.reason)
+    case = job.cases[0]
+    run = _launch(load_module(paths[("cand", case.variant)]), job.entry)  # the original in a self-check
+
+    def args():
+        return to_call_args(poison_outputs(clone_inputs(make_inputs(case, 0, "cuda")), case.args), case.args)
+
+    run(args())
+    torch.cuda.synchronize()
+    call = args()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1)  # the marker kernel (harness.ncu.MARKER)
+    run(call)
+    torch.cuda._sleep(1)
+    torch.cuda.synchronize()
+    manifest.write_text(json.dumps({"case": case.id}))
+
+
+if __name__ == "__main__":
+    launch(Job.from_json(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))
