@@ -270,6 +270,11 @@ def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions,
             agent.timed_dtype = spec.dtypes[0]
     say(f"run {run.root.name}: {spec.name} from SGLang {tree.version}, agent {agent.name}; directory {run.root}")
     state = run_loop(run, agent, evaluate, opts.budget(), events=events or (lambda kind, data: None))
+    if not opts.dry_run:  # a small-token winner and a large-token one become one candidate, judged like any
+        from astra.optimize.band_dispatch import try_band_dispatch
+
+        if try_band_dispatch(run, spec, tree, evaluate, say) is not None:
+            state = run.state()
     if opts.quick_search and not opts.dry_run:
         confirm_best(run, evaluate, say)
         state = run.state()

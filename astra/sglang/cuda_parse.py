@@ -30,6 +30,8 @@ from astra.sglang.tensor_matchers import MatcherCall, TensorConstraint, find_ten
 CUDA_SUFFIXES = (".cu", ".cuh")
 _SCOPES = ("NAMESPACE", "LINKAGE_SPEC", "UNEXPOSED_DECL")
 _CLASSES = ("STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE", "CLASS_TEMPLATE_PARTIAL_SPECIALIZATION")
+_NAMED = ("STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE", "FUNCTION_DECL", "FUNCTION_TEMPLATE", "VAR_DECL",
+          "TYPEDEF_DECL", "TYPE_ALIAS_DECL", "TYPE_ALIAS_TEMPLATE_DECL", "ENUM_DECL")
 _FUNCTIONS = ("FUNCTION_DECL", "FUNCTION_TEMPLATE", "CXX_METHOD")
 _TEMPLATE_PARAM_KINDS = {
     "TEMPLATE_TYPE_PARAMETER": "type",
@@ -85,6 +87,7 @@ class ParsedSource:
     diagnostics: list[str]  # errors and fatal errors, `file:line: message`
     # errors clang raises on code nvcc accepts (see clang_env.nvcc_accepts); not in `diagnostics`
     clang_only_errors: list[str] = field(default_factory=list)
+    scope_names: list[str] = field(default_factory=list)  # declared at namespace scope in this file
 
     @property
     def ok(self) -> bool:
@@ -126,6 +129,9 @@ def parse_source(path: str | os.PathLike, include_dirs: list[str], defines: dict
         includes=_includes(tu, roots),
         diagnostics=[_format(d) for d in errors if not nvcc_accepts(tu, d)],
         clang_only_errors=[_format(d) for d in errors if nvcc_accepts(tu, d)],
+        scope_names=list(dict.fromkeys(c.spelling for c in decls if c.spelling and c.kind.name in _NAMED
+                                       and c.semantic_parent is not None
+                                       and c.semantic_parent.kind.name in ("NAMESPACE", "TRANSLATION_UNIT"))),
     )
 
 

@@ -1,0 +1,179 @@
+"""Per-band winners combined into one candidate that dispatches on shape in the host entry.
+
+A search often finds a change that wins on small token counts and another (or the original) that wins
+on large ones; neither alone is verified faster everywhere, so neither is a patch. `combine` writes
+one kernel file holding both, readable C++:
+
+    <the low-band winner, its entry renamed X_astra_low>
+    <the high-band winner, every name it declares at namespace scope suffixed _astra_high>
+    // Astra band dispatch ...
+    template <...> struct X { static void run(...) { if (tokens <= T) X_astra_low<...>::run(...);
+                                                     else X_astra_high<...>::run(...); } };
+
+Names come from libclang (astra.sglang.cuda_parse: the entry's class and template parameters, its
+`run` parameters, the names the file declares at namespace scope); the token count is the size of
+the entry argument whose spec shape holds the token dim. Nothing is assumed to work: the combined
+file is judged like any candidate (`try_band_dispatch`), on the full suite, against the original.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+from astra.errors import AstraError
+from astra.optimize.loop import band_leaders
+from astra.optimize.rundir import HistoryEntry, RunDir
+from harness import Verdict, improves_on, score
+
+LOW_BANDS = ("decode", "middle")
+SUFFIX_LOW, SUFFIX_HIGH = "_astra_low", "_astra_high"
+_NOT_CODE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
+
+
+class CannotCombine(AstraError):
+    """The two sources cannot be put behind one entry (the reason says why)."""
+
+
+def _parse(source: str, kernel_file: str, parse_dir: Path, include_dirs: list[str]):
+    from astra.sglang import cuda_parse
+
+    with tempfile.TemporaryDirectory(prefix="astra-band-", dir=parse_dir if parse_dir.is_dir() else None) as tmp:
+        path = Path(tmp) / Path(kernel_file).name
+        path.write_text(source)
+        return cuda_parse.parse_source(path, [str(parse_dir), *include_dirs])
+
+
+def _rename(text: str, names: list[str], suffix: str) -> str:
+    if not names:
+        return text
+    pattern = re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+                         + r")\b")
+    skipped = [(m.start(), m.end()) for m in _NOT_CODE.finditer(text)]  # comments and string literals
+    out, pos = [], 0
+    for m in pattern.finditer(text):
+        before = text[max(0, m.start() - 9):m.start()]
+        if before.endswith(("#include ", "->")) or any(a <= m.start() < b for a, b in skipped):
+            continue
+        out.append(text[pos:m.end()] + suffix)
+        pos = m.end()
+    return "".join(out) + text[pos:]
+
+
+def _template_head(params) -> str:
+    parts = []
+    for p in params:
+        if p.kind == "type":
+            parts.append(f"typename {p.name}")
+        elif p.kind == "non-type" and p.type:
+            parts.append(f"{p.type} {p.name}")
+        else:
+            raise CannotCombine(f"template parameter {p.name} ({p.kind}) cannot be forwarded")
+        if p.default:
+            parts[-1] += f" = {p.default}"
+    return f"template <{', '.join(parts)}>\n" if parts else ""
+
+
+def combine(low: str, high: str, *, entry: str, token_arg: tuple[str, int], threshold: int, kernel_file: str,
+            parse_dir: Path, include_dirs: list[str], note: str = "") -> str:
+    """One file: `low`'s entry for token counts <= `threshold`, `high`'s above. `entry` is the spec's
+    C++ entry ("ns::Class<args>::run" or "ns::function"); `token_arg` (C++ parameter name, dim index)
+    says where the token count is. Raises CannotCombine with the reason."""
+    parsed_low = _parse(low, kernel_file, parse_dir, include_dirs)
+    parsed_high = _parse(high, kernel_file, parse_dir, include_dirs)
+    base = re.sub(r"<.*", "", entry.rsplit("::run", 1)[0] if entry.endswith("::run") else entry)
+    owner = base.rsplit("::", 1)[-1]
+    namespace = base.rsplit("::", 1)[0] if "::" in base else ""
+    host = next((h for h in parsed_low.host_entries if (h.class_name or h.name) == owner
+                 and (h.name == "run" or h.class_name is None)), None)
+    if host is None:
+        raise CannotCombine(f"no host entry {owner} in the low-band source")
+    if host.template_params:
+        raise CannotCombine(f"{owner}: a templated run() cannot be forwarded")
+    names = [p.name for p in host.params]
+    arg, dim = token_arg
+    if arg not in names:
+        raise CannotCombine(f"{owner}: no parameter {arg} to read the token count from (parameters: {names})")
+    renamed_high = _rename(high, parsed_high.scope_names, SUFFIX_HIGH)
+    renamed_low = _rename(low, [owner], SUFFIX_LOW)
+    targs = ", ".join(p.name for p in host.class_template_params)
+    use = (lambda side: f"{owner}{side}<{targs}>::run") if host.class_name else (lambda side: f"{owner}{side}")
+    signature = ", ".join(f"{p.type} {p.name}" for p in host.params)
+    call = ", ".join(names)
+    body = (f"    if ({arg}.size({dim}) <= {threshold}) {{\n      {use(SUFFIX_LOW)}({call});\n    }} else {{\n"
+            f"      {use(SUFFIX_HIGH)}({call});\n    }}\n")
+    if host.class_name:
+        dispatcher = (f"{_template_head(host.class_template_params)}struct {owner} {{\n"
+                      f"  static void run({signature}) {{\n{body}  }}\n}};\n")
+    else:
+        dispatcher = f"{_template_head(host.template_params)}inline void {owner}({signature}) {{\n{body}}}\n"
+    if namespace:
+        dispatcher = f"namespace {namespace} {{\n\n{dispatcher}\n}}  // namespace {namespace}\n"
+    header = (f"// Astra band dispatch: {owner} runs the first version ({owner}{SUFFIX_LOW}) for {arg}.size({dim}) "
+              f"<= {threshold} tokens and the second ({owner}{SUFFIX_HIGH}) above.{(' ' + note) if note else ''}\n")
+    return (f"{renamed_low.rstrip()}\n\n// ---- Astra: the high-band version (its names end in {SUFFIX_HIGH}) ----\n"
+            f"{renamed_high.replace('#pragma once', '').rstrip()}\n\n{header}{dispatcher}")
+
+
+def token_argument(spec) -> tuple[str, int] | None:
+    """(argument name, dim index) of the first tensor argument whose shape holds the spec's token dim."""
+    token = str(spec.raw["shapes"].get("token_dim", "tokens"))
+    for arg in spec.raw.get("arguments", []):
+        shape = arg.get("shape") or []
+        if token in [str(s) for s in shape]:
+            return str(arg["name"]), [str(s) for s in shape].index(token)
+    return None
+
+
+def split_point(verdict: Verdict, spec, bands: tuple[str, ...] = LOW_BANDS) -> int | None:
+    """The largest token count among `bands`' cases: the dispatch threshold."""
+    token = str(spec.raw["shapes"].get("token_dim", "tokens"))
+    counts = [c.dims.get(token) for c in verdict.cases if c.band in bands and isinstance(c.dims.get(token), int)]
+    return max(counts) if counts else None
+
+
+def try_band_dispatch(run: RunDir, spec, tree, evaluate, say=print) -> int | None:
+    """When the run's best small-token winner and its best (or large-token winner) are different
+    candidates, judge their combination like any candidate; returns its number when it became the best."""
+    leaders = band_leaders(run)
+    state = run.state()
+    low = next((leaders[b] for b in LOW_BANDS if b in leaders), None)
+    high_n = state.best if state.best is not None else (leaders.get("prefill") or (None,))[0]
+    if low is None or high_n is None or low[0] == high_n:
+        return None
+    low_source, _, low_verdict = run.candidate(low[0])
+    high_source = run.candidate(high_n)[0]
+    where, threshold = token_argument(spec), split_point(low_verdict, spec) if low_verdict else None
+    if where is None or threshold is None:
+        say("band dispatch: skipped (no token argument or no low-band case in the spec)")
+        return None
+    try:
+        source = combine(low_source, high_source, entry=_entry(spec), token_arg=where, threshold=threshold,
+                         kernel_file=spec.kernel_file, parse_dir=Path(tree.csrc_dir) / Path(spec.kernel_file).parent,
+                         include_dirs=[str(tree.include_dir), str(tree.csrc_dir)],
+                         note=f"Low: candidate #{low[0]:03d}; high: candidate #{high_n:03d}.")
+    except AstraError as err:
+        say(f"band dispatch: skipped ({err})")
+        return None
+    name = f"band-dispatch:#{low[0]:03d}<= {threshold}<#{high_n:03d}"
+    n = run.add_candidate(source, {"name": name, "family": "dispatch", "round": state.round,
+                                   "description": f"#{low[0]:03d} up to {threshold} tokens, #{high_n:03d} above"})
+    verdict = evaluate(source, name)
+    run.save_verdict(n, verdict)
+    best = run.candidate(state.best)[2] if state.best is not None else None
+    decision = improves_on(verdict, best)
+    state.history.append(HistoryEntry(n=n, round=state.round, name=name, status=verdict.status, score=score(verdict),
+                                      accepted=decision.ok, why=decision.reason))
+    if decision.ok:
+        state.best, state.best_score = n, score(verdict)
+    run.save(state)
+    say(f"band dispatch #{n:03d}: {'ACCEPTED' if decision.ok else 'rejected'}: {decision.reason}")
+    return n if decision.ok else None
+
+
+def _entry(spec) -> str:
+    wrappers = spec.raw["build"].get("wrappers") or []
+    if not wrappers:
+        raise CannotCombine("the spec names no entry")
+    return str(wrappers[0]["entry"])
