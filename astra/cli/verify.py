@@ -40,6 +40,11 @@ def cmd_bench(args) -> int:
     for spec in specs:
         require_same_source(spec, trees[spec.name])
     runner.require_gpu()
+    if len(specs) > 1:  # every module built at once, one nvcc per core; each bench then finds its build
+        from astra.survey.bench import BenchTask, prebuild
+
+        prebuild([BenchTask(spec.name, str(spec.path), args.sglang, args.sglang_src) for spec in specs],
+                 lambda line: print(line, flush=True))
     verdicts, ok = {}, True
     for spec in specs:
         verdict = runner.bench_original(spec, trees[spec.name], opts)
