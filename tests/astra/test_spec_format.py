@@ -187,6 +187,16 @@ def test_bytes_are_split_by_roles_on_the_committed_specs():
     assert fused.bytes_split == "roles" and fused.bytes_written == 2 * fused.dims["tokens"] * fused.dims["hidden"] * 2
     store = _case(jobs.cases(spec.load("store_cache"))[0], tokens=1024)  # 8 MB scattered into 2 x 64 MiB of cache
     assert store.bytes_read + store.bytes_written == store.bytes == 4 * 1024 * store.dims["kv_heads"] * store.dims["head_dim"] * 2 + 8 * 1024
+    assert store.bytes_split == "spec"  # the spec names what the scatter reads and writes
+    assert (store.bytes_read, store.bytes_written) == (2 * 1024 * store.dims["kv_heads"] * store.dims["head_dim"] * 2 + 8 * 1024,
+                                                       2 * 1024 * store.dims["kv_heads"] * store.dims["head_dim"] * 2)
+
+
+def test_roles_are_scaled_to_bytes_when_the_spec_gives_only_bytes(tmp_path):
+    raw = yaml.safe_load(spec.spec_path("store_cache").read_text())
+    del raw["bytes_read"], raw["bytes_written"]  # left with bytes: the 2 x 64 MiB caches counted as roles are scaled down
+    store = _case(jobs.cases(spec.load(_write(tmp_path, raw, name="store_cache")))[0], tokens=1024)
+    assert store.bytes_read + store.bytes_written == store.bytes
     assert store.bytes_split.startswith("roles, scaled to bytes (less than")
 
 
