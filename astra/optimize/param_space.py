@@ -8,7 +8,14 @@ trying in its place:
   `16 / sizeof(T)`-style widths (8 and 16 bytes: Hopper's widest load is 16 bytes);
 - `bounds`: `__launch_bounds__(N)`'s thread count (the tile must agree, or the build or checks fail)
   and a minimum of blocks per SM added or changed (`__launch_bounds__(N, M)`, M in 1..4);
-- `unroll`: the factor of `#pragma unroll N`.
+- `unroll`: the factor of `#pragma unroll N`;
+- `cap`: a thread-count cap in host code, `dim3 block(std::min(heads * rot_dim / 2, 512))` or
+  `threads = std::min(..., 512)`: the literal bound of a `std::min` in a statement about threads or blocks;
+- `launch`: a literal block size given to `LaunchKernel(grid, 256, ...)` or `<<<grid, 256, ...>>>`.
+Constants are read from any `const`/`constexpr` integer declaration whose name says what it is
+(kBlockSize, TPB, WARPS_PER_TB, block_size, kNumThreads, kRowsPerBlock, ...), not only `k`-prefixed
+constexprs; a warp's size or a maximum is never one. Single moves come out in the order the kinds are
+worth trying under a deadline: vector widths and launch geometry first, unrolling last.
 None is assumed legal: a value the kernel's static_asserts or shapes reject fails to build or is
 incorrect, and the search drops it. `render` writes an assignment back into the text (right to left,
 so earlier spans keep their offsets).
@@ -19,19 +26,30 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from astra.optimize.transforms import _TUNABLE
-
 _ALIGNED = re.compile(r"\bAlignedVector\s*<\s*[\w:]+(?:\s*<[^<>]*>)?\s*,\s*(?P<value>\d+)\s*>")
 _BYTES = re.compile(r"(?P<value>\d+)(?=\s*/\s*\(?\s*sizeof\s*\()")  # 16 / sizeof(T), 16 / (sizeof(T) * 2)
 _BOUNDS = re.compile(r"__launch_bounds__\s*\(\s*(?P<value>\d+)\s*(?:,\s*(?P<min>\d+)\s*)?\)")
 _UNROLL = re.compile(r"#pragma\s+unroll\s+(?P<value>\d+)\b")
+_DECL = re.compile(
+    r"\b(?:static\s+)?(?:inline\s+)?(?:constexpr|const)\s+(?:auto|int|unsigned(?:\s+int)?|(?:std::)?u?int(?:32|64)_t|"
+    r"(?:std::)?size_t|uint)\s+(?P<name>\w+)\s*=\s*(?P<value>\d+)[uUlL]*\s*;")
+_TUNABLE_NAME = re.compile(
+    r"(?i)(threads|thread_?num|block_?size|block_?dim|warps|vec|unroll|tile|items_?per|rows_?per|tokens_?per|"
+    r"per_?block|per_?cta|per_?thread|tpb|cta_?size|loop_?count|stages)")
+_NOT_TUNABLE = re.compile(r"(?i)(warp_?size|warp_?threads|max|min|per_?sm)")
+_MIN = re.compile(r"\bstd::min\s*(?:<[^<>();]*>)?\s*\(")
+_LAUNCH = re.compile(r"\bLaunchKernel\s*\(|<<<")
+_LITERAL = re.compile(r"\s*(?:dim3\s*\(\s*)?(?P<value>\d+)[uUlL]*\s*\)?\s*")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_ABOUT_THREADS = re.compile(r"(?i)thread|block|dim3|tpb|cta")
 MAX_THREADS = 1024
+ORDER = ("vec", "const", "cap", "launch", "bounds", "minblocks", "unroll")  # single moves, best bets first
 
 
 @dataclass(frozen=True)
 class Param:
     name: str  # readable and unique: "kBlockSize", "AlignedVector@L42", "launch_bounds@L88", ...
-    kind: str  # const | vec | bounds | minblocks | unroll
+    kind: str  # const | vec | cap | launch | bounds | minblocks | unroll
     start: int  # the literal's span in the source
     end: int
     value: int  # as written
@@ -50,21 +68,30 @@ def _powers(value: int, low: int, high: int, factors=(0.25, 0.5, 2, 4)) -> tuple
 
 
 def find_params(text: str) -> list[Param]:
-    """Every tunable literal of `text` (see the module docstring), in source order."""
+    """Every tunable literal of `text` (see the module docstring) outside comments, grouped by kind."""
     params: list[Param] = []
     seen_names: dict[str, int] = {}
+    taken: set[int] = set()
+    comments = [(m.start(), m.end()) for m in _COMMENT.finditer(text)]
 
     def add(name: str, kind: str, start: int, end: int, value: int, choices: tuple[int, ...], insert: str = "") -> None:
-        if not choices:
+        if not choices or (start in taken and not insert) or any(a <= start < b for a, b in comments):
             return
+        taken.add(start)
         count = seen_names.get(name, 0)
         seen_names[name] = count + 1
         params.append(Param(name if count == 0 else f"{name}@L{_line(text, start)}", kind, start, end, value,
                             choices, insert))
 
-    for m in _TUNABLE.finditer(text):
-        value = int(m.group("value"))
-        add(m.group("name"), "const", m.start("value"), m.end("value"), value, _powers(value, 1, MAX_THREADS))
+    for m in _DECL.finditer(text):
+        name = m.group("name")
+        if _TUNABLE_NAME.search(name) and not _NOT_TUNABLE.search(name):
+            value = int(m.group("value"))
+            add(name, "const", m.start("value"), m.end("value"), value, _powers(value, 1, MAX_THREADS))
+    for start, end, value in _thread_caps(text):
+        add(f"threads_cap@L{_line(text, start)}", "cap", start, end, value, _powers(value, 32, MAX_THREADS))
+    for start, end, value in _launch_blocks(text):
+        add(f"launch_threads@L{_line(text, start)}", "launch", start, end, value, _powers(value, 32, MAX_THREADS))
     for m in _ALIGNED.finditer(text):
         value = int(m.group("value"))
         add(f"AlignedVector@L{_line(text, m.start())}", "vec", m.start("value"), m.end("value"), value,
@@ -89,6 +116,63 @@ def find_params(text: str) -> list[Param]:
         add(f"unroll@L{_line(text, m.start())}", "unroll", m.start("value"), m.end("value"), value,
             _powers(value, 1, 32, factors=(0.5, 2)))
     return params
+
+
+def _arguments(text: str, open_paren: int, close: str = ")") -> list[tuple[int, int]]:
+    """The spans of a call's top-level arguments; `open_paren` is just past the opening bracket."""
+    spans, depth, start, i = [], 0, open_paren, open_paren
+    while i < len(text):
+        ch = text[i]
+        if depth == 0 and text.startswith(close, i):
+            spans.append((start, i))
+            return spans
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth < 0:
+                return []
+        elif ch == ";":
+            return []
+        elif ch == "," and depth == 0:
+            spans.append((start, i))
+            start = i + 1
+        i += 1
+    return []
+
+
+def _literal(text: str, span: tuple[int, int], low: int = 32) -> tuple[int, int, int] | None:
+    m = _LITERAL.fullmatch(text, span[0], span[1])
+    if not m:
+        return None
+    value = int(m.group("value"))
+    return (m.start("value"), m.end("value"), value) if low <= value <= MAX_THREADS else None
+
+
+def _thread_caps(text: str) -> list[tuple[int, int, int]]:
+    """The literal bound of each `std::min(a, N)` in a statement that sets threads or blocks."""
+    caps = []
+    for m in _MIN.finditer(text):
+        statement = text[max(text.rfind(";", 0, m.start()), text.rfind("{", 0, m.start()),
+                             text.rfind("}", 0, m.start())) + 1: m.start()]
+        if not _ABOUT_THREADS.search(statement):
+            continue
+        for span in _arguments(text, m.end())[:2]:
+            found = _literal(text, span)
+            if found:
+                caps.append(found)
+    return caps
+
+
+def _launch_blocks(text: str) -> list[tuple[int, int, int]]:
+    """A literal block size: the second argument of `LaunchKernel(...)` or of `<<<...>>>`."""
+    blocks = []
+    for m in _LAUNCH.finditer(text):
+        spans = _arguments(text, m.end(), ">>>" if m.group(0) == "<<<" else ")")
+        found = _literal(text, spans[1]) if len(spans) >= 2 else None
+        if found:
+            blocks.append(found)
+    return blocks
 
 
 def render(text: str, params: list[Param], assignment: dict[str, int]) -> str:
@@ -119,7 +203,8 @@ def slug(assignment: dict[str, int]) -> str:
 
 def single_moves(params: list[Param]) -> list[dict[str, int]]:
     """Every parameter moved alone to each of its choices: the first rung of the search."""
-    return [{p.name: value} for p in params for value in p.choices]
+    ranked = sorted(params, key=lambda p: ORDER.index(p.kind) if p.kind in ORDER else len(ORDER))
+    return [{p.name: value} for p in ranked for value in p.choices]
 
 
 def combine(winners: list[dict[str, int]], limit: int = 6) -> list[dict[str, int]]:

@@ -151,3 +151,58 @@ def test_the_offline_agent_proposes_the_survivors_first(tmp_path):
     screened = len(calls)
     again = agent.propose(ctx)  # the same base: searched once, its proposals made once
     assert len(calls) == screened and not any(p.family == "param" for p in again)
+
+
+# ---------------------------------------------------------------- on SGLang's own kernels (0.5.23, downloaded)
+
+
+def _sglang_kernel(tree, rel: str) -> str:
+    return (tree.csrc_dir / rel).read_text()
+
+
+def test_thread_caps_and_literal_block_sizes_are_found_in_real_kernels(sglang_0523):
+    """The rope kernels of pos_enc.cuh cap their threads with `std::min(..., 512)`; paged_experts launches
+    literal 256-thread blocks; moe_topk_softmax names its tile TPB and WARPS_PER_TB. None of these were
+    in the space before (no `k`-prefixed constexpr)."""
+    rope = _sglang_kernel(sglang_0523, "elementwise/pos_enc.cuh")
+    caps = [p for p in param_space.find_params(rope) if p.kind == "cap"]
+    assert len(caps) == 2 and all(p.value == 512 and p.choices == (128, 256, 1024) for p in caps)
+    assert all(rope[p.start:p.end] == "512" and "std::min" in rope[rope.rfind("\n", 0, p.start):p.start] for p in caps)
+    experts = _sglang_kernel(sglang_0523, "moe/paged_experts.cuh")
+    launches = {p.value: p for p in param_space.find_params(experts) if p.kind == "launch"}
+    assert set(launches) == {32, 256}  # the block sizes; the literal grid of 256 blocks is not touched
+    text = param_space.render(experts, list(launches.values()), {launches[256].name: 512})
+    assert "LaunchKernel(256, 512," in text and text.count("LaunchKernel(256, 256,") == experts.count("LaunchKernel(256, 256,") - 1
+    softmax = {p.name: p for p in param_space.find_params(_sglang_kernel(sglang_0523, "moe/moe_topk_softmax.cuh"))}
+    assert softmax["TPB"].value == 256 and softmax["WARPS_PER_TB"].value == 4
+
+
+def test_warp_sizes_maxima_and_comments_are_never_tuned(sglang_0523):
+    for rel in ("moe/moe_topk_softmax.cuh", "elementwise/kvcache.cuh", "minimax/minimax_decode_topk.cuh"):
+        text = _sglang_kernel(sglang_0523, rel)
+        for p in param_space.find_params(text):
+            assert not re.search(r"(?i)warp_?size|max", p.name), (rel, p.name)
+            line_start = text.rfind("\n", 0, p.start) + 1
+            assert "//" not in text[line_start:p.start], (rel, p.name, text[line_start:p.end])
+
+
+def test_single_moves_try_vectors_and_geometry_before_unrolling(sglang_0523):
+    params = param_space.find_params(_sglang_kernel(sglang_0523, "elementwise/fused_metadata_copy.cuh"))
+    kinds = [next(p.kind for p in params if p.name in move) for move in param_space.single_moves(params)]
+    ranks = [param_space.ORDER.index(kind) for kind in kinds]
+    assert ranks == sorted(ranks) and "unroll" in kinds
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_a_thread_cap_move_on_a_real_kernel_still_compiles(sglang_0523, tmp_path):
+    """pos_enc.cuh with its rope thread cap at 1024, compiled for sm_90a with SGLang's own includes."""
+    rope = _sglang_kernel(sglang_0523, "elementwise/pos_enc.cuh")
+    params = param_space.find_params(rope)
+    cap = next(p for p in params if p.kind == "cap")
+    source = tmp_path / "pos_enc.cu"
+    source.write_text(param_space.render(rope, params, {cap.name: 1024}))
+    from harness.toolchain import arch_flags, tvm_ffi_paths
+    includes = [f"-I{sglang_0523.include_dir}", *(f"-I{d}" for d in tvm_ffi_paths()[0])]
+    done = subprocess.run(["nvcc", *arch_flags("90a"), "-std=c++20", "--expt-relaxed-constexpr", *includes, "--cubin",
+                           str(source), "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-1500:]
