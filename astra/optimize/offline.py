@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from astra.optimize import param_search
+from astra.optimize import param_search, reach
 from astra.optimize.loop import Context, source_id
-from astra.optimize.transforms import Proposal, catalog, kernels_of
+from astra.optimize.transforms import Proposal, catalog
 from harness import Verdict
 
 # Which transformation families to try first, by where the gap is.
@@ -52,7 +52,7 @@ class OfflineAgent:
 
     def __init__(self, kernel_file: str, source_root: Path, include_dirs: list[str], per_round: int = 12,
                  screen: param_search.Screen | None = None, prebuild: param_search.Prebuild | None = None,
-                 timed_dtype: str | None = None, search_share: float = 0.6):
+                 timed_dtype: str | None = None, search_share: float = 0.6, entries: list[str] | None = None):
         self.kernel_file = kernel_file
         self.source_root = Path(source_root)
         self.include_dirs = include_dirs
@@ -63,6 +63,7 @@ class OfflineAgent:
         self.search_share = search_share  # of the wall time left, for screening one base
         self.searched: set[str] = set()
         self.search_log: list[str] = []
+        self.entries = list(entries or [])  # the spec's host entries: the search stays in the code they reach
 
     def usage(self) -> tuple[int, float]:
         return 0, 0.0
@@ -89,8 +90,9 @@ class OfflineAgent:
         self.searched.add(base)
         budget = (ctx.wall_left_s if ctx.wall_left_s is not None else 600.0) * self.search_share
         rungs = [param_search.representative_cases(ctx.base_verdict, self.timed_dtype, n) for n in (1, 3)]
+        foreign = reach.foreign_lines(self._parsed(ctx.base_source), self.entries, ctx.base_source) if self.entries else set()
         search = param_search.Search(ctx.base_source, self.screen, [r for r in rungs if r],
-                                     deadline=time.time() + budget, prebuild=self.prebuild)
+                                     deadline=time.time() + budget, prebuild=self.prebuild, foreign_lines=foreign)
         survivors = search.run()
         self.search_log.extend(search.log)
         screened = sum(1 for line in search.log if line.startswith("rung"))
@@ -101,9 +103,20 @@ class OfflineAgent:
                 for p in survivors]
 
     def _kernels(self, source: str) -> list:
-        """Parse the source where it would live, so its relative includes resolve to the real tree."""
+        parsed = self._parsed(source)
+        return parsed.kernels if parsed is not None else []
+
+    def _parsed(self, source: str):
+        """libclang's view of the source where it would live (relative includes resolve to the real
+        tree); None when libclang is unavailable."""
+        from astra.errors import ToolMissing
+        from astra.sglang import cuda_parse
+
         original = self.source_root / self.kernel_file
         with tempfile.TemporaryDirectory(prefix="astra-parse-") as tmp:
             path = Path(tmp) / Path(self.kernel_file).name
             path.write_text(source)
-            return kernels_of(path, [str(original.parent), *self.include_dirs, str(self.source_root)])
+            try:
+                return cuda_parse.parse_source(path, [str(original.parent), *self.include_dirs, str(self.source_root)])
+            except ToolMissing:
+                return None

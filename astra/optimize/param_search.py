@@ -64,9 +64,15 @@ class Search:
     prebuild: Prebuild | None = None
     keep: float = 1 / 3
     log: list[str] = field(default_factory=list)  # one line per screened point, for the run's rationale
+    foreign_lines: set[int] = field(default_factory=set)  # code the entry does not reach (astra.optimize.reach)
 
     def run(self, survivors: int = 3) -> list[Point]:
         params = param_space.find_params(self.base_source)
+        elsewhere = [p for p in params if param_space.line_of(self.base_source, p) in self.foreign_lines]
+        if elsewhere:
+            self.log.append(f"{len(elsewhere)} parameter(s) in code this entry does not reach, not screened: "
+                            + ", ".join(p.name for p in elsewhere))
+            params = [p for p in params if p not in elsewhere]
         if not params or not self.rungs:
             self.log.append("no tunable parameter in the source" if not params else "no timed shape to screen on")
             return []

@@ -175,6 +175,10 @@ def _launch_blocks(text: str) -> list[tuple[int, int, int]]:
     return blocks
 
 
+def line_of(text: str, param: Param) -> int:
+    return _line(text, param.start)
+
+
 def render(text: str, params: list[Param], assignment: dict[str, int]) -> str:
     """`text` with each named parameter set to its assigned value."""
     by_name = {p.name: p for p in params}

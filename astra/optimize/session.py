@@ -106,7 +106,8 @@ def make_agent(opts: OptimizeOptions, spec: KernelSpec, tree: SglangTree, run: R
 
         return ExecAgent(exec_command(opts.agent), spec, opts.agent_timeout_s, tree=tree)
     if agent_kind(opts) == "offline":
-        return OfflineAgent(spec.kernel_file, tree.csrc_dir, [str(tree.include_dir)])
+        return OfflineAgent(spec.kernel_file, tree.csrc_dir, [str(tree.include_dir)],
+                            entries=[w["entry"] for w in spec.raw["build"].get("wrappers", []) if "entry" in w])
     from astra.optimize import llm
     from astra.optimize.llm_agent import LLMAgent
 

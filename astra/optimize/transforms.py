@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 
 @dataclass
@@ -126,14 +125,3 @@ def catalog(text: str, kernels: list) -> list[Proposal]:
             seen.add(p.source)
             unique.append(p)
     return unique
-
-
-def kernels_of(path: Path, include_dirs: list[str]) -> list:
-    """The `__global__` kernels libclang finds in the file (empty when libclang is unavailable)."""
-    from astra.errors import ToolMissing
-    from astra.sglang import cuda_parse
-
-    try:
-        return cuda_parse.parse_source(path, include_dirs).kernels
-    except ToolMissing:
-        return []

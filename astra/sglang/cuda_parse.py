@@ -88,6 +88,8 @@ class ParsedSource:
     # errors clang raises on code nvcc accepts (see clang_env.nvcc_accepts); not in `diagnostics`
     clang_only_errors: list[str] = field(default_factory=list)
     scope_names: list[str] = field(default_factory=list)  # declared at namespace scope in this file
+    # every host function defined in this file: (qualified name, class or None, first line, last line)
+    host_functions: list[tuple[str, str | None, int, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -132,7 +134,14 @@ def parse_source(path: str | os.PathLike, include_dirs: list[str], defines: dict
         scope_names=list(dict.fromkeys(c.spelling for c in decls if c.spelling and c.kind.name in _NAMED
                                        and c.semantic_parent is not None
                                        and c.semantic_parent.kind.name in ("NAMESPACE", "TRANSLATION_UNIT"))),
+        host_functions=[(_qualified_name(c), _class_of(c), *_extent(c)) for c in functions
+                        if _is_host(c)],
     )
+
+
+def _class_of(cursor) -> str | None:
+    parent = cursor.semantic_parent
+    return parent.spelling if parent is not None and parent.kind.name in _CLASSES else None
 
 
 def _parse_tu(path: Path, include_dirs: list[str], defines: dict | None, pch: bool):
