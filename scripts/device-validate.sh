@@ -4,7 +4,7 @@
 # ../shared/device/prepare-wheels.sh in .whl/ and SGLang trees under $ASTRA_HOME/sglang/:
 #   ASTRA_HOME=$PWD/.astra-device OUT=/some/dir scripts/device-validate.sh STEP...
 # Steps: spec-probe probe gpu harness adversarial check bench bench-rest bench-ncu patch-check tails optimize resume recheck
-#        bench6 survey param-search eval   (logs and JSON land in $OUT)
+#        bench6 survey param-search eval check-sample   (logs and JSON land in $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -65,6 +65,15 @@ for step in "$@"; do
     eval) ( time timeout ${EVAL_TIMEOUT:-580} python3 -m astra.cli eval --offline --wall-min ${EVAL_WALL_MIN:-10} \
                ${EVAL_ARGS:-} --json "$OUT/eval.json" ) > "$OUT/eval.log" 2>&1; echo "eval: exit $?"; tail -40 "$OUT/eval.log"
           tar czf "$OUT/runs.tgz" -C "$ASTRA_HOME" runs 2>/dev/null ;;
+    check-sample) names=$(python3 - "$ASTRA_HOME/probes" ${SAMPLE_SEED:-20261123} ${SAMPLE_N:-10} <<'PY'
+import json, pathlib, random, sys
+records = [json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))]
+probed = sorted(r["name"] for r in records if r.get("status") == "probed" and r.get("kind") == "draft")
+print(" ".join(random.Random(int(sys.argv[2])).sample(probed, min(int(sys.argv[3]), len(probed)))))
+PY
+)
+                  echo "check-sample (seed ${SAMPLE_SEED:-20261123}): $names"
+                  CHECK_TIMEOUT=${CHECK_TIMEOUT:-250} bash scripts/check-sample.sh $names ;;  # probed drafts only
     spec-probe) ( time timeout ${PROBE_TIMEOUT:-560} python3 -m astra.cli probe ${PROBE_ARGS:---all --reviewed} \
                --report "$OUT/probe-report.md" --json "$OUT/probe-report.json" ) > "$OUT/spec-probe.log" 2>&1
                echo "spec-probe: exit $?"; tail -${PROBE_TAIL:-40} "$OUT/spec-probe.log"
