@@ -58,6 +58,7 @@ __all__ = ["evaluate", "ContextLost", "collect_env", "default_cache_dir"]
 log = logging.getLogger(__name__)
 STARTUP_S = 180.0  # torch import and module load in the candidate process, before its signatures
 FIRST_CASE_EXTRA_S = 30.0  # the first case also pays for the candidate's CUDA context
+UNCHECKED_NOTE = "outputs not compared: the original timed against itself"
 _DISK_FULL = ("No space left on device", "ENOSPC", "Disk quota exceeded")
 
 
@@ -231,6 +232,9 @@ def evaluate(job: Job, device: torch.device | str | None = None) -> Verdict:
 
 def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     deadline = judge_deadline(start, job)
+    if not job.options.outputs_checked and job.candidate_source is not None:
+        raise ValueError("a candidate is never timed without its outputs checked (outputs_checked: false is for "
+                         "the original against itself: `astra survey`, `astra bench --time-only`)")
     why = scan(job)
     if why:
         return _failure(job, "rejected_source", why)
@@ -268,6 +272,30 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     phases["env_s"] = time.monotonic() - mark
     mark = time.monotonic()
     cand_so = {key: paths[("cand", key)] for key in keys}
+    if not job.options.outputs_checked:
+        results, checked, signatures = _unchecked(job), {}, {}
+    else:
+        outcome = _outputs_phase(job, device, deadline, keys, cand_so, modules, orig_signatures, reference, env)
+        if isinstance(outcome, Verdict):
+            return done(outcome)
+        results, checked, signatures = outcome
+    phases["check_s"] = time.monotonic() - mark
+    return done(_timing_phase(job, device, deadline, keys, paths, cand_so, results, checked, signatures, env, phases))
+
+
+def _unchecked(job: Job) -> list[CaseResult]:
+    """Results with no outputs compared: the original timed against itself (Options.outputs_checked)."""
+    results = []
+    for case in job.cases:
+        result = new_result(case)
+        result.notes.append(UNCHECKED_NOTE)
+        results.append(result)
+    return results
+
+
+def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[str], cand_so: dict,
+                   modules: dict, orig_signatures: dict, reference, env: dict):
+    """The candidate's outputs judged case by case: (results, checked digests, signatures), or a failure."""
     trials = [trials_for(case, job.options.seeds, job.options.extra_trials) for case in job.cases]
     launches = {key: _launch(modules[key], job.entry) for key in keys}
     results: list[CaseResult] = []
@@ -278,25 +306,30 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
             status, reason = run.failure("export signatures")
             if status == "crashed" and run.outcome is not None and run.outcome.returncode == 1:
                 status, reason = "build_failed", f"candidate module failed to load: {reason}"
-            return done(_failure(job, status, reason))
+            return _failure(job, status, reason)
         try:
             cand_signatures = read_signatures(run.work)
         except Malformed as error:
-            return done(_failure(job, "crashed", f"candidate process: {error}"))
+            return _failure(job, "crashed", f"candidate process: {error}")
         signatures, status, reason = drop_in(job, orig_signatures, cand_signatures)
         if status:
-            return done(_failure(job, status, reason, signatures=signatures))
+            return _failure(job, status, reason, signatures=signatures)
         for index, case in enumerate(job.cases):
             log.info("judging %s", case.id)
             result = judge_case(index, run, job, trials[index], launches[case.variant], device, reference, checked)
             if result is None:
                 status, reason = run.failure(f"results for {case.id}")
-                return done(_failure(job, status, reason, signatures=signatures, env=env))
+                return _failure(job, status, reason, signatures=signatures, env=env)
             results.append(result)
         if not run.clean_exit():
             status, reason = run.failure("a clean exit")
-            return done(_failure(job, status, f"{reason} (after its results)", signatures=signatures, env=env))
-    phases["check_s"] = time.monotonic() - mark
+            return _failure(job, status, f"{reason} (after its results)", signatures=signatures, env=env)
+    return results, checked, signatures
+
+
+def _timing_phase(job: Job, device: torch.device, deadline: float, keys: list[str], paths: dict, cand_so: dict,
+                  results: list[CaseResult], checked: dict, signatures: dict, env: dict, phases: dict) -> Verdict:
+    """Both sides timed in one candidate process, then the verdict (see the module docstring)."""
     mark = time.monotonic()
     notes: list[str] = []
     incomplete: list[str] = []
@@ -310,14 +343,19 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
             outcome = run.finish()
             if outcome.timed_out or not run.clean_exit():
                 status, reason = run.failure("timings")
-                return done(_failure(job, status, reason, signatures=signatures, env=env))
+                return _failure(job, status, reason, signatures=signatures, env=env)
             incomplete = apply_timings(run.work, job, results, env, device)
-            timed_outputs.judge(run.work, job, results, checked)  # a timed call must compute the checked result
+            if job.options.outputs_checked:  # a timed call must compute the checked result
+                timed_outputs.judge(run.work, job, results, checked)
     phases["time_s"] = time.monotonic() - mark
     verdict = decide(results, list(job.options.modes), job.options.slowdown_threshold)
     if verdict.status == "correct" and incomplete:
         more = f" (+{len(incomplete) - 1} more)" if len(incomplete) > 1 else ""
         verdict.status, verdict.faster, verdict.reason = "incomplete", False, incomplete[0] + more
+    if verdict.status == "correct" and not job.options.outputs_checked:
+        verdict.status, verdict.correct, verdict.faster = "timed", False, None  # correctness not established
+        verdict.reason = verdict.reason.replace("correct on", "timed on", 1) + f" ({UNCHECKED_NOTE})"
+        notes.append(UNCHECKED_NOTE)
     verdict.name, verdict.candidate_label = job.name, job.candidate_label
     verdict.env, verdict.signatures, verdict.notes = env, signatures, notes + incomplete
-    return done(verdict)
+    return verdict

@@ -146,6 +146,9 @@ class Options:
     sanitizer: bool = True
     sanitizer_max_cases: int = 2  # the smallest cases
     extra_trials: bool = True  # the large/small/extreme trials beside the seeds (False: `astra bench`)
+    # False: time the original against itself without its outputs phase (`astra survey`, `bench --time-only`);
+    # refused for a candidate, which is never timed unchecked
+    outputs_checked: bool = True
     budget_ms_per_case: float = 400.0  # timing budget per case and side
     target_rel_stderr: float = 0.01
     slowdown_threshold: float = 0.02

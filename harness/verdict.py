@@ -25,6 +25,7 @@ STATUSES = (
     "incomplete",  # a timing mode could not be measured (e.g. out of memory): the speed claim is unproven
     "environment_error",  # the machine failed (disk full, ...), not the candidate
     "built",  # compiled only, never run (a dry run)
+    "timed",  # the original timed against itself with no outputs compared (`astra survey`, `bench --time-only`)
 )
 
 

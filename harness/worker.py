@@ -41,7 +41,7 @@ from harness.sanitizer import DEFAULT_TOOLS, sanitize
 from harness.verdict import STATUSES, Verdict
 
 __all__ = ["EVALUATE_ENV", "FAILURE_STATUSES", "collect_verdict", "failure_verdict", "run_job", "verify_job"]
-FAILURE_STATUSES = frozenset(STATUSES) - {"correct"}
+FAILURE_STATUSES = frozenset(STATUSES) - {"correct", "timed"}
 FORGED = "verdict signature invalid (the verdict file was written by something other than the judge)"
 
 

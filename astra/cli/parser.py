@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="DIR", help="write baseline.md, baseline.json and roofline.svg there")
     p.add_argument("--ncu", action="store_true",
                    help="also measure each shape with Nsight Compute (gpu__time_duration) and compare with cold")
+    p.add_argument("--time-only", action="store_true",
+                   help="time the original without comparing its outputs with itself (status 'timed'; much faster)")
     p = sub.add_parser("probe", help="run the ORIGINAL kernel of drafted specs on their suites and record it (GPU)")
     p.add_argument("names", nargs="*", metavar="NAME", help="drafts under $ASTRA_HOME/drafts (else reviewed specs)")
     p.add_argument("--all", action="store_true", help="every draft under $ASTRA_HOME/drafts")
@@ -220,6 +222,9 @@ def _survey_command(sub) -> None:
     p.add_argument("--json", metavar="PATH", help="write the ranking as JSON")
     p.add_argument("--top", type=int, default=None, metavar="N", help="show only the N best-ranked kernels")
     p.add_argument("--budget-ms", type=float, default=None, help="timing budget per shape and side")
+    p.add_argument("--check-outputs", action="store_true",
+                   help="also compare each original's outputs with itself before timing (as `astra bench` does; "
+                        "slower: by default the survey only times, the probe has checked the outputs)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="GPU workers on this host, one kernel each at a time (default: every GPU; 1: in this process)")
     p.add_argument("--ray", metavar="auto|ADDRESS",

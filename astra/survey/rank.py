@@ -33,7 +33,7 @@ from astra.survey.mixes import Mix, suite_weights
 VIEWS = ("graph", "cold")
 FORMULA = ("recoverable_us = sum_t w(t) * mean_families max(0, time - practical_floor); "
            "score = recoverable_us * reach factor")
-_OK_STATUSES = ("correct", "incomplete", "suspect")
+_OK_STATUSES = ("correct", "timed", "incomplete", "suspect")
 
 
 @dataclass

@@ -25,6 +25,7 @@ class CheckOptions:
     quick: bool = False
     budget_ms: float | None = None  # timing budget per shape and side (None: the harness default)
     ncu: bool = False  # bench: also measure each shape with Nsight Compute
+    outputs_checked: bool = True  # bench: False times the original without its outputs phase (status "timed")
 
     def __post_init__(self) -> None:
         bad = [m for m in self.modes if m not in MODES]
@@ -35,7 +36,8 @@ class CheckOptions:
             raise AstraError(f"--budget-ms {self.budget_ms}: must be a positive number of milliseconds")
 
     def harness_options(self, *, sanitizer: bool | None = None) -> Options:
-        opts = Options(modes=list(self.modes), sanitizer=self.sanitizer if sanitizer is None else sanitizer)
+        opts = Options(modes=list(self.modes), sanitizer=self.sanitizer if sanitizer is None else sanitizer,
+                       outputs_checked=self.outputs_checked)
         if self.quick:
             opts.seeds = [0]
             opts.budget_ms_per_case = 100.0

@@ -68,6 +68,20 @@ def test_original_against_itself_is_correct():
     assert verdict.env["gpu"] and verdict.band_speedups, verdict
 
 
+def test_the_original_timed_unchecked_is_timed_with_floors():
+    """`outputs_checked: false` (astra survey, bench --time-only): no outputs phase, the same timing phase;
+    the verdict reads "timed", every timed case has both views and both floors."""
+    job = adversarial_job(None)
+    job.options.outputs_checked = False
+    verdict = run_job(job, timeout_s=JOB_TIMEOUT_S)
+    print(f"time-only: {verdict.status}: {verdict.reason}; phases {verdict.phases}")
+    assert verdict.status == "timed" and "outputs not compared" in verdict.reason, verdict.reason
+    timed = [c for c in verdict.cases if c.timed]
+    assert timed and all(set(c.timings) == {"graph", "cold"} and c.floors["graph"]["practical_us"] for c in timed)
+    assert all(c.trials == 0 and not c.checks for c in verdict.cases)
+    assert verdict.phases["check_s"] < 1.0 and 0.9 < verdict.band_speedups["graph"]["all"] < 1.1
+
+
 @pytest.mark.parametrize("expect", PLAIN, ids=[e.name for e in PLAIN])
 def test_candidate_is_rejected(expect):
     assert_verdict(run_job(adversarial_job(expect.name), timeout_s=JOB_TIMEOUT_S), expect)

@@ -170,6 +170,18 @@ def test_the_mix_decides_the_order():
     assert any("not observed" in n for n in ranking.kernels[1].notes)
 
 
+def test_a_time_only_bench_ranks_like_a_checked_one():
+    """The survey times originals without comparing their outputs with themselves (status "timed"); the
+    ranking reads the same times and floors either way."""
+    checked = rank.rank_kernel(record("rmsnorm", decode_heavy), "graph", load_mix("decode"))
+    timed = rank.rank_kernel(record("rmsnorm", decode_heavy, status="timed"), "graph", load_mix("decode"))
+    assert timed.status == checked.status == "ranked" and timed.score == pytest.approx(checked.score)
+    assert not any(n.startswith("bench ") for n in timed.notes)  # no warning: "timed" is a bench that went well
+    crashed = rank.rank_kernel(record("rmsnorm", decode_heavy, status="crashed"), "graph", load_mix("decode"))
+    assert crashed.notes[0].startswith("bench crashed")
+    assert BenchSettings().outputs_checked is False  # the survey's default
+
+
 def test_cases_without_floors_are_skipped_with_a_note():
     old = record("rmsnorm", decode_heavy, floors=False)  # a verdict from before floors were recorded
     mixed = record("silu_and_mul", decode_heavy)

@@ -319,3 +319,31 @@ def test_clone_keeps_aliases_and_bytes_count_once():
     copy = clone_inputs(inputs)
     assert copy["x"] is copy["out"] and copy["x"] is not inputs["x"]
     assert set_bytes(inputs) == 4 * 32 * 4
+
+
+# ---------------------------------------------------------------- time-only: the original against itself, unchecked
+
+
+def test_a_candidate_is_never_timed_unchecked():
+    from harness.evaluate import evaluate
+
+    job = _job(candidate_source="// a candidate", options=Options(outputs_checked=False))
+    with pytest.raises(ValueError, match="never timed without its outputs checked"):
+        evaluate(job, device="cpu")
+
+
+def test_the_original_timed_unchecked_reads_timed_not_correct():
+    from harness.evaluate import UNCHECKED_NOTE, _timing_phase, _unchecked
+
+    job = _job(options=Options(outputs_checked=False, modes=["graph"]))
+    results = _unchecked(job)
+    assert [r.notes for r in results] == [[UNCHECKED_NOTE]] and results[0].trials == 0 and not results[0].checks
+    verdict = _timing_phase(job, torch.device("cpu"), math.inf, ["v"], {}, {}, results, {}, {}, {}, {})
+    assert verdict.status == "timed" and verdict.faster is None and verdict.correct is False  # not established
+    assert UNCHECKED_NOTE in verdict.reason
+    assert verdict.reason.startswith("timed on 1 cases") and UNCHECKED_NOTE in verdict.notes
+    assert Verdict(status="timed", reason="r", correct=True).status == "timed"  # a status a verdict may carry
+    checked = _timing_phase(_job(options=Options(modes=["graph"])), torch.device("cpu"), math.inf, ["v"], {}, {},
+                            [CaseResult(**{k: getattr(results[0], k) for k in ("id", "band", "label", "dtype", "dims",
+                                                                               "timed", "bytes")})], {}, {}, {}, {})
+    assert checked.status == "correct"
