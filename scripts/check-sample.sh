@@ -7,7 +7,11 @@ OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
 for name in "$@"; do
   rel=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['source']['kernel_file'])" \
         "$ASTRA_HOME/drafts/$name/kernel.yaml")
-  src=$(find "$ASTRA_HOME/sglang/0.5.23/sglang" -path "*/csrc/$rel" | sort | head -1)  # jit/csrc first, else a kda csrc
+  jit="$ASTRA_HOME/sglang/0.5.23/sglang/kernels/jit/csrc"
+  case $rel in
+    ../*) src=$(realpath -m "$jit/$rel") ;;  # a kernel kept beside its loader (kda_kernels/csrc), relative to jit/csrc
+    *) src=$(find "$ASTRA_HOME/sglang/0.5.23/sglang" -path "*/csrc/$rel" | sort | head -1) ;;  # jit/csrc first
+  esac
   cp "$src" "/tmp/$name.cuh"
   start=$(date +%s)
   timeout ${CHECK_TIMEOUT:-100} python3 -m astra.cli check "$name" --candidate "/tmp/$name.cuh" --modes graph,cold \

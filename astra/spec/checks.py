@@ -228,6 +228,10 @@ def check_source(source) -> list[str]:
     out = unknown_keys(source, SOURCE, "source")
     out += [f"source: missing `{k}`" for k in ("sglang_version", "kernel_file", "repo_path", "sha256")
             if k not in source]
+    if Path(str(source.get("kernel_file", ""))).is_absolute():
+        out.append(f"source.kernel_file {source['kernel_file']} is an absolute path, which holds on one machine only: "
+                   "give it relative to the tree's jit csrc folder (`../../kda_kernels/csrc/...` for a kernel kept "
+                   "beside its loader), or re-extract the draft with `astra extract NAME`")
     sha = str(source.get("sha256", ""))
     if "sha256" in source and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
         out.append("source.sha256 must be 64 lowercase hex characters")

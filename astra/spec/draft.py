@@ -10,6 +10,7 @@ runtime's gates on head sizes, dims moved where a check asks; cases whose tensor
 
 from __future__ import annotations
 
+import os
 import re
 
 from astra.sglang import cxx_facts, registry, variants
@@ -127,7 +128,7 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     constraints, verdict = evidence.runtime_constraints(tree, module) if runtime else ([], "not looked up")
     models = gate_models(models, constraints, dim_meanings, notes)
     source = registry.resolve_source(tree, site.cuda_files[0])
-    rel = source.relative_to(tree.csrc_dir).as_posix() if source.is_relative_to(tree.csrc_dir) else str(source)
+    rel = os.path.relpath(source, tree.csrc_dir)  # `../../kda_kernels/csrc/...` for a kernel beside its loader
     spec = {
         "name": _safe(module.name), "module": module.name, "category": module.category,
         "description": f"TODO(review): what `{export_name}` computes. Drafted from {facts.qualified_name} "

@@ -5,7 +5,9 @@ This is the one path from a spec to what gets built: `make_job` here, then `harn
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 from astra.errors import AstraError
 from astra.sglang import registry
@@ -103,10 +105,13 @@ def make_job(spec: KernelSpec, tree: SglangTree, *, candidate_source: str | None
     when it moved in this tree (recheck, diff-versions)."""
     build = spec.raw["build"]
     case_list, variants = cases(spec, extra_shapes)
+    kernel_file = spec.kernel_file
+    if ".." in Path(kernel_file).parts:  # outside the jit csrc (kda_kernels/csrc): the path on this machine
+        kernel_file = os.path.normpath(os.path.join(tree.csrc_dir, kernel_file))
     job = Job(
         name=spec.name,
         entry=spec.entry,
-        kernel_file=spec.kernel_file,
+        kernel_file=kernel_file,
         build=BuildBase(
             source_root=str(tree.csrc_dir),
             include_dirs=[str(tree.include_dir)] + registry.source_roots(

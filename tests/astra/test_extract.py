@@ -67,3 +67,20 @@ def test_extract_works_across_buildable_modules(sglang_0523, specs_dir):
         assert result.draft.exists() and result.files, module.name
         drafted.append(module.name)
     assert len(drafted) >= 0.8 * (len(drafted) + len(refused)), refused
+
+
+def test_a_kernel_kept_beside_its_loader_gets_a_portable_path(sglang_0523, specs_dir):
+    """residual_gate_add lives in kda_kernels/csrc, not jit/csrc: the draft names it relative to jit/csrc
+    (an absolute path held on the machine that extracted it only), and the job finds it in this tree."""
+    from astra.spec import jobs
+    from astra.spec.source_check import require_same_source
+
+    result = extract.extract(sglang_0523, "diffusion_residual_gate_add", build_check=False)
+    loaded = spec.load(result.draft)
+    assert loaded.kernel_file == "../../kda_kernels/csrc/diffusion/residual_gate_add.cuh"
+    require_same_source(loaded, sglang_0523)  # the sha256 of the file the path names
+    job = jobs.make_job(loaded, sglang_0523)
+    assert job.kernel_file == str(sglang_0523.csrc_dir.parent.parent / "kda_kernels/csrc/diffusion/residual_gate_add.cuh")
+    raw = dict(loaded.raw, source={**loaded.raw["source"], "kernel_file": job.kernel_file})
+    problems = spec.validate(raw, result.draft)
+    assert any("absolute path" in p and "re-extract" in p for p in problems)
