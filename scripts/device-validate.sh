@@ -3,7 +3,7 @@
 # the steps given. Usage on the GPU box, from the repo root, with the wheels of
 # ../shared/device/prepare-wheels.sh in .whl/ and SGLang trees under $ASTRA_HOME/sglang/:
 #   ASTRA_HOME=$PWD/.astra-device OUT=/some/dir scripts/device-validate.sh STEP...
-# Steps: spec-probe probe gpu harness adversarial check bench bench-rest bench-ncu patch-check tails optimize resume recheck
+# Steps: spec-probe probe gpu harness astra-gpu adversarial check bench bench-rest bench-ncu patch-check tails optimize resume recheck
 #        bench6 survey param-search eval check-sample   (logs and JSON land in $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
@@ -22,7 +22,8 @@ for step in "$@"; do
     probe) timeout 120 python3 scripts/timing_probe.py --json "$OUT/probe.json" > "$OUT/probe.log" 2>&1
            echo "probe: exit $?"; cat "$OUT/probe.log" ;;
     gpu) pytest_step gpu ${GPU_TIMEOUT:-480} tests/harness tests/adversarial ;;  # every gpu test but recheck's, one run
-    harness) pytest_step harness 200 tests/harness ;;  # tests/astra needs openai, not on the GPU box
+    harness) pytest_step harness 200 tests/harness ;;
+    astra-gpu) pytest_step astra-gpu ${ASTRA_GPU_TIMEOUT:-560} ${ASTRA_GPU_TESTS:-tests/astra/test_mcp.py tests/astra/test_llm_context.py tests/astra/test_exec_agent.py} ;;  # needs .whl with mcp, openai
     adversarial) pytest_step adversarial 420 tests/adversarial ;;
     bench) ( time timeout 300 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm rmsnorm --ncu \
                --budget-ms 40 --json "$OUT/bench.json" --report "$OUT/baseline" ) \

@@ -286,7 +286,7 @@ def test_dry_run_builds_the_agents_candidate(sglang_0523, script):
 @pytest.mark.network
 def test_optimize_verifies_the_agents_candidate_on_a_gpu(sglang_0523, script):
     """End to end on a GPU: the agent's edit is built, checked on every shape, sanitized and timed."""
-    proc, state, run_dir = _optimize(script, "--wall-min", "40", timeout=3000)
+    proc, state, run_dir = _optimize(script, "--wall-min", "8", timeout=540)  # one device call holds it
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: verified but not faster
     (entry,) = state["history"]
     assert entry["name"] == "exec:r0:multiply-by-the-reciprocal-of-kdim"

@@ -269,7 +269,7 @@ def test_ncu_profiles_a_real_shape(sglang_0523):
 
     spec = spec_mod.load("fused_add_rmsnorm")
     case = next(c for c in jobs.make_job(spec, sglang_0523).cases if c.timed)
-    result = ncu_profile.Profiler(spec, sglang_0523)(None, case.id, [])
+    result = ncu_profile.Profiler(spec, sglang_0523, timeout_s=400)(None, case.id, [])
     assert result["available"], result
     assert result["kernels"] >= 1 and result["duration_us"] > 0 and result["registers"] > 0
     assert result["dram_pct"] is not None and len(result["top_stalls"]) == 3

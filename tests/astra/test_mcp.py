@@ -314,7 +314,7 @@ def test_check_of_our_rowscale_kernel_without_a_gpu_is_the_no_gpu_tool_error(row
 def test_check_of_a_rowscale_candidate_on_the_gpu_is_correct(rowscale, tmp_path):
     verdict_file = tmp_path / "verdict.json"
     result = call(lambda session: session.call_tool("check", _check_arguments(
-        rowscale, modes=["graph"], verdict_out=str(verdict_file))), home=rowscale["home"], timeout=900)
+        rowscale, modes=["graph"], verdict_out=str(verdict_file))), home=rowscale["home"], timeout=540)
     assert not result.is_error, texts(result)
     verdict = json.loads(texts(result)[0])
     assert verdict["status"] == "correct" and verdict["correct"] is True, verdict["reason"]
