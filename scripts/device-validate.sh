@@ -9,7 +9,11 @@ set -uo pipefail
 OUT=${OUT:-/tmp/astra-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export ASTRA_TEST_HOME=${ASTRA_TEST_HOME:-${ASTRA_HOME:-$PWD/.astra-device}}  # tests find the carried wheels (no network there)
-[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+# .whl: tvm-ffi and libclang-ng (the probe's repairs and the offline search read C++ with it); .whl-tests: mcp,
+# openai and their dependencies (tests/astra). Carry what the step needs: one call carries 64 MiB at most.
+for wheels in .whl .whl-tests; do
+  [ -d $wheels ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels/*.whl
+done
 export PYTHONPATH=/tmp/site:$PWD
 astra() { python3 -m astra.cli "$@"; }
 pytest_step() {  # name, timeout, paths...
