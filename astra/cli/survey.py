@@ -68,6 +68,7 @@ def cmd_survey(args) -> int:
             records = {n: records[n] for n in args.names}
         if not records:
             raise BadInput(f"--report-only: {store.root} holds no survey record; run `astra survey` on a GPU machine")
+        records = run.refresh_unknown_reach(records, store, say=_say)
     else:
         targets = run.select(args.names, all_drafts=args.all, reviewed=args.reviewed, say=_say)
         runner.require_gpu()  # exit 7, as `astra bench`

@@ -215,11 +215,27 @@ def from_wheel(version: str) -> SglangTree:
     return SglangTree(root=target, version=version, origin="wheel")
 
 
+_SRT_FAILED: dict[str, AstraError] = {}  # tree root -> why its runtime could not be fetched (asked once per process)
+
+
 def ensure_srt(tree: SglangTree) -> Path | None:
     """`tree.srt_dir`, unpacking the runtime's .py files from the wheel again for a wheel tree that
-    was unpacked without them. A checkout or installed package has it or not: None when not."""
+    was unpacked without them. A checkout or installed package has it or not: None when not.
+    A download that failed is not tried again in this process (a machine with no network: the survey
+    asks once per kernel, and pip's retries cost seconds each time)."""
     if tree.srt_dir is not None or tree.origin != "wheel":
         return tree.srt_dir
+    key = str(tree.root)
+    if key in _SRT_FAILED:
+        raise _SRT_FAILED[key]
+    try:
+        return _fetch_srt(tree)
+    except AstraError as err:
+        _SRT_FAILED[key] = err
+        raise
+
+
+def _fetch_srt(tree: SglangTree) -> Path | None:
     with tempfile.TemporaryDirectory(prefix="astra-wheel-") as tmp:
         wheel = _pip_download(tree.version, Path(tmp))
         if tree.srt_dir is not None:  # another process finished meanwhile

@@ -154,3 +154,27 @@ def _reach(spec: KernelSpec, version: str | None, src: str | None, reach_of: rea
         except AstraError as err:
             cache[key] = reach_mod.unknown(f"gates unknown: {one_line(err, 200)}")
     return cache[key]
+
+
+def refresh_unknown_reach(records: dict[str, dict], store: Store, reach_of: reach_mod.ReachOf | None = None,
+                          say: Callable[[str], None] = lambda _: None) -> dict[str, dict]:
+    """Records whose reach was unknown when benched (a GPU machine with no network cannot fetch SGLang's
+    runtime sources) looked up again here, where the tree may have them; a found reach is written back
+    to the store, so the next report has it too. Records of specs no longer found keep what they have."""
+    out, cache, found = dict(records), {}, 0
+    for name, record in records.items():
+        if reach_mod.status_of(record.get("reach")) != "unknown":
+            continue
+        try:
+            spec = resolve(record.get("spec_file") or name)
+        except AstraError:
+            continue
+        reach = _reach(spec, record.get("sglang_version"), None, reach_of or reach_mod.reach_of, cache)
+        if reach_mod.status_of(reach) != "unknown":
+            out[name] = {**record, "reach": reach}
+            store.write(out[name])
+            found += 1
+    if found:
+        say(f"reach looked up for {found} record(s) benched without it")
+    return out
+

@@ -141,6 +141,26 @@ def test_no_runtime_tree_and_no_site(tmp_path, home):
         "no call site in sglang/srt: reached only from tests/benchmarks or by plugins")
 
 
+def test_a_runtime_that_cannot_be_fetched_is_asked_for_once(tmp_path, home, monkeypatch):
+    """On a machine with no network (the GPU box), a wheel tree without sglang/srt fails the same way for
+    every kernel a survey looks up: pip is run once per process, not once per kernel."""
+    from astra.errors import SglangNotFound
+
+    checkout = _checkout(tmp_path / "repo", runtime=False)
+    tree = SglangTree(checkout.root, "9.9.8", "wheel")
+    calls: list[str] = []
+
+    def offline(version, dest):
+        calls.append(version)
+        raise SglangNotFound("could not download SGLang 9.9.8 with pip: no network")
+
+    monkeypatch.setattr(sglang_tree, "_pip_download", offline)
+    for _ in range(3):
+        with pytest.raises(SglangNotFound, match="no network"):
+            ensure_srt(tree)
+    assert calls == ["9.9.8"]
+
+
 def test_cli_list_why(tmp_path, home):
     _checkout(tmp_path / "repo")
     proc = subprocess.run([sys.executable, "-m", "astra.cli", "list", "--sglang-src", str(tmp_path / "repo"),

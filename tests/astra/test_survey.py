@@ -292,6 +292,27 @@ def test_resume_benches_only_what_the_store_lacks(specs, tmp_path):
     assert not list(store.root.glob("*.tmp")) and not list(store.root.glob(".*"))
 
 
+def test_reach_unknown_on_the_gpu_box_is_looked_up_when_reported(specs, tmp_path):
+    """A survey benched where sglang/srt could not be fetched records reach "unknown"; `--report-only`
+    on a machine that has the runtime looks it up and writes it back to the store."""
+    store = Store(tmp_path / "survey")
+    unknown = record("rmsnorm", decode_heavy, reach_status="unknown")
+    store.write(unknown)
+    store.write(record("silu_and_mul", decode_heavy, reach_status="cold"))
+    asked: list[str] = []
+
+    def reach_of(spec, version, src):
+        asked.append(spec.module)
+        return {**unknown["reach"], "status": "gated", "verdict": "gated (looked up)"}
+
+    lines: list[str] = []
+    out = run.refresh_unknown_reach(store.records(), store, reach_of=reach_of, say=lines.append)
+    assert asked == ["rmsnorm"] and out["rmsnorm"]["reach"]["status"] == "gated"
+    assert out["silu_and_mul"]["reach"]["status"] == "cold"  # known reach is kept as benched
+    assert store.read("rmsnorm")["reach"]["status"] == "gated" and "1 record(s)" in lines[0]
+    assert store.read("rmsnorm")["verdict"] == unknown["verdict"]
+
+
 def test_a_failed_bench_is_recorded_and_retried(specs, tmp_path):
     shutil.copytree(specs / "rmsnorm", specs / "boom")
     text = (specs / "boom" / "kernel.yaml").read_text().replace("name: rmsnorm", "name: boom", 1)
