@@ -365,3 +365,20 @@ def test_candidate_build_leaves_a_symlinked_tree_byte_identical(tmp_path):
     assert result.ok, result.error
     assert any("scale_kernel_v3<float>" in r.name for r in result.resources)
     assert _snapshot(real) == before
+
+
+def test_build_many_starts_the_largest_source_first_and_keeps_the_order(tmp_path, monkeypatch):
+    import sys
+
+    build_mod = sys.modules["harness.build"]  # the package exports a function of the same name
+    (tmp_path / "small.cuh").write_text("// small\n")
+    (tmp_path / "large.cuh").write_text("// large\n" * 500)
+    started: list[str] = []
+    monkeypatch.setattr(build_mod, "build", lambda req, cache, **kw: started.append(req.name) or req.name)
+    reqs = [BuildRequest(name=name, source_root=str(tmp_path), include_dirs=[], cuda_files=[f"{size}.cuh"])
+            for name, size in (("a", "small"), ("b", "large"), ("c", "small"))]
+    reqs.append(BuildRequest(name="d", source_root=str(tmp_path), include_dirs=[], cuda_files=["small.cuh"],
+                             overrides={"small.cuh": "x" * 100_000}))  # a candidate's text counts as given
+    assert build_mod.build_many(reqs, tmp_path, jobs=1) == ["a", "b", "c", "d"]
+    assert started == ["d", "b", "a", "c"]
+    assert build_mod.source_size(reqs[1]) == len("// large\n" * 500)
