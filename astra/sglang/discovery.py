@@ -14,6 +14,7 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from astra.sglang.py_constants import int_constants
 from astra.sglang.tree import SglangTree
 
 LIST_KWARGS = ("cuda_files", "cpp_files", "extra_cuda_cflags", "extra_cflags", "extra_ldflags",
@@ -57,6 +58,8 @@ class CallSite:
     header_only: bool = True
     guards: list[str] = field(default_factory=list)  # enclosing `if` tests, as source text
     callers: list[Caller] = field(default_factory=list)
+    # integer constants of the loader's module (`_WARPS = 8`, `TMA_STAGE_BYTES = 32 * 1024`), as C++ text
+    module_constants: dict[str, str] = field(default_factory=dict)
 
 
 def _src(node: ast.AST, text: str) -> str:
@@ -272,6 +275,7 @@ def scan_file(path: Path, tree_root: Path, functions: dict[str, ast.FunctionDef]
         return []  # reported by `unparsable` (astra list prints one line per file)
     parents = {child: node for node in ast.walk(module) for child in ast.iter_child_nodes(node)}
     module_scope = _Scope(module.body)
+    constants = int_constants(module_scope.assigns)
     rel = path.resolve().relative_to(tree_root.resolve()).as_posix()
     sites: list[CallSite] = []
     for call in (n for n in ast.walk(module) if isinstance(n, ast.Call) and _is_load_jit(n)):
@@ -293,6 +297,7 @@ def scan_file(path: Path, tree_root: Path, functions: dict[str, ast.FunctionDef]
                 template_args=_template_args(call, scope, text),
                 guards=_guards(parents, call, text),
                 callers=_callers(module, loader) if fn else [],
+                module_constants=constants,
             )
             for kw in call.keywords:
                 if kw.arg in LIST_KWARGS:

@@ -43,6 +43,7 @@ class GuessedVariant:
     values: dict[str, str]  # symbol -> C++ text
     guessed: list[str] = field(default_factory=list)  # symbols filled by convention
     unresolved: list[str] = field(default_factory=list)
+    fixed: list[str] = field(default_factory=list)  # integer literals and module constants: never a swept dim
 
 
 def _symbol_value(symbol: str, defaults: dict[str, str], overrides: dict[str, str]) -> tuple[str | None, bool]:
@@ -68,8 +69,11 @@ def guess(site: CallSite, overrides: dict[str, str] | None = None) -> GuessedVar
     guessed: list[str] = []
     unresolved: list[str] = []
 
-    defaults = {k: v for c in site.callers for k, v in c.defaults.items()}
+    constants = getattr(site, "module_constants", {}) or {}
+    defaults = dict(constants)  # the module's own constants, below what a caller or the loader defaults
+    defaults.update({k: v for c in site.callers for k, v in c.defaults.items()})
     defaults.update(site.loader_defaults)
+    fixed: list[str] = []
 
     def value_of(symbol: str) -> str:
         value, was_guessed = _symbol_value(symbol, defaults, overrides)
@@ -78,6 +82,9 @@ def guess(site: CallSite, overrides: dict[str, str] | None = None) -> GuessedVar
             return "{" + symbol + "}"
         if was_guessed and symbol not in guessed:
             guessed.append(symbol)
+        if symbol not in fixed and (re.fullmatch(r"-?\d+", symbol) or (defaults.get(symbol) == constants.get(symbol)
+                                                                      and symbol in constants)):
+            fixed.append(symbol)
         values[symbol] = value
         return value
 
@@ -98,4 +105,4 @@ def guess(site: CallSite, overrides: dict[str, str] | None = None) -> GuessedVar
 
     wrappers = [(w.export, fill(w.entry), w.lang) for w in site.wrappers]
     flags = [fill(f) for f in site.extra_cuda_cflags]
-    return GuessedVariant(wrappers, flags, values, guessed, sorted(set(unresolved)))
+    return GuessedVariant(wrappers, flags, values, guessed, sorted(set(unresolved)), fixed)

@@ -75,7 +75,7 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     index, facts = candidates[0]
     export_name = guess.wrappers[index][0]
     raw_entry = site.wrappers[index].entry
-    entry, binding, dim_symbols, more = bind_template(facts, raw_entry, site.template_args, guess.values)
+    entry, binding, dim_symbols, more = bind_template(facts, raw_entry, site.template_args, guess.values, guess.fixed)
     notes += more
     dims = Dims()
     shapes = dims_from_facts(facts, binding, dims)

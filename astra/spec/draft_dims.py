@@ -62,11 +62,13 @@ def translate(expr: str, table: dict[str, str]) -> str | None:
 
 
 def bind_template(facts: EntryFacts, raw_entry: str, template_args: dict[str, list[str]],
-                  values: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str], list[str]]:
+                  values: dict[str, str], fixed: list[str] = ()) -> tuple[str, dict[str, str], dict[str, str], list[str]]:
     """(entry template for the spec, C++ param -> spec name/expr, spec dim -> Python symbol, notes).
 
     `raw_entry` is the call site's entry with `{var}` holes; `template_args` maps each var to the
-    Python symbols given to `make_cpp_args`; `values` are the guessed C++ values of those symbols."""
+    Python symbols given to `make_cpp_args`; `values` are the guessed C++ values of those symbols; `fixed`
+    the symbols that are integer literals or constants of the loader's module, bound as those numbers
+    (as a swept dim they would take a model's value, or 128)."""
     notes: list[str] = []
 
     def expand(m: re.Match) -> str:
@@ -99,6 +101,11 @@ def bind_template(facts: EntryFacts, raw_entry: str, template_args: dict[str, li
         elif (param.type or "").strip() == "bool" or value in ("true", "false"):
             rendered[symbol] = value or "false"
             binding[param.name] = "1" if value == "true" else "0"
+        elif symbol in fixed and re.fullmatch(r"-?\d+", value or ""):
+            rendered[symbol] = value
+            binding[param.name] = value
+            if not re.fullmatch(r"-?\d+", symbol):
+                notes.append(f"template argument `{symbol}` = {value}: a constant of the loader's module")
         elif re.fullmatch(r"-?\d+", value or "") or not value:
             dim = ident(symbol.split(".")[-1].rstrip("()"))
             dim_symbols[dim] = symbol
