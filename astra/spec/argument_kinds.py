@@ -76,3 +76,33 @@ def tensor_init(name: str, dtype: str, shape: list[str], others: list[tuple[str,
         return {"dist": "randint", "low": 1, "high": high or 64}
     return {"dist": "randint", "low": 0, "high": high or 64}
 
+
+_PLUS_ONE = re.compile(r"\s*(?P<n>[A-Za-z_]\w*)\s*\+\s*1\s*")
+
+
+def offsets_init(arguments: list[dict], derived: dict[str, str], token_dim: str) -> list[str]:
+    """Offsets into the token dim (`cu_seqlens`, `qsl`, CSR `indptr`): a 1-D integer input of n + 1
+    entries, by the host check `cu.size(0) == nseq + 1` or by its shape, is drawn as the offsets of n
+    equal runs of tokens (0, t/n, 2t/n, ..., at most t): monotone and inside the tokens, where random
+    indices would make runs that overlap, go backwards or end past the tokens. Returns review notes."""
+    notes = []
+    for arg in arguments:
+        shape = arg.get("shape") or []
+        if (arg.get("kind") != "tensor" or arg.get("role") not in ("in", None) or len(shape) != 1
+                or str(arg.get("dtype")) not in ("int32", "int64")):
+            continue
+        found = _PLUS_ONE.fullmatch(str(derived.get(shape[0], shape[0])))
+        if not found:
+            continue
+        n, runs_of = found.group("n"), token_dim
+        if n == token_dim:  # offsets of the swept batch into another dim: the one its indices were bounded by
+            bound = [w for w in re.findall(r"[A-Za-z_]\w*", str((arg.get("init") or {}).get("high", "")))
+                     if w not in (n, "min", "max")]
+            if not bound:
+                continue
+            runs_of = bound[0]
+        arg["init"] = {"dist": "arange", "start": 0, "step": f"{runs_of} // max(1, {n})"}
+        notes.append(f"tensor `{arg['name']}`: {n} + 1 integers, drawn as the offsets of {n} equal runs of "
+                     f"`{runs_of}` (0, {runs_of} // {n}, ...)")
+    return notes
+

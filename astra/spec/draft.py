@@ -16,6 +16,7 @@ import re
 from astra.sglang import cxx_facts, registry, variants
 from astra.sglang.tree import SglangTree, sha256_file
 from astra.spec import evidence, meanings
+from astra.spec.argument_kinds import offsets_init
 from astra.spec.draft_arguments import build_arguments, index_constraints, main_dtypes
 from astra.spec.draft_arguments import bytes_expr as _bytes  # the name astra.verify.message_repair imports
 from astra.spec.draft_cases import MAX_CASE_BYTES, fill_models, gate_models
@@ -117,6 +118,7 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
                                             promoted=rel.promoted)
     for scalar, dim in ((s, d) for s, d in rel.promoted.items() if not d.isdigit()):
         notes.append(f"scalar `{scalar}` became dim `{dim}`: a host check constrains it")
+    notes += offsets_init(arguments, dims.derived, token_dim)
     checks = rel.constraints + index_constraints(arguments)
     used, used_derived = _used_dims(arguments, dims, token_dim, entry)
     checks = _expressible(checks, dims, used, used_derived)

@@ -1,0 +1,47 @@
+"""Offsets into the tokens (cu_seqlens, qsl, CSR indptr) are drawn as offsets, not random indices
+(astra.spec.argument_kinds.offsets_init), by the n + 1 shape a host check gives them."""
+
+from __future__ import annotations
+
+import pytest
+
+from astra.spec.argument_kinds import offsets_init
+
+
+def _tensor(name, shape, dtype="int64", role="in", init=None):
+    return {"name": name, "kind": "tensor", "shape": shape, "dtype": dtype, "role": role,
+            "init": init or {"dist": "randint", "low": 0, "high": "min(cache_d0, nseq)"}}
+
+
+def test_n_plus_one_integers_become_equal_runs_of_the_tokens():
+    args = [_tensor("cu", ["cu_d0"]), _tensor("x", ["t", "d"], dtype="{dtype}"), _tensor("lens", ["nseq"]),
+            _tensor("out_offsets", ["cu_d0"], role="out"), _tensor("w", ["nseq + 1"], dtype="float32")]
+    notes = offsets_init(args, {"cu_d0": "nseq + 1"}, "t")
+    assert args[0]["init"] == {"dist": "arange", "start": 0, "step": "t // max(1, nseq)"}
+    assert [a["init"]["dist"] for a in args[1:]] == ["randint"] * 4  # not n + 1, an output, a float
+    assert notes == ["tensor `cu`: nseq + 1 integers, drawn as the offsets of nseq equal runs of `t` (0, t // nseq, ...)"]
+
+
+def test_offsets_of_the_swept_batch_run_over_the_dim_they_were_bounded_by():
+    args = [_tensor("qsl", ["b + 1"], dtype="int32", init={"dist": "randint", "low": 0, "high": "min(t, cache_d0)"})]
+    offsets_init(args, {}, "b")
+    assert args[0]["init"]["step"] == "t // max(1, b)"
+    unbounded = [_tensor("qsl", ["b + 1"], init={"dist": "randint", "low": 0, "high": 64})]
+    offsets_init(unbounded, {}, "b")
+    assert unbounded[0]["init"]["dist"] == "randint"  # nothing to run over: left as drafted
+
+
+@pytest.mark.network
+def test_the_causal_conv1d_draft_draws_cu_as_offsets(sglang_0523, tmp_path, monkeypatch):
+    """inkling/causal_conv1d.cuh checks `cu.size(0) == NS.unwrap() + 1` ("cu must have length nseq+1")."""
+    from astra.spec import extract, jobs
+    from astra.spec import model as spec
+
+    monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
+    loaded = spec.load(extract.extract(sglang_0523, "inkling_causal_conv1d", build_check=False).draft)
+    cu = next(a for a in loaded.raw["arguments"] if a["name"] == "cu")
+    assert cu["init"]["dist"] == "arange"
+    for case in jobs.cases(loaded)[0]:
+        arg = next(a for a in case.args if a.name == "cu")
+        t, nseq = case.dims["t"], case.dims["nseq"]
+        assert arg.shape == [nseq + 1] and arg.init["step"] * nseq <= t
