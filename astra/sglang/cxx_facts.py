@@ -5,8 +5,9 @@ into the file's own helper functions (tensor parameters renamed to the entry's n
 
   - every tensor argument: the dims of each `TensorMatcher({...})` that verifies it (symbols,
     literals, expressions as written), its `with_dtype<...>` options, its `with_strides({...})`,
-    whether it is `Optional<TensorView>`, the element types that pointer casts of its data reveal
-    (`static_cast<const int64_t*>(x.data_ptr())`), and whether a non-const cast suggests a write;
+    whether it is `Optional<TensorView>`, the element types its data's pointer casts and typed helpers
+    reveal (`static_cast<const int64_t*>(x.data_ptr())`, `unwrap_data_ptr<int32_t>(x, "x")`), and whether
+    a non-const one suggests a write;
   - every `SymbolicSize` with its label (`SymbolicSize N{"num_tokens"}`) and the value fixed by
     `N.set_value(expr)` before the checks;
   - scalar parameters with their C++ types; the entry's template parameters (class, then function);
@@ -14,8 +15,7 @@ into the file's own helper functions (tensor parameters renamed to the entry's n
     panics, see astra.sglang.host_checks) with the local definitions of its function, scalar
     parameters of helpers renamed to what the caller passes.
 
-The facts are what the code states; `astra.spec.infer` turns them into a draft and the GPU probe
-decides whether the draft is right.
+The facts are what the code states; `astra.spec.infer` drafts from them, the GPU probe judges the draft.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ _SCOPES = ("NAMESPACE", "LINKAGE_SPEC", "UNEXPOSED_DECL", "STRUCT_DECL", "CLASS_
 _CAST = re.compile(r"(?:static|reinterpret)_cast<\s*(const\s+)?([\w:]+)\s*(?:const\s*)?\*\s*(?:__restrict__\s*)?>"
                    r"\(\s*(\w+)(?:\.value\(\)|\s*->)?\s*\.?\s*data_ptr\(\)\s*\)")
 _TYPED_PTR = re.compile(r"\b(\w+)(?:\.value\(\))?\.data_ptr<\s*(const\s+)?([\w:]+)\s*>\(\)")
+_PTR_HELPER = re.compile(r"\b\w*data_ptr(_mut)?<\s*([\w:]+)\s*>\(\s*(\w+)\s*[,)]")
 _SET_VALUE = re.compile(r"\b(\w+)\s*\.\s*set_value\s*\(\s*(.+?)\s*\)\s*;")
 _LABEL = re.compile(r'^(\w+)\s*(?:=\s*)?(?:\{\s*"([^"]*)"\s*\}|\(\s*"([^"]*)"\s*\))?\s*$')
 _CONSTEXPR = re.compile(r"\bconstexpr\s+(?:static\s+)?(?:inline\s+)?(?:const\s+)?(?:int|int32_t|int64_t|size_t|uint32_t|"
@@ -181,8 +182,7 @@ def _find(functions: dict, fn: str, cls: str | None):
 
 def entry_facts(kernel_path: Path, include_dirs: list[str], entry: str, source_roots: list[str],
                 defines: dict | None = None, hints: list[str] = ()) -> EntryFacts:
-    """The facts of `entry` (a wrapper's C++ entry as rendered) in `kernel_path`. `hints`: class
-    names the Python loader mentions (string literals), tried when the entry's class is a hole."""
+    """The facts of `entry` (a rendered wrapper entry) in `kernel_path`; `hints`: the loader's class names, for a hole."""
     tu = _tu(str(Path(kernel_path).resolve()), tuple(include_dirs), tuple(sorted((defines or {}).items())))
     functions: dict[str, list] = {}
     _walk_functions(tu.cursor, [str(Path(r).resolve()) for r in source_roots], functions)
@@ -289,9 +289,9 @@ def _analyze(cursor, rename: dict[str, str], facts: EntryFacts, functions: dict,
             fact.dtypes += [d for d in dtypes if d not in fact.dtypes]
             if strides is not None and fact.strides is None:
                 fact.strides = strides
-    for const, elem, var in _CAST.findall(text):
-        _cast(facts, rename.get(var), elem, bool(const))
-    for var, const, elem in _TYPED_PTR.findall(text):
+    casts = [(v, c, e) for c, e, v in _CAST.findall(text)] + _TYPED_PTR.findall(text)
+    casts += [(v, "" if mut else "const", e) for mut, e, v in _PTR_HELPER.findall(text)]
+    for var, const, elem in casts:
         _cast(facts, rename.get(var), elem, bool(const))
     _follow_calls(cursor, text, rename, facts, functions, depth, seen, aliases)
 

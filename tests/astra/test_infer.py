@@ -61,6 +61,16 @@ def test_int64_pointer_casts_give_index_dtypes(sglang_0523):
     assert dict(facts.scalars) == {"head_size": "int64_t", "is_neox": "bool"}
 
 
+def test_typed_pointer_helpers_give_dtypes_and_writes(sglang_0523):
+    """fused_metadata_copy reads its tensors through `unwrap_data_ptr<int32_t>(x, "x")` (a dtype check of
+    its own) and writes through `unwrap_data_ptr_mut<int32_t>(...)`: int32, read or written."""
+    facts = _facts(sglang_0523, "fused_metadata_copy")
+    assert facts.tensors["cache_seqlens_src"].elem_types[0] == "int32_t" and facts.tensors["cache_seqlens_src"].const_cast
+    assert facts.tensors["cache_seqlens_dst"].elem_types[0] == "int32_t" and facts.tensors["cache_seqlens_dst"].mutable_cast
+    spec, _ = draft.draft_module(sglang_0523, registry.find(sglang_0523, "fused_metadata_copy"))
+    assert _args(spec)["cache_seqlens_src"]["dtype"] == "int32" and _args(spec)["cache_seqlens_dst"]["role"] == "out"
+
+
 def test_written_tensors_from_non_const_casts(sglang_0523):
     facts = _facts(sglang_0523, "clamp_position")
     assert facts.tensors["dst"].mutable_cast and not facts.tensors["dst"].const_cast
