@@ -65,7 +65,8 @@ def tensor_init(name: str, dtype: str, shape: list[str], others: list[tuple[str,
     if dtype == "uint8":
         return {"dist": "randint", "low": 0, "high": 256}
     own = set(shape)
-    firsts = [s[0] for n, s in others if s and s[0] not in own and s[0] != token_dim]
+    firsts = [s[0] for n, s in others if s and s[0] not in own and s[0] != token_dim
+              and not (str(s[0]).isdigit() and int(s[0]) <= 1)]  # a [1, ...] tensor is indexed by nothing
     high = (f"min({', '.join(dict.fromkeys(firsts))})" if len(set(firsts)) > 1 else firsts[0]) if firsts else None
     capacity = [f for f in firsts if (meanings.meaning_of(f) or meanings.MEANINGS[0]).key == "capacity"]
     if INDEX_NAMES.search(name) and high:

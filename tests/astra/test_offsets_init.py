@@ -45,3 +45,14 @@ def test_the_causal_conv1d_draft_draws_cu_as_offsets(sglang_0523, tmp_path, monk
         arg = next(a for a in case.args if a.name == "cu")
         t, nseq = case.dims["t"], case.dims["nseq"]
         assert arg.shape == [nseq + 1] and arg.init["step"] * nseq <= t
+
+
+def test_a_one_row_tensor_never_bounds_an_index():
+    """`num_token_non_padded` of shape [1] is not what an index tensor indexes: min(..., 1) would draw
+    every index as 0 (and a length, low 1, from an empty range)."""
+    from astra.spec.argument_kinds import tensor_init
+
+    others = [("count", ["1"]), ("table", ["capacity"]), ("x", ["tokens", "hidden"])]
+    assert tensor_init("page_idx", "int64", ["tokens"], others, "tokens") == {"dist": "randint", "low": 0,
+                                                                                  "high": "capacity"}
+    assert tensor_init("seq_lens", "int32", ["tokens"], [("count", ["1"])], "tokens")["high"] == 64
