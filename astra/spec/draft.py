@@ -15,7 +15,7 @@ import re
 
 from astra.sglang import cxx_facts, registry, variants
 from astra.sglang.tree import SglangTree, sha256_file
-from astra.spec import evidence, meanings
+from astra.spec import evidence, meanings, presence
 from astra.spec.argument_kinds import offsets_init
 from astra.spec.draft_arguments import build_arguments, index_constraints, main_dtypes
 from astra.spec.draft_arguments import bytes_expr as _bytes  # the name astra.verify.message_repair imports
@@ -119,6 +119,10 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     for scalar, dim in ((s, d) for s, d in rel.promoted.items() if not d.isdigit()):
         notes.append(f"scalar `{scalar}` became dim `{dim}`: a host check constrains it")
     notes += offsets_init(arguments, dims.derived, token_dim)
+    for a in arguments:
+        if a["name"] in rel.present:
+            a["present"] = rel.present[a["name"]]
+            notes[:] = [n for n in notes if not n.startswith(f"tensor `{a['name']}` is optional (None allowed)")]
     checks = rel.constraints + index_constraints(arguments)
     used, used_derived = _used_dims(arguments, dims, token_dim, entry)
     checks = _expressible(checks, dims, used, used_derived)
@@ -226,8 +230,19 @@ def _host_relations(facts, binding, dims, shapes, arguments, token_dim, guessed:
             if a["name"] in guessed and a.get("dtype", "").startswith("int") and value not in (0, None):
                 value = scalar_placeholder(a["name"])
             scalars[a["name"]] = value
+    optional = {a["name"]: present[a["name"]] for a in arguments if a["kind"] == "tensor" and "present" in a}
+    chosen = presence.choose(facts, optional, lambda o: cond_env(facts, binding, dims, shapes, scalars, {**present, **o}))
+    notes: list[str] = []
+    for a in arguments:
+        if chosen and a["name"] in chosen and chosen[a["name"]] != optional[a["name"]]:
+            a["present"] = present[a["name"]] = chosen[a["name"]]
+            notes.append(f"optional tensor `{a['name']}`: drafted as {'present' if a['present'] else 'None'}, "
+                         "as the entry's has_value() checks require")
     env = cond_env(facts, binding, dims, shapes, scalars, present)
-    return host_relations(facts, env, dims, token_dim, guessed)
+    rel = host_relations(facts, env, dims, token_dim, guessed)
+    rel.notes[:0] = notes
+    rel.present = {n: v for n, v in (chosen or {}).items() if v != optional[n]}
+    return rel
 
 
 def _expressible(constraints: list[str], dims, used: list[str], used_derived: list[str]) -> list[str]:

@@ -38,6 +38,7 @@ class Relations:
     promoted: dict[str, str] = field(default_factory=dict)  # scalar argument -> the dim it became
     reshaped: dict[str, list[str]] = field(default_factory=dict)  # unshaped tensor -> shape from its checks
     notes: list[str] = field(default_factory=list)
+    present: dict[str, bool] = field(default_factory=dict)  # optional tensor -> passed (astra.spec.presence)
 
 
 def cond_env(facts: EntryFacts, binding: dict[str, str], dims: Dims, shapes: dict[str, list[str]],

@@ -71,6 +71,18 @@ def test_typed_pointer_helpers_give_dtypes_and_writes(sglang_0523):
     assert _args(spec)["cache_seqlens_src"]["dtype"] == "int32" and _args(spec)["cache_seqlens_dst"]["role"] == "out"
 
 
+def test_optional_tensors_are_passed_as_the_presence_checks_allow(sglang_0523):
+    """dsa/kpool_topk_transform.cuh: `!(page_table_opt.has_value() && topk_indices_offset_opt.has_value())`
+    and `!page_table_row_index_opt.has_value() || page_table_opt.has_value()`. Every optional tensor
+    passed broke the first on every case; the draft keeps the most tensors that satisfy both."""
+    spec, notes = draft.draft_module(sglang_0523, registry.find(sglang_0523, "kpool_topk_transform_{group_topk}"))
+    present = {a["name"]: a["present"] for a in spec["arguments"] if "present" in a}
+    assert present["page_table_opt"] and present["page_table_row_index_opt"]
+    assert present["topk_indices_offset_opt"] is False
+    assert any("`topk_indices_offset_opt`: drafted as None" in n for n in notes)
+    assert not any(n.startswith("tensor `topk_indices_offset_opt` is optional") for n in notes)
+
+
 def test_written_tensors_from_non_const_casts(sglang_0523):
     facts = _facts(sglang_0523, "clamp_position")
     assert facts.tensors["dst"].mutable_cast and not facts.tensors["dst"].const_cast
