@@ -140,10 +140,10 @@ def _always_true(expr: str) -> bool:
     except SyntaxError:
         return True
     options = tree.values if isinstance(tree, ast.BoolOp) and isinstance(tree.op, ast.Or) else [tree]
-    return any(_trivially_true(o) or _constant(o, True) for o in map(ast.unparse, options))
+    return any(_trivially_true(o) or constant(o, True) for o in map(ast.unparse, options))
 
 
-def _constant(expr: str, value: bool) -> bool:
+def constant(expr: str, value: bool) -> bool:
     """Whether `expr` names nothing and evaluates to `value` (a template bool, an absent optional tensor)."""
     if host_checks.UNKNOWN in expr or meaning_names(expr):
         return False
@@ -155,7 +155,7 @@ def _constant(expr: str, value: bool) -> bool:
 
 def _guard_false(expr: str) -> bool:
     """Whether a guard reads as a constant False."""
-    return _constant(expr, False)
+    return constant(expr, False)
 
 
 _FLAG = re.compile(r"^(is|use|has|enable|do|with|apply)_|_(flag|enabled)$")
@@ -172,7 +172,7 @@ def _flag_value(scalar: str, parts: list[str]) -> int | None:
         return None
     alone = [p for p in mine if meaning_names(p) == {name}]
     for value in (1, 0):
-        if not any(_constant(rename(p, {name: str(value)}), False) for p in alone):
+        if not any(constant(rename(p, {name: str(value)}), False) for p in alone):
             return value
     return None
 

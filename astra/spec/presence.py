@@ -17,7 +17,7 @@ from typing import Callable
 
 from astra.sglang import host_checks
 from astra.sglang.cxx_facts import EntryFacts
-from astra.spec.expr import ExprError, evaluate, names_in
+from astra.spec.host_relations import constant
 
 MAX_FREE = 6  # 64 assignments
 
@@ -29,9 +29,9 @@ def violated(facts: EntryFacts, env: host_checks.CondEnv) -> int:
         if "has_value" not in check.cond:
             continue
         local = host_checks.CondEnv(**{**env.__dict__, "cxx": {**env.cxx, **check.locals}})
-        if check.guard is not None and _false(host_checks.to_python(check.guard, local)):
+        if check.guard is not None and constant(host_checks.to_python(check.guard, local), False):
             continue
-        if any(_false(part) for part in host_checks.conjuncts(host_checks.to_python(check.cond, local))):
+        if any(constant(part, False) for part in host_checks.conjuncts(host_checks.to_python(check.cond, local))):
             count += 1
     return count
 
@@ -53,11 +53,3 @@ def choose(facts: EntryFacts, drafted: dict[str, bool],
         return None
     return max(fitting, key=lambda o: (sum(o.values()), -sum(o[n] != drafted[n] for n in names)))
 
-
-def _false(expr: str) -> bool:
-    if host_checks.UNKNOWN in expr or names_in(expr):
-        return False
-    try:
-        return bool(evaluate(expr, {})) is False
-    except ExprError:
-        return False
