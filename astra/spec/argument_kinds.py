@@ -25,6 +25,20 @@ LEN_NAMES = re.compile(r"len|count|num_|cnt|size", re.I)
 _SCATTER_NAMES = re.compile(r"loc|slot|out_cache|dst_ind|indices", re.I)
 
 
+_ALIAS = re.compile(r"^\s*using\s+(\w+)\s*=\s*(?:std::)?([\w:]+)\s*;|^\s*typedef\s+(?:std::)?([\w:]+)\s+(\w+)\s*;", re.M)
+
+
+def type_aliases(text: str) -> dict[str, str]:
+    """`using RID_T = int64_t;` / `typedef int32_t idx_t;` of a kernel file, for the element types a
+    spec can name (a `with_dtype<RID_T>()` check then reads as int64)."""
+    out = {}
+    for m in _ALIAS.finditer(text):
+        alias, target = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+        if target in CPP_TO_DTYPE and alias not in CPP_TO_DTYPE:
+            out.setdefault(alias, target)
+    return out
+
+
 def tensor_dtype(fact, binding: dict[str, str]) -> tuple[str, bool]:
     """(dtype field, certain) of a tensor: `{dtype}` where its check names the main dtype param."""
     options = [binding.get(d, d) for d in fact.dtypes]

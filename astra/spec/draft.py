@@ -16,7 +16,7 @@ import re
 from astra.sglang import cxx_facts, registry, variants
 from astra.sglang.tree import SglangTree, sha256_file
 from astra.spec import evidence, meanings, presence
-from astra.spec.argument_kinds import offsets_init
+from astra.spec.argument_kinds import offsets_init, type_aliases
 from astra.spec.draft_arguments import build_arguments, index_constraints, main_dtypes
 from astra.spec.draft_arguments import bytes_expr as _bytes  # the name astra.verify.message_repair imports
 from astra.spec.draft_cases import MAX_CASE_BYTES, fill_models, gate_models
@@ -78,6 +78,9 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     raw_entry = site.wrappers[index].entry
     entry, binding, dim_symbols, more = bind_template(facts, raw_entry, site.template_args, guess.values, guess.fixed)
     notes += more
+    source = registry.resolve_source(tree, site.cuda_files[0])
+    for alias, target in (type_aliases(source.read_text(errors="replace")) if source else {}).items():
+        binding.setdefault(alias, target)  # with_dtype<RID_T>() where the file says `using RID_T = int64_t;`
     dims = Dims()
     shapes = dims_from_facts(facts, binding, dims)
     token_dim = token_dim_of(shapes, dims)
@@ -133,7 +136,6 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     models = meanings.pick_models({m.key for m in dim_meanings.values() if m}, module.category)
     constraints, verdict = evidence.runtime_constraints(tree, module) if runtime else ([], "not looked up")
     models = gate_models(models, constraints, dim_meanings, notes)
-    source = registry.resolve_source(tree, site.cuda_files[0])
     rel = os.path.relpath(source, tree.csrc_dir)  # `../../kda_kernels/csrc/...` for a kernel beside its loader
     spec = {
         "name": _safe(module.name), "module": module.name, "category": module.category,

@@ -83,6 +83,18 @@ def test_optional_tensors_are_passed_as_the_presence_checks_allow(sglang_0523):
     assert not any(n.startswith("tensor `topk_indices_offset_opt` is optional") for n in notes)
 
 
+def test_type_aliases_of_the_file_name_dtypes(sglang_0523):
+    """deepseek_v4/c_plan.cuh checks `with_dtype<RID_T>()` after `using RID_T = int64_t;`: int64, where
+    the draft had the activation dtype."""
+    from astra.spec.argument_kinds import type_aliases
+
+    assert type_aliases("using A = int64_t;\n  typedef std::int32_t B;\nusing C = Foo<int>;\nusing int32_t = int;") == {
+        "A": "int64_t", "B": "int32_t"}
+    spec, _ = draft.draft_module(sglang_0523, registry.find(sglang_0523, "compress_plan"))
+    dtypes = {a["name"]: a["dtype"] for a in spec["arguments"] if a["kind"] == "tensor"}
+    assert dtypes["req_pool_indices"] == "int64" and dtypes["seq_lens"] == "int64" and dtypes["pin_buffer"] == "uint8"
+
+
 def test_written_tensors_from_non_const_casts(sglang_0523):
     facts = _facts(sglang_0523, "clamp_position")
     assert facts.tensors["dst"].mutable_cast and not facts.tensors["dst"].const_cast
