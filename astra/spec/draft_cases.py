@@ -136,3 +136,29 @@ def _fits(spec: dict, values: dict[str, int], constraints) -> bool:
         return False
     return all(d >= 1 for shape in sizes for d in shape) and 0 < total <= MAX_CASE_BYTES
 
+
+
+def refit_tokens(spec: dict) -> list[str]:
+    """After the template values were settled by compiling (a derived constant such as `max_tokens: 64`),
+    the token counts and edge shapes that now break a constraint are dropped; returns review notes."""
+    constraints = list(spec["shapes"].get("constraints") or [])
+    token_dim = spec["shapes"].get("token_dim", "tokens")
+    if not constraints:
+        return []
+    all_models, notes, kept_entries = load_models(), [], []
+    for entry in spec["shapes"].get("models") or []:
+        fields = {**all_models.get(entry["model"], {}), "tp": entry.get("tp", 1)}
+        try:
+            base = {d: int(evaluate(v, fields) if isinstance(v, str) else v) for d, v in (entry.get("dims") or {}).items()}
+        except (ExprError, TypeError, ValueError):
+            kept_entries.append(entry)
+            continue
+        tokens = [t for t in entry.get("tokens") or [] if _fits(spec, {**base, token_dim: t}, constraints)]
+        if tokens != entry.get("tokens"):
+            notes.append(f"{entry['model']}: token counts {sorted(set(entry.get('tokens') or []) - set(tokens))} "
+                         "dropped: they break a check once the template values were settled")
+        if tokens:
+            kept_entries.append({**entry, "tokens": tokens})
+    spec["shapes"]["models"] = kept_entries
+    spec["shapes"]["edge"] = [e for e in spec["shapes"].get("edge") or [] if _fits(spec, dict(e), constraints)]
+    return notes

@@ -66,7 +66,12 @@ def extract(tree: SglangTree, name: str, out_dir: Path | None = None, export: st
     if build_check:  # template values the compiler decides (nvcc --cubin on this machine, cached)
         from astra.spec import template_search
 
-        notes += template_search.settle(tree, module, spec).notes
+        settled = template_search.settle(tree, module, spec)
+        notes += settled.notes
+        if settled.changed:
+            from astra.spec.draft_cases import refit_tokens
+
+            notes += refit_tokens(spec)
     out = out_dir or paths.drafts_dir() / _safe(name)
     out.mkdir(parents=True, exist_ok=True)
     draft = out / "kernel.yaml"

@@ -56,3 +56,25 @@ def test_a_one_row_tensor_never_bounds_an_index():
     assert tensor_init("page_idx", "int64", ["tokens"], others, "tokens") == {"dist": "randint", "low": 0,
                                                                                   "high": "capacity"}
     assert tensor_init("seq_lens", "int32", ["tokens"], [("count", ["1"])], "tokens")["high"] == 64
+
+
+def test_token_counts_that_break_a_settled_template_value_are_dropped():
+    """muse_spark_router_gemm: compiling settles kMaxTokens at 64 (128 needs more shared memory than
+    sm_90a has), and `num_tokens <= max_tokens` then refuses the sweep's 128: dropped, with a note."""
+    import copy
+
+    import yaml
+
+    from astra.spec import model as spec_mod
+    from astra.spec.draft_cases import refit_tokens
+
+    raw = copy.deepcopy(yaml.safe_load(spec_mod.spec_path("rmsnorm").read_text()))
+    raw["derived"] = {"max_tokens": "64", **(raw.get("derived") or {})}
+    raw["shapes"]["constraints"] = ["tokens <= max_tokens"]
+    for entry in raw["shapes"]["models"]:
+        entry["tokens"] = [1, 8, 64, 128]
+    raw["shapes"]["edge"] = [{"tokens": 256, "hidden": 128}, {"tokens": 2, "hidden": 128}]
+    notes = refit_tokens(raw)
+    assert all(entry["tokens"] == [1, 8, 64] for entry in raw["shapes"]["models"])
+    assert raw["shapes"]["edge"] == [{"tokens": 2, "hidden": 128}]
+    assert len(notes) == len(raw["shapes"]["models"]) and "[128] dropped" in notes[0]
