@@ -13,7 +13,7 @@ from rowscale_job import BASE_ROOT, CPP_TYPE, KERNEL_FILE, rowscale_cases, rowsc
 
 from astra.optimize.band_dispatch import SUFFIX_HIGH, SUFFIX_LOW, CannotCombine, combine
 from harness.build import BuildRequest, build_many, export_signatures, load_module
-from harness.toolchain import BuildFailure, nvcc_path
+from tests.toolchain import needs_nvcc
 
 ORIGINAL = (BASE_ROOT / KERNEL_FILE).read_text()
 LOW = ORIGINAL.replace("constexpr int kThreads = 256;", "constexpr int kThreads = 128;")
@@ -29,13 +29,6 @@ def _combined() -> str:
                    kernel_file=KERNEL_FILE, parse_dir=BASE_ROOT, include_dirs=tvm_ffi_include_dirs(),
                    note="Low: #001; high: #002.")
 
-
-def _nvcc_missing() -> bool:
-    try:
-        nvcc_path()
-    except BuildFailure:
-        return True
-    return False
 
 
 def test_the_combined_file_holds_both_versions_behind_one_entry():
@@ -62,7 +55,7 @@ def test_what_cannot_be_forwarded_is_refused_with_the_reason():
                 kernel_file=KERNEL_FILE, parse_dir=BASE_ROOT, include_dirs=tvm_ffi_include_dirs())
 
 
-@pytest.mark.skipif(_nvcc_missing(), reason="nvcc not found (set CUDA_HOME)")
+@needs_nvcc
 def test_the_combined_file_builds_and_exports_the_original_signatures():
     pytest.importorskip("clang.cindex")
     cache = Path(os.environ["ASTRA_HOME"]) / "builds"

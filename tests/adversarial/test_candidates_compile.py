@@ -24,18 +24,9 @@ from rowscale_job import (
 
 from harness.build import BuildRequest, build_many, export_signatures, load_module
 from harness.scan import elf_tools_available, scan_candidate, scan_shared_object
-from harness.toolchain import BuildFailure, nvcc_path
+from tests.toolchain import needs_nvcc
 
-
-def _nvcc_missing() -> bool:
-    try:
-        nvcc_path()
-    except BuildFailure:
-        return True
-    return False
-
-
-pytestmark = pytest.mark.skipif(_nvcc_missing(), reason="nvcc not found (set CUDA_HOME)")
+pytestmark = needs_nvcc
 BY_NAME = {expect.name: expect for expect in CANDIDATES}
 EXPORTS = [(f"rowscale_{CPP_TYPE[dtype]}", f"RowScaleKernel<{CPP_TYPE[dtype]}>::run") for dtype in CPP_TYPE]
 

@@ -21,7 +21,7 @@ import yaml
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from harness.toolchain import BuildFailure, nvcc_path
+from tests.toolchain import needs_nvcc
 
 REPO = Path(__file__).resolve().parents[2]
 ADVERSARIAL = REPO / "tests" / "adversarial"
@@ -38,13 +38,6 @@ def _cuda() -> bool:
         return False
     return torch.cuda.is_available()
 
-
-def _nvcc_missing() -> bool:
-    try:
-        nvcc_path()
-    except BuildFailure:
-        return True
-    return False
 
 
 def call(steps, *, home: Path | None = None, heartbeat: float = 10.0, timeout: float = 600.0):
@@ -279,7 +272,7 @@ def test_the_rowscale_spec_and_tree_make_a_job_on_the_cpu(rowscale):
         ("x", "in", [128, 4096]), ("w", "in", [4096]), ("out", "out", [128, 4096])]
 
 
-@pytest.mark.skipif(_nvcc_missing(), reason="nvcc not found (set CUDA_HOME)")
+@needs_nvcc
 def test_the_rowscale_job_builds_with_nvcc_on_the_cpu(rowscale):
     """The builds the GPU check starts with: the original and the candidate, as SGLang would compile them."""
     from astra.sglang.tree import from_source

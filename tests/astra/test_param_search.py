@@ -6,7 +6,6 @@ GPU, so every rule of the search is exercised deterministically; the real screen
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -15,6 +14,8 @@ from astra.optimize import param_space
 from astra.optimize.loop import Context
 from astra.optimize.offline import OfflineAgent
 from astra.optimize.param_search import Search, representative_cases
+from harness.toolchain import nvcc_path
+from tests.toolchain import needs_nvcc
 from tests.verdicts import make_verdict
 
 KERNEL = """
@@ -71,14 +72,14 @@ def test_single_moves_and_combinations():
     assert not any(c.get("a") == 4 and len(c) > 1 and c.get("b") is None and c.get("c") is None for c in combos)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@needs_nvcc
 def test_every_single_move_still_compiles_for_hopper(tmp_path):
     """The space proposes text nvcc accepts (legality on the GPU is the screen's business)."""
     params = param_space.find_params(KERNEL)
     for move in param_space.single_moves(params)[:6]:
         source = tmp_path / "k.cu"
         source.write_text(param_space.render(KERNEL, params, move))
-        done = subprocess.run(["nvcc", "-arch=sm_90a", "-c", str(source), "-o", str(tmp_path / "k.o")],
+        done = subprocess.run([nvcc_path(), "-arch=sm_90a", "-c", str(source), "-o", str(tmp_path / "k.o")],
                               capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, (move, done.stderr[-800:])
 
@@ -193,7 +194,7 @@ def test_single_moves_try_vectors_and_geometry_before_unrolling(sglang_0523):
     assert ranks == sorted(ranks) and "unroll" in kinds
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@needs_nvcc
 def test_a_thread_cap_move_on_a_real_kernel_still_compiles(sglang_0523, tmp_path):
     """pos_enc.cuh with its rope thread cap at 1024, compiled for sm_90a with SGLang's own includes."""
     rope = _sglang_kernel(sglang_0523, "elementwise/pos_enc.cuh")
@@ -203,7 +204,7 @@ def test_a_thread_cap_move_on_a_real_kernel_still_compiles(sglang_0523, tmp_path
     source.write_text(param_space.render(rope, params, {cap.name: 1024}))
     from harness.toolchain import arch_flags, tvm_ffi_paths
     includes = [f"-I{sglang_0523.include_dir}", *(f"-I{d}" for d in tvm_ffi_paths()[0])]
-    done = subprocess.run(["nvcc", *arch_flags("90a"), "-std=c++20", "--expt-relaxed-constexpr", *includes, "--cubin",
+    done = subprocess.run([nvcc_path(), *arch_flags("90a"), "-std=c++20", "--expt-relaxed-constexpr", *includes, "--cubin",
                            str(source), "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-1500:]
 

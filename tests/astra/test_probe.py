@@ -20,8 +20,8 @@ from astra.sglang.tree import from_source
 from astra.spec.resolve import resolve, spec_sha256
 from astra.verify import probe
 from astra.verify.probe_record import PROBED_MARK, finish, markdown
-from harness.toolchain import BuildFailure, nvcc_path
 from tests.astra.test_sglang_tree import _fake_checkout
+from tests.toolchain import needs_nvcc
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = "# Draft written by `astra extract`; review every TODO(review) before use.\n# TODO(review): roles were inferred\n"
@@ -219,15 +219,8 @@ TOY_SPEC = {
 }
 
 
-def _nvcc_missing() -> bool:
-    try:
-        nvcc_path()
-    except BuildFailure:
-        return True
-    return False
 
-
-@pytest.mark.skipif(_nvcc_missing(), reason="nvcc not found (set CUDA_HOME)")
+@needs_nvcc
 def test_probe_modules_end_to_end_on_the_cpu(home, tmp_path):
     tree = from_source(_fake_checkout(tmp_path / "sglang"))
     (tree.csrc_dir / "elementwise" / "toy.cuh").write_text(TOY)

@@ -14,7 +14,7 @@ import torch
 import harness.evaluate as judge
 from harness.exchange import CaseWriter, Malformed, case_dir, read_manifest, read_trial, tensor_file
 from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant
-from harness.toolchain import BuildFailure, nvcc_path
+from tests.toolchain import needs_nvcc
 
 KERNEL = r"""
 #include <tvm/ffi/container/tensor.h>
@@ -33,13 +33,6 @@ struct Scale {
 }  // namespace toy
 """
 
-
-def _nvcc_missing() -> bool:
-    try:
-        nvcc_path()
-    except BuildFailure:
-        return True
-    return False
 
 
 def _case(tokens: int = 4, hidden: int = 32) -> Case:
@@ -99,7 +92,6 @@ def test_manifest_must_follow_the_judges_trials(tmp_path):
 
 # ---------------------------------------------------------------- the judge end to end (nvcc, no GPU)
 
-needs_nvcc = pytest.mark.skipif(_nvcc_missing(), reason="nvcc not found (set CUDA_HOME)")
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ import torch
 from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant
 from harness.probe import decide, is_constant, kernel_message, merge_roles, probe_case, relative_paths
 from harness.probe_worker import PROBE_LAUNCH_ENV, probe_isolated, probe_job
-from harness.toolchain import BuildFailure, nvcc_path
 from tests.harness.test_sanitizer import CLEAN_LOG, FAKE_TOOL, MEMCHECK_LOG
+from tests.toolchain import needs_nvcc
 
 THIS = Path(__file__).resolve()
 MATCH_ERROR = ("Tensor match failed for Tensor<3, 8>[strides=<8, 1>, dtype=float32] at toy.cuh:9\n"
@@ -304,15 +304,8 @@ struct Accumulate {
 """
 
 
-def _nvcc_missing() -> bool:
-    try:
-        nvcc_path()
-    except BuildFailure:
-        return True
-    return False
 
-
-@pytest.mark.skipif(_nvcc_missing(), reason="nvcc not found (set CUDA_HOME)")
+@needs_nvcc
 def test_a_real_kernel_built_with_nvcc(tmp_path):
     (tmp_path / "toy.cuh").write_text(KERNEL)
     cases = [make_case(t, [tensor("acc", "out", (t, 8)), tensor("x", "in", (t, 8)),
