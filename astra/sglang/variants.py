@@ -46,20 +46,25 @@ class GuessedVariant:
     fixed: list[str] = field(default_factory=list)  # integer literals and module constants: never a swept dim
 
 
-def _symbol_value(symbol: str, defaults: dict[str, str], overrides: dict[str, str]) -> tuple[str | None, bool]:
+def _symbol_value(symbol: str, defaults: dict[str, str], constants: dict[str, str],
+                  overrides: dict[str, str]) -> tuple[str | None, str]:
+    """(C++ value, where it came from): override, python, literal, default, constant (the loader module's
+    own), name (a guess by convention) or none."""
     if symbol in overrides:
-        return overrides[symbol], False
+        return overrides[symbol], "override"
     if symbol in _PY_TO_CPP:
-        return _PY_TO_CPP[symbol], False
+        return _PY_TO_CPP[symbol], "python"
     if re.fullmatch(r"-?\d+(\.\d+)?", symbol):
-        return symbol, False
+        return symbol, "literal"
     if symbol in defaults and defaults[symbol] != "None":
-        return _PY_TO_CPP.get(defaults[symbol], defaults[symbol]), False
+        return _PY_TO_CPP.get(defaults[symbol], defaults[symbol]), "default"
+    if symbol in constants:
+        return constants[symbol], "constant"
     key = symbol.rstrip("()").split(".")[-1].lower()
     for pattern, value in _NAME_DEFAULTS:
         if re.search(pattern, key):
-            return value, True
-    return None, True
+            return value, "name"
+    return None, "none"
 
 
 def guess(site: CallSite, overrides: dict[str, str] | None = None) -> GuessedVariant:
@@ -69,21 +74,19 @@ def guess(site: CallSite, overrides: dict[str, str] | None = None) -> GuessedVar
     guessed: list[str] = []
     unresolved: list[str] = []
 
-    constants = getattr(site, "module_constants", {}) or {}
-    defaults = dict(constants)  # the module's own constants, below what a caller or the loader defaults
-    defaults.update({k: v for c in site.callers for k, v in c.defaults.items()})
+    constants = getattr(site, "module_constants", {}) or {}  # below what a caller or the loader defaults
+    defaults = {k: v for c in site.callers for k, v in c.defaults.items()}
     defaults.update(site.loader_defaults)
     fixed: list[str] = []
 
     def value_of(symbol: str) -> str:
-        value, was_guessed = _symbol_value(symbol, defaults, overrides)
+        value, origin = _symbol_value(symbol, defaults, constants, overrides)
         if value is None:
             unresolved.append(symbol)
             return "{" + symbol + "}"
-        if was_guessed and symbol not in guessed:
+        if origin == "name" and symbol not in guessed:
             guessed.append(symbol)
-        if symbol not in fixed and (re.fullmatch(r"-?\d+", symbol) or (defaults.get(symbol) == constants.get(symbol)
-                                                                      and symbol in constants)):
+        if origin in ("literal", "constant") and symbol not in fixed:
             fixed.append(symbol)
         values[symbol] = value
         return value
