@@ -1,241 +1,33 @@
-"""`astra survey` on recorded verdicts built here (CPU only): mixes, the ranking formula, floors missing from
-older verdicts, gates sinking cold kernels, resume, the report files, the page in a headless browser and
-the CLI's --report-only end to end. The numbers are SYNTHETIC (shaped like an H100's): no GPU ran."""
+"""`astra survey` on recorded verdicts (CPU only): the store and resume, the reach looked up later, local GPU
+workers (faked), the report files, the page in a headless browser and the CLI's --report-only end to end.
+Numbers are SYNTHETIC (tests/astra/survey_records.py); the ranking itself is tested in test_survey_rank.py."""
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import re
 import shutil
 import struct
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from astra.errors import AstraError, BadInput
+from astra.errors import AstraError
 from astra.spec.resolve import spec_sha256
-from astra.survey import mixes, rank, reach, report, run, summary
+from astra.survey import rank, reach, report, run
 from astra.survey.bench import BenchSettings, serial_run
-from astra.survey.mixes import load_mix, parse_mix, suite_weights
-from astra.survey.store import Store, default_label, make_record, stale_reason
-from harness.stats import Stats
-from harness.verdict import CaseResult, ModeTiming, Verdict
+from astra.survey.mixes import load_mix
+from astra.survey.store import Store, default_label, stale_reason
+from tests.astra.survey_records import GPU, decode_heavy, near, prefill_heavy, record, verdict
 from tests.astra.test_cli import assert_one_line_error
 from tests.astra.test_cli import astra as astra_cli
+from tests.toolchain import needs_nvcc
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-GPU = "NVIDIA H100 80GB HBM3"
-TOKENS = [1, 8, 32, 128, 256, 1024, 4096, 16384]
-PEAK_BPS, COPY_BPS = 3.35e12, 2.9e12  # H100: HBM3 peak; measured read+write (practical)
-LAUNCH_US = {"graph": 0.84, "cold": 2.3}
-FAMILIES = {"rmsnorm": [("Llama-3.1-8B/tp1", {"hidden": 4096}), ("DeepSeek-V3/tp8", {"hidden": 7168})],
-            "silu_and_mul": [("Llama-3.1-8B/tp1", {"d": 14336}), ("Qwen3-32B/tp1", {"d": 25600})],
-            "qknorm": [("Qwen3-32B/tp1", {"q_heads": 64, "kv_heads": 8, "head_dim": 128})]}
-
-
-def _bytes(name: str, tokens: int, dims: dict) -> int:
-    if name == "silu_and_mul":
-        return 3 * tokens * dims["d"] * 2
-    width = dims.get("hidden") or (dims.get("q_heads", 0) + dims.get("kv_heads", 0)) * dims.get("head_dim", 0)
-    return 2 * tokens * width * 2
-
-
-def verdict(name: str, slowdown, *, floors: bool = True, tokens=TOKENS, dtypes=("bfloat16", "float16"),
-            status: str = "correct") -> dict:
-    """A bench verdict as `astra bench --json` writes it, plus per-case floors (bytes at peak / at the measured
-    copy rate, plus the empty launch); time = practical floor x slowdown(tokens, view)."""
-    cases = []
-    for label, dims in FAMILIES[name]:
-        for dtype in dtypes:
-            for t in tokens:
-                nbytes = _bytes(name, t, dims)
-                case = CaseResult(id=f"{label}/{dtype}/" + ",".join(f"{k}={v}" for k, v in {"tokens": t, **dims}.items()),
-                                  band="decode" if t <= 256 else "prefill" if t >= 4096 else "middle", label=label,
-                                  dtype=dtype, dims={"tokens": t, **dims}, timed=True, bytes=nbytes)
-                extra = {}
-                for view in ("graph", "cold"):
-                    practical = LAUNCH_US[view] + nbytes / COPY_BPS * 1e6
-                    time_us = practical * slowdown(t, view)
-                    case.timings[view] = ModeTiming(orig=Stats(time_us, time_us * 0.98, time_us * 1.03, 200, 0.002),
-                                                    cand=Stats(time_us, time_us * 0.98, time_us * 1.03, 200, 0.002),
-                                                    speedup=1.0)
-                    extra[view] = {"physical_us": max(LAUNCH_US[view] * 0.8, nbytes / PEAK_BPS * 1e6),
-                                   "practical_us": practical, "orig_us": time_us, "cand_us": time_us,
-                                   "orig_x_practical": time_us / practical, "cand_x_practical": time_us / practical}
-                data = case.to_dict()
-                if floors:
-                    data.update(floors=extra, bytes_read=nbytes * 2 // 3, bytes_written=nbytes // 3)
-                cases.append(data)
-    v = Verdict(status=status, reason="original against itself", correct=status == "correct", name=name,
-                env={"gpu": GPU, "copy_bandwidth_Bps": COPY_BPS}, phases={"total_s": 42.0}).to_dict()
-    v["cases"] = cases
-    return v
-
-
-def record(name: str, slowdown, *, reach_status: str = "warm", sha: str = "0" * 64, **kw) -> dict:
-    gates = {"warm": [], "gated": ["can_use_fused_inplace_qknorm: head_dim in [64, 128, 256, 512, 1024]"],
-             "cold": [], "unknown": []}[reach_status]
-    return make_record(name=name, kind="reviewed", spec_file=f"extracted_kernels/{name}/kernel.yaml",
-                       spec_sha256=sha, module=name, token_dim="tokens", sglang_version="0.5.23", gpu=GPU,
-                       wall_s=40.0, verdict=verdict(name, slowdown, **kw), error=None,
-                       reach={"status": reach_status, "verdict": f"{reach_status} (recorded)", "sites": 1, "calls": 1,
-                              "gates": gates, "more_gates": 0, "sites_at": []})
-
-
-def decode_heavy(t, view):  # far from the floor at small batches (latency-bound), near it at large ones
-    return 4.0 if t <= 64 else 1.1
-
-
-def prefill_heavy(t, view):  # at the floor for decode batches, 10% above it on large prefill chunks
-    return 1.0 if t <= 1024 else 1.1
-
-
-def near(t, view):
-    return 1.02
-
-
-# ---------------------------------------------------------------- mixes
-
-
-def test_builtin_mixes_and_nearest_token_counts():
-    builtin = mixes.builtin_mixes()
-    assert set(builtin) == {"decode", "prefill", "balanced"}
-    for mix in builtin.values():
-        assert mix.description and math.isclose(sum(mix.weights.values()), 1.0)
-    decode = load_mix(None)
-    assert decode.name == "decode"
-    assert sum(w for t, w in decode.weights.items() if t <= 64) >= 0.7  # most weight on decode batches
-    w = suite_weights(decode.weights, TOKENS)
-    assert math.isclose(sum(w.values()), 1.0) and set(w) == set(TOKENS)
-    assert math.isclose(w[8], 0.35)  # 8 and 16 (16 is as near 8 as 32 in log2: ties go to the smaller)
-    assert w[16384] == 0.0
-    assert suite_weights({3000: 1.0}, [1, 1024, 4096]) == {1: 0.0, 1024: 0.0, 4096: 1.0}
-
-
-def test_mix_files(tmp_path):
-    plain = tmp_path / "mix.json"
-    plain.write_text(json.dumps({"1": 3, "4096": 1}))
-    mix = load_mix(str(plain))
-    assert mix.weights == {1: 3.0, 4096: 1.0} and mix.for_kernel("anything") == ({1: 3.0, 4096: 1.0}, True, None)
-    observed = tmp_path / "observed.yaml"
-    observed.write_text("steps: 100\nrmsnorm: {1: 6100, 8: 0}\n'*': {1024: 50}\n")
-    mix = load_mix(str(observed))
-    weights, normalise, note = mix.for_kernel("rmsnorm")
-    assert weights == {1: 61.0, 8: 0.0} and normalise is False and note is None
-    assert mix.for_kernel("qknorm") == ({1024: 0.5}, False, "not in mix " + str(observed) + ": its '*' counts used")
-    assert parse_mix({"rmsnorm": {1: 2}}, "m").for_kernel("qknorm")[0] == {}
-    for bad, needle in (({"x": 1}, "not a token count"), ({1: -1}, "non-negative"), ({1: 0}, "every weight is zero"),
-                        ({"a": {1: 1}, "steps": 0}, "steps")):
-        with pytest.raises(BadInput, match=needle):
-            parse_mix(bad, "f")
-    with pytest.raises(BadInput, match="neither a built-in mix"):
-        load_mix(str(tmp_path / "nope.yaml"))
-
-
-# ---------------------------------------------------------------- ranking
-
-
-def test_recoverable_time_is_the_weighted_mean_excess_over_families():
-    rec = record("rmsnorm", decode_heavy, tokens=[1, 4096])
-    row = rank.rank_kernel(rec, "graph", parse_mix({1: 3, 4096: 1}, "m"))
-    assert row.status == "ranked" and row.cases == 8  # 2 families x 2 dtypes x 2 token counts
-    pts, _ = rank.points(rec, "graph")
-    excess = {t: [p.time_us - p.practical_us for p in pts if p.tokens == t] for t in (1, 4096)}
-    expected = 0.75 * sum(excess[1]) / 4 + 0.25 * sum(excess[4096]) / 4
-    assert math.isclose(row.recoverable_us, expected) and math.isclose(row.score, expected)
-    assert math.isclose(row.geomean_x, math.exp(0.75 * math.log(4.0) + 0.25 * math.log(1.1)))
-    assert row.worst["x"] == pytest.approx(4.0) and row.worst["tokens"] == 1
-    assert [c["tokens"] for c in row.curve] == [1, 4096] and row.curve[0]["families"] == 4
-    cold = rank.rank_kernel(rec, "cold", parse_mix({1: 3, 4096: 1}, "m"))
-    assert cold.recoverable_us > row.recoverable_us  # the cold view's launch costs more
-
-
-def test_the_mix_decides_the_order():
-    records = {"rmsnorm": record("rmsnorm", decode_heavy), "silu_and_mul": record("silu_and_mul", prefill_heavy),
-               "qknorm": record("qknorm", near)}
-    by_decode = [k.name for k in rank.rank(records, "graph", load_mix("decode")).kernels]
-    by_prefill = [k.name for k in rank.rank(records, "graph", load_mix("prefill")).kernels]
-    assert by_decode[0] == "rmsnorm" and by_prefill[0] == "silu_and_mul"
-    assert by_decode[-1] == by_prefill[-1] == "qknorm"
-    observed = parse_mix({"steps": 10, "qknorm": {1: 10000}}, "trace")  # only qknorm was seen
-    ranking = rank.rank(records, "graph", observed)
-    assert ranking.kernels[0].name == "qknorm"
-    assert all(k.recoverable_us == 0.0 for k in ranking.kernels[1:])
-    assert any("not observed" in n for n in ranking.kernels[1].notes)
-
-
-def test_a_time_only_bench_ranks_like_a_checked_one():
-    """The survey times originals without comparing their outputs with themselves (status "timed"); the
-    ranking reads the same times and floors either way."""
-    checked = rank.rank_kernel(record("rmsnorm", decode_heavy), "graph", load_mix("decode"))
-    timed = rank.rank_kernel(record("rmsnorm", decode_heavy, status="timed"), "graph", load_mix("decode"))
-    assert timed.status == checked.status == "ranked" and timed.score == pytest.approx(checked.score)
-    assert not any(n.startswith("bench ") for n in timed.notes)  # no warning: "timed" is a bench that went well
-    crashed = rank.rank_kernel(record("rmsnorm", decode_heavy, status="crashed"), "graph", load_mix("decode"))
-    assert crashed.notes[0].startswith("bench crashed")
-    assert BenchSettings().outputs_checked is False  # the survey's default
-
-
-def test_cases_without_floors_are_skipped_with_a_note():
-    old = record("rmsnorm", decode_heavy, floors=False)  # a verdict from before floors were recorded
-    mixed = record("silu_and_mul", decode_heavy)
-    for case in mixed["verdict"]["cases"][:5]:
-        del case["floors"]
-    failed = make_record(name="qknorm", kind="draft", spec_file="x", spec_sha256="1" * 64, module="qknorm",
-                         token_dim="tokens", sglang_version="0.5.23", gpu=GPU, wall_s=3.0, verdict=None,
-                         error="no CUDA GPU here", reach=None)
-    ranking = rank.rank({"qknorm": failed, "rmsnorm": old, "silu_and_mul": mixed}, "graph", load_mix("decode"))
-    assert [(k.name, k.status) for k in ranking.kernels] == [
-        ("silu_and_mul", "ranked"), ("rmsnorm", "unranked"), ("qknorm", "failed")]
-    assert ranking.kernels[0].cases == 27 and "5 case(s) without a practical floor" in ranking.kernels[0].notes[0]
-    assert "32 case(s) without a practical floor" in ranking.kernels[1].notes[0]
-    assert "no CUDA GPU here" in ranking.kernels[2].notes[0]
-
-
-# ---------------------------------------------------------------- gates
-
-
-def _site(kind="call", gates=(), requires=()):
-    return SimpleNamespace(kind=kind, gates=list(gates), requires=list(requires), file="sglang/srt/models/utils.py",
-                           line=523)
-
-
-def _reach(sites, srt=True):
-    return SimpleNamespace(sites=sites, srt=srt, verdict="recorded")
-
-
-def test_reach_status_from_the_srt_sites():
-    assert reach.summarize(_reach([_site(gates=["_is_cuda", "not _is_hip", "_is_cuda or _is_hip"])]))["status"] == "warm"
-    assert not reach.platform_only("_is_hip or head_dim == 128")
-    gated = reach.summarize(_reach([_site(gates=["_is_cuda", "attn_tp_size == 1"]),
-                                    _site(kind="reference")]))  # a reference does not count where a call exists
-    assert gated["status"] == "gated" and gated["gates"] == ["attn_tp_size == 1"]
-    assert reach.summarize(_reach([]))["status"] == "cold"
-    assert reach.summarize(_reach([], srt=False))["status"] == "unknown"
-    assert reach.label({"status": "cold"}) == "cold: no call site in sglang/srt"
-    assert reach.label(gated).startswith("gated: attn_tp_size == 1")
-
-
-def test_cold_and_gated_kernels_sink():
-    records = {"rmsnorm": record("rmsnorm", decode_heavy, reach_status="cold"),  # the most recoverable time...
-               "silu_and_mul": record("silu_and_mul", lambda t, v: 1.6 if t <= 64 else 1.0, reach_status="warm"),
-               "qknorm": record("qknorm", lambda t, v: 2.5 if t <= 64 else 1.0, reach_status="gated")}
-    ranking = rank.rank(records, "graph", load_mix("decode"))
-    raw = {k.name: k.recoverable_us for k in ranking.kernels}
-    assert raw["rmsnorm"] > max(raw["silu_and_mul"], raw["qknorm"])
-    assert [k.name for k in ranking.kernels][-1] == "rmsnorm"  # ...but no call site in sglang/srt: it sinks
-    cold = ranking.kernels[-1]
-    assert cold.factor == reach.REACH_FACTORS["cold"] and math.isclose(cold.score, 0.1 * cold.recoverable_us)
-    assert cold.gates == "cold: no call site in sglang/srt"
-    text = summary.text(ranking)
-    assert "cold: no call site in sglang/srt" in text and "gated: can_use_fused_inplace_qknorm" in text
-
 
 # ---------------------------------------------------------------- store and resume
 
@@ -500,7 +292,7 @@ def test_prebuild_sees_only_what_is_to_bench_before_any_bench(specs, tmp_path):
     assert seen == []  # nothing to bench: nothing to build
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@needs_nvcc
 def test_prebuild_compiles_into_the_cache_the_workers_read(specs, tmp_path, monkeypatch):
     from astra.survey.bench import BenchTask, prebuild
 
