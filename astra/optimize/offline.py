@@ -64,6 +64,7 @@ class OfflineAgent:
         self.searched: set[str] = set()
         self.search_log: list[str] = []
         self.entries = list(entries or [])  # the spec's host entries: the search stays in the code they reach
+        self._parses: dict[str, object] = {}  # source id -> libclang's view: the search and the catalog share it
 
     def usage(self) -> tuple[int, float]:
         return 0, 0.0
@@ -108,7 +109,13 @@ class OfflineAgent:
 
     def _parsed(self, source: str):
         """libclang's view of the source where it would live (relative includes resolve to the real
-        tree); None when libclang is unavailable."""
+        tree), once per source; None when libclang is unavailable."""
+        key = source_id(source)
+        if key not in self._parses:
+            self._parses[key] = self._parse(source)
+        return self._parses[key]
+
+    def _parse(self, source: str):
         from astra.errors import ToolMissing
         from astra.sglang import cuda_parse
 

@@ -232,3 +232,16 @@ def test_the_search_stays_in_the_code_its_entry_reaches(sglang_0523):
     search.run()
     assert any("not screened: " + caps[1].name in line for line in search.log)
     assert calls and all(caps[1].name not in label for label, _ in calls)
+
+
+def test_the_search_and_the_catalog_share_one_parse_per_source(tmp_path):
+    """libclang takes seconds on an SGLang file: the reach of the search and the catalog's kernels read
+    the same parse of a base, and a new base is parsed once more."""
+    calls: list = []
+    agent = OfflineAgent("k.cuh", tmp_path, [], screen=_cost_model([]), timed_dtype=None, entries=["Run::run"])
+    agent._parse = lambda source: calls.append(source) or None
+    ctx = Context("demo", 0, KERNEL, _base_verdict(), original_source=KERNEL, wall_left_s=600.0)
+    agent.propose(ctx)
+    assert calls == [KERNEL]
+    agent._parsed(KERNEL + "\n")
+    assert len(calls) == 2
