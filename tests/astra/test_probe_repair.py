@@ -38,8 +38,9 @@ from astra.verify.probe_repair import (
     source_statement,
     spec_dtype,
 )
-from tests.astra.test_probe import HEADER, _nvcc_missing, recorded_result
+from tests.astra.test_probe import HEADER, recorded_result
 from tests.astra.test_sglang_tree import _fake_checkout
+from tests.toolchain import needs_nvcc
 
 # Recorded by `astra probe` on an NVIDIA H100 with SGLang 0.5.23 (docs/probe/sglang-0.5.23-h100.md).
 KV_CANARY = ("RuntimeError: Tensor match failed for Tensor<32768, 128>[strides=<128, 1>, dtype=int64, device=cuda:0] "
@@ -341,7 +342,7 @@ def test_the_dry_run_writes_nothing_and_the_cli_shows_it(home, tmp_path):
 # ---------------------------------------------------------------- the loop end to end on the CPU
 
 
-@pytest.mark.skipif(_nvcc_missing(), reason="nvcc not found (set CUDA_HOME)")
+@needs_nvcc
 def test_the_loop_repairs_twice_and_the_probe_passes(home, tmp_path):
     tree, draft = _toy(home, tmp_path)
     lines: list[str] = []

@@ -32,9 +32,9 @@ from astra.spec.extract import DRAFT_HEADER, ExtractResult, dump_yaml
 from astra.spec.resolve import resolve
 from astra.verify import probe
 from astra.verify.probe_record import PROBED_MARK
-from tests.astra.test_probe import _nvcc_missing
 from tests.astra.test_sglang_tree import _fake_checkout
 from tests.llm_server import KEY, MODEL, echo_key, reply
+from tests.toolchain import needs_nvcc
 
 SCALE = r"""
 #include <tvm/ffi/container/tensor.h>
@@ -300,7 +300,7 @@ def test_twice_refused_gives_up_with_a_note(toy, llm_server):
 # ---------------------------------------------------------------- end to end: the probe decides
 
 
-@pytest.mark.skipif(_nvcc_missing(), reason="nvcc not found (set CUDA_HOME)")
+@needs_nvcc
 def test_the_probe_rejects_the_wrong_draft_and_passes_the_repair(toy, llm_server):
     draft = toy.result.draft
     llm_server.push(reply(model_reply(toy.inferred, WRONG, "out is x transposed; small edge shapes"), 4100, 700),
@@ -346,7 +346,7 @@ def test_the_probe_rejects_the_wrong_draft_and_passes_the_repair(toy, llm_server
 # ---------------------------------------------------------------- the same at the command line
 
 
-@pytest.mark.skipif(_nvcc_missing(), reason="nvcc not found (set CUDA_HOME)")
+@needs_nvcc
 def test_extract_and_probe_with_agent_llm_on_the_command_line(toy, llm_server, tmp_path):
     """`astra extract --agent llm` writes the model's (wrong) draft; `astra probe --agent llm` sees the kernel
     refuse it, the message rules have nothing, the model repairs it and the re-probe keeps every case."""
