@@ -239,8 +239,10 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     if why:
         return _failure(job, "rejected_source", why)
     phases: dict[str, float] = {}
+    log.info("building %d module(s) (original and candidate)", len(build_requests(job)))
     paths, builds, failure = build_all(job, default_cache_dir(job))
     phases["build_s"] = time.monotonic() - start
+    log.info("built in %.1f s", phases["build_s"])
 
     def done(verdict: Verdict) -> Verdict:
         verdict.builds, verdict.phases = verdict.builds or builds, {**phases, "total_s": time.monotonic() - start}
@@ -315,7 +317,7 @@ def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[s
         if status:
             return _failure(job, status, reason, signatures=signatures)
         for index, case in enumerate(job.cases):
-            log.info("judging %s", case.id)
+            log.info("judging case %d/%d %s", index + 1, len(job.cases), case.id)
             result = judge_case(index, run, job, trials[index], launches[case.variant], device, reference, checked)
             if result is None:
                 status, reason = run.failure(f"results for {case.id}")
@@ -338,6 +340,7 @@ def _timing_phase(job: Job, device: torch.device, deadline: float, keys: list[st
         notes.append("timing skipped: the candidate is incorrect")
     elif timed and job.options.modes and device.type == "cuda":
         orig_so = {key: paths[("orig", key)] for key in keys}
+        log.info("timing %d case(s), %s, original and candidate", len(timed), " and ".join(job.options.modes))
         with CandidateRun(job, "timing", device=str(device), cand_so=cand_so, orig_so=orig_so, timed=timed,
                           deadline=deadline) as run:
             outcome = run.finish()

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,9 +95,12 @@ class Isolated:
         """True once the process has exited."""
         return self.proc.poll() is not None
 
-    def finish(self, timeout_s: float) -> ProcessOutcome:
+    def finish(self, timeout_s: float, progress: Callable[[str], None] | None = None) -> ProcessOutcome:
+        """`progress`: called with each `INFO harness...` line the process writes to stderr as it runs
+        (what it is building, judging or timing), so a long job says where it is."""
         try:
-            returncode: int | None = self.proc.wait(timeout=max(timeout_s, 0.001))
+            returncode: int | None = (self.proc.wait(timeout=max(timeout_s, 0.001)) if progress is None
+                                      else self._wait_echoing(timeout_s, progress))
         except subprocess.TimeoutExpired:
             returncode = None
         finally:
@@ -107,11 +111,39 @@ class Isolated:
         return ProcessOutcome(returncode, time.monotonic() - self.start, read_text(self.logs / "stdout.log"),
                               read_text(self.logs / "stderr.log"))
 
+    def _wait_echoing(self, timeout_s: float, progress: Callable[[str], None]) -> int:
+        deadline, seen = time.monotonic() + max(timeout_s, 0.001), 0
+        while True:
+            try:
+                returncode = self.proc.wait(timeout=max(0.001, min(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                returncode = None
+            seen = _echo_new_lines(self.logs / "stderr.log", seen, progress)
+            if returncode is not None:
+                return returncode
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.proc.args, timeout_s)
+
     def kill(self) -> ProcessOutcome:
         """Kill the group now and collect the outcome (returncode None: killed by us)."""
         kill_group(self.proc.pid)
         outcome = self.finish(5.0)
         return ProcessOutcome(None, outcome.seconds, outcome.stdout, outcome.stderr)
+
+
+def _echo_new_lines(path: Path, seen: int, progress: Callable[[str], None]) -> int:
+    """Pass the complete `INFO harness` lines written to `path` after byte `seen`; returns the new offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(seen)
+            data = f.read()
+    except OSError:
+        return seen
+    end = data.rfind(b"\n") + 1
+    for line in data[:end].decode("utf-8", errors="replace").splitlines():
+        if line.startswith("INFO harness"):
+            progress(line.split(": ", 1)[-1])
+    return seen + end
 
 
 def _resolve_prctl():
@@ -133,14 +165,14 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec: one 
 
 
 def run_isolated(command: list[str], *, timeout_s: float, env: dict[str, str], cwd: str | Path,
-                 stdin_data: bytes | None = None) -> ProcessOutcome:
+                 stdin_data: bytes | None = None, progress: Callable[[str], None] | None = None) -> ProcessOutcome:
     """Run `command` in a new process group, stdout/stderr to `cwd`/{stdout,stderr}.log, `stdin_data`
     (when given) on its stdin, else /dev/null.
 
     On timeout the group gets SIGKILL at once (a process stuck in a CUDA call ignores SIGTERM).
     Whatever the end, the group is killed afterwards so no grandchild outlives the command.
     """
-    return Isolated(command, env=env, cwd=cwd, stdin_data=stdin_data).finish(timeout_s)
+    return Isolated(command, env=env, cwd=cwd, stdin_data=stdin_data).finish(timeout_s, progress)
 
 
 # The candidate's environment: an allow-list, then a deny-list on top of it (secrets never pass).

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.channel import run_judge, verify
@@ -92,29 +93,33 @@ def collect_verdict(job: Job, out_path: Path, outcome: ProcessOutcome, timeout_s
     return verdict
 
 
-def run_job(job: Job, *, timeout_s: float, python: str = sys.executable, env: dict[str, str] | None = None) -> Verdict:
+def run_job(job: Job, *, timeout_s: float, python: str = sys.executable, env: dict[str, str] | None = None,
+            progress: Callable[[str], None] | None = None) -> Verdict:
     """Evaluate `job` in a fresh worker process; always returns a Verdict, never raises for the job.
 
     `timeout_s` bounds the whole worker (build, checks, timing). `env` replaces our environment for
     the worker (the directory holding this `harness` package still goes first on PYTHONPATH).
+    `progress` gets the judge's phase lines as it runs (building, judging case i/N, timing).
     """
     with tempfile.TemporaryDirectory(prefix="astra-job-") as tmp:
         outcome, out_path, key = run_judge(job.to_json(), tmp, timeout_s=timeout_s, python=python,
-                                           env=harness_env(env))
+                                           env=harness_env(env), progress=progress)
         return Verdict.from_dict(collect_verdict(job, out_path, outcome, timeout_s, key))
 
 
 def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0,
                tools: tuple[str, ...] = DEFAULT_TOOLS, python: str = sys.executable,
-               env: dict[str, str] | None = None) -> Verdict:
+               env: dict[str, str] | None = None, progress: Callable[[str], None] | None = None) -> Verdict:
     """`run_job`, then, for a "correct" verdict with `options.sanitizer`, compute-sanitizer (`tools`) over
     the candidate process on its smallest cases (`harness.sanitizer.sanitize`). Findings turn the verdict
     into "sanitizer"; a tool that is missing, ran out of time or could not conclude turns it into
     "sanitizer_unavailable" (fail closed: not a pass). The report is kept as the verdict's `sanitizer`.
     """
-    verdict = run_job(job, timeout_s=timeout_s, python=python, env=env)
+    verdict = run_job(job, timeout_s=timeout_s, python=python, env=env, progress=progress)
     if verdict.status != "correct" or not job.options.sanitizer:
         return verdict
+    if progress is not None:
+        progress(f"compute-sanitizer ({', '.join(tools)}) on the smallest cases")
     report = sanitize(job, tools=tools, timeout_s=sanitizer_timeout_s, python=python, env=env)
     verdict.sanitizer = report
     if report["findings"]:

@@ -70,15 +70,17 @@ for step in "$@"; do
     eval) ( time timeout ${EVAL_TIMEOUT:-580} python3 -m astra.cli eval --offline --wall-min ${EVAL_WALL_MIN:-10} \
                ${EVAL_ARGS:-} --json "$OUT/eval.json" ) > "$OUT/eval.log" 2>&1; echo "eval: exit $?"; tail -40 "$OUT/eval.log"
           tar czf "$OUT/runs.tgz" -C "$ASTRA_HOME" runs 2>/dev/null ;;
-    check-sample) names=$(python3 - "$ASTRA_HOME/probes" ${SAMPLE_SEED:-20261123} ${SAMPLE_N:-10} <<'PY'
+    check-sample) names=$(python3 - "$ASTRA_HOME" ${SAMPLE_SEED:-20261123} ${SAMPLE_N:-10} <<'PY'
 import json, pathlib, random, sys
-records = [json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))]
-probed = sorted(r["name"] for r in records if r.get("status") == "probed" and r.get("kind") == "draft")
+home = pathlib.Path(sys.argv[1])  # a draft's record sits beside it (drafts/NAME/probe.json)
+records = [json.loads(p.read_text()) for p in sorted(home.glob("drafts/*/probe.json"))]
+probed = sorted(r["name"] for r in records if r.get("status") == "probed" and r.get("kind") == "draft"
+                and not pathlib.Path("extracted_kernels", r["name"]).exists())  # `astra check NAME` takes a reviewed spec first
 print(" ".join(random.Random(int(sys.argv[2])).sample(probed, min(int(sys.argv[3]), len(probed)))))
 PY
 )
                   echo "check-sample (seed ${SAMPLE_SEED:-20261123}): $names"
-                  CHECK_TIMEOUT=${CHECK_TIMEOUT:-250} bash scripts/check-sample.sh $names ;;  # probed drafts only
+                  CHECK_TIMEOUT=${CHECK_TIMEOUT:-420} bash scripts/check-sample.sh $names ;;  # probed drafts only
     spec-probe) ( time timeout ${PROBE_TIMEOUT:-560} python3 -m astra.cli probe ${PROBE_ARGS:---all --reviewed} \
                --report "$OUT/probe-report.md" --json "$OUT/probe-report.json" ) > "$OUT/spec-probe.log" 2>&1
                echo "spec-probe: exit $?"; tail -${PROBE_TAIL:-40} "$OUT/spec-probe.log"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 from astra.cli.common import check_output, check_output_dir, tree_for_spec, write_text
@@ -25,7 +27,10 @@ def cmd_check(args) -> int:
     source = read_source(path, "--candidate")
     opts = runner.CheckOptions(modes=_modes(args.modes), sanitizer=not args.no_sanitizer, quick=args.quick)
     check_output(args.json)
-    verdict = runner.check_candidate(spec, tree_for_spec(args, str(spec.path)), source, path.name, opts)
+    start = time.monotonic()
+    verdict = runner.check_candidate(spec, tree_for_spec(args, str(spec.path)), source, path.name, opts,
+                                     progress=lambda line: print(f"check [{time.monotonic() - start:6.1f} s] {line}",
+                                                                 file=sys.stderr, flush=True))
     write_text(args.json, verdict.to_json())
     print(text.format_check(verdict))
     return 0 if verdict.correct and verdict.status == "correct" else 1

@@ -22,6 +22,7 @@ from astra.spec.draft_arguments import bytes_expr as _bytes  # the name astra.ve
 from astra.spec.draft_cases import MAX_CASE_BYTES, fill_models, gate_models
 from astra.spec.draft_dims import Dims, bind_template, dims_from_facts, token_dim_of
 from astra.spec.draft_tables import lead_as_tokens, table_shape
+from astra.spec.draft_traffic import distinct_scatter_indices
 from astra.spec.expr import names_in
 from astra.spec.host_relations import Relations, cond_env, host_relations, scalar_placeholder
 
@@ -126,6 +127,7 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
         if a["name"] in rel.present:
             a["present"] = rel.present[a["name"]]
             notes[:] = [n for n in notes if not n.startswith(f"tensor `{a['name']}` is optional (None allowed)")]
+    distinct_scatter_indices(arguments, notes)
     checks = rel.constraints + index_constraints(arguments)
     used, used_derived = _used_dims(arguments, dims, token_dim, entry)
     checks = _expressible(checks, dims, used, used_derived)

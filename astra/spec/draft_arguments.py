@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import re
 
-from astra.spec import meanings
+from astra.spec import draft_traffic, meanings
 from astra.spec.argument_kinds import INDEX_NAMES, LEN_NAMES, scalar_dtype, tensor_dtype, tensor_init
 from astra.spec.draft_dims import ident
-from astra.spec.expr import DTYPE_BYTES
 
 _EPS = re.compile(r"eps|epsilon", re.I)
-_EXTRA_BYTES = {"uint64": 8, "uint32": 4, "uint16": 2}  # dtypes torch has that `elt` does not know
 
 
 def index_constraints(arguments: list[dict]) -> list[str]:
@@ -123,14 +121,8 @@ def _scalar(name: str, ctype: str, all_dims: set[str], default, notes: list[str]
 
 
 def bytes_expr(arguments: list[dict]) -> str:
-    terms = []
-    for a in arguments:
-        if a["kind"] != "tensor":
-            continue
-        size = " * ".join(f"({s})" if not re.fullmatch(r"\w+", str(s)) else str(s) for s in a["shape"])
-        elt = "elt(dtype)" if a["dtype"] == "{dtype}" else f"elt('{a['dtype']}')" if a["dtype"] in DTYPE_BYTES \
-            else str(_EXTRA_BYTES.get(a["dtype"], 8))
-        terms.append(f"{'2 * ' if a['role'] == 'inout' else ''}{size} * {elt}")
-    return " + ".join(terms) or "0"
+    """The draft's `bytes` expression (astra.spec.draft_traffic: absent tensors move nothing, a table
+    looked up by index moves the rows its indices name)."""
+    return draft_traffic.bytes_expr(arguments)
 
 

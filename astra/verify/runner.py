@@ -4,6 +4,7 @@ printing is the CLI's and the report package's business."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from astra.errors import AstraError, NoGpu
@@ -70,14 +71,16 @@ def quick_cases(job: Job) -> Job:
     return job
 
 
-def check_candidate(spec: KernelSpec, tree: SglangTree, source: str, label: str, opts: CheckOptions) -> Verdict:
-    """The verdict on `source` (the candidate's version of `spec.kernel_file`) against the original."""
+def check_candidate(spec: KernelSpec, tree: SglangTree, source: str, label: str, opts: CheckOptions,
+                    progress: Callable[[str], None] | None = None) -> Verdict:
+    """The verdict on `source` (the candidate's version of `spec.kernel_file`) against the original;
+    `progress` gets the judge's phase lines as it runs."""
     require_same_source(spec, tree)  # the original checked against is the kernel the spec was reviewed for
     require_gpu()
     job = jobs.make_job(spec, tree, candidate_source=source, label=label, options=opts.harness_options())
     if opts.quick:
         job = quick_cases(job)
-    return verify_job(job, timeout_s=timeout_for(job))
+    return verify_job(job, timeout_s=timeout_for(job), progress=progress)
 
 
 def bench_original(spec: KernelSpec, tree: SglangTree, opts: CheckOptions, kernel_rel: str | None = None) -> Verdict:

@@ -111,6 +111,19 @@ def test_small_job_keeps_the_smallest_cases_one_seed_no_timing():
     assert [c.id for c in small.cases] == ["c1", "c3"]
     assert small.options.seeds == [4] and small.options.modes == [] and small.options.sanitizer is False
     assert len(job.cases) == 4 and job.options.modes == ["graph", "cold"]  # the original is untouched
+    assert small.options.extra_trials is True  # small cases keep the large/small/extreme trials
+
+
+def test_small_job_of_large_cases_drops_the_extra_trials():
+    from harness.sanitizer import TRIALS_MAX_BYTES
+
+    job = tiny_job(sanitizer_max_cases=2)
+    for case in job.cases:
+        case.bytes += TRIALS_MAX_BYTES
+    small = small_job(job)
+    assert small.options.extra_trials is False and small.options.seeds == job.options.seeds[:1]
+    assert job.options.extra_trials is True
+    assert small_job(tiny_job(extra_trials=False)).options.extra_trials is False  # never turned back on
 
 
 def test_missing_tool_is_skipped(monkeypatch, tmp_path):

@@ -228,3 +228,32 @@ def test_run_isolated_passes_stdin_data(tmp_path):
     assert outcome.returncode == 0 and outcome.stdout == "egduj"
     outcome = run_isolated(command, timeout_s=30, env=dict(os.environ), cwd=tmp_path)
     assert outcome.stdout == ""
+
+
+def test_progress_lines_reach_the_caller_while_the_process_runs(tmp_path):
+    """A long job says where it is: each `INFO harness` line of the process's stderr is handed over as it
+    is written (not after the end), other lines are not, and the outcome still keeps all of stderr."""
+    from harness.process import Isolated
+
+    script = ("import sys, time\n"
+              "print('INFO harness.evaluate: building 2 module(s)', file=sys.stderr, flush=True)\n"
+              "print('noise from nvcc', file=sys.stderr, flush=True)\n"
+              "time.sleep(1.5)\n"
+              "print('INFO harness.evaluate: judging case 1/1 x', file=sys.stderr, flush=True)\n")
+    seen: list[tuple[float, str]] = []
+    start = time.monotonic()
+    proc = Isolated([sys.executable, "-c", script], env=dict(os.environ), cwd=tmp_path)
+    outcome = proc.finish(30, progress=lambda line: seen.append((time.monotonic() - start, line)))
+    assert outcome.returncode == 0
+    assert [line for _, line in seen] == ["building 2 module(s)", "judging case 1/1 x"]
+    assert seen[0][0] < seen[1][0] - 0.5  # the first line arrived before the process slept, not at its end
+    assert "noise from nvcc" in outcome.stderr
+
+
+def test_progress_still_times_out(tmp_path):
+    from harness.process import Isolated
+
+    proc = Isolated([sys.executable, "-c", "import time; time.sleep(30)"], env=dict(os.environ), cwd=tmp_path)
+    start = time.monotonic()
+    outcome = proc.finish(1.0, progress=lambda line: None)
+    assert outcome.returncode is None and time.monotonic() - start < 10
