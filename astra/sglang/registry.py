@@ -188,6 +188,9 @@ def find(tree: SglangTree, name: str) -> JitModule:
     for m in mods:
         if m.name == name:
             return m
+    for m in mods:  # a draft's folder name: the module name with `{`, `}` and the like as `_`
+        if re.sub(r"[^A-Za-z0-9_.-]", "_", m.name) == name:
+            return m
     close = [m.name for m in mods if name in m.name or m.name in name][:5]
     hint = f"; did you mean {', '.join(close)}?" if close else "; run `astra list` to see them"
     raise UnknownKernel(f"no JIT module named {name!r} in SGLang {tree.version}{hint}")

@@ -2,7 +2,7 @@
 
 A passing probe of a DRAFT rewrites it (a YAML round trip that keeps the header comment lines):
 each tensor argument's role becomes the observed one (aliases and their targets are left alone: the
-in-place contract is the spec's), and every case the kernel rejected, or that crashed or hung the
+in-place contract is the spec's; a `bytes` the extractor wrote is written again for the new roles), and every case the kernel rejected, or that crashed or hung the
 original, goes to `shapes.exclude` as {case, reason}. probe.json is then written beside it with the
 sha256 of the draft's bytes AFTER the rewrite (astra.spec.resolve checks it). A failed probe leaves the
 draft untouched. A REVIEWED spec is never rewritten: its record goes to $ASTRA_HOME/probes/<name>.json
@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from astra.report.safe_text import one_line
+from astra.spec.draft_traffic import bytes_expr
 from astra.spec.resolve import spec_sha256
 
 PROBED_MARK = "# Probed by `astra probe`"
@@ -102,7 +103,10 @@ def rewrite_draft(path: Path, roles: dict[str, str], excluded: list[dict], note:
     """Rewrite the draft at `path` from observation (see the module docstring); {role_changes, excluded}."""
     text = path.read_text()
     data = yaml.safe_load(text)
+    drafted = _same_expr(data.get("bytes"), bytes_expr(data.get("arguments") or []))
     changes = apply_roles(data, roles)
+    if changes and drafted:  # bytes the extractor wrote follow the observed roles (an inout is read and written)
+        data["bytes"] = bytes_expr(data["arguments"])
     added = add_exclusions(data, excluded)
     body = yaml.safe_dump(data, sort_keys=False, width=110)
     new = "".join(_header(text)) + f"{PROBED_MARK} {note}\n" + body
@@ -110,6 +114,10 @@ def rewrite_draft(path: Path, roles: dict[str, str], excluded: list[dict], note:
     tmp.write_text(new)
     os.replace(tmp, path)
     return {"role_changes": changes, "excluded_added": added}
+
+
+def _same_expr(a, b) -> bool:
+    return " ".join(str(a).split()) == " ".join(str(b).split())
 
 
 def proposed_changes(path: Path, roles: dict[str, str], excluded: list[dict]) -> dict:

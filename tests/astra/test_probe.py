@@ -139,6 +139,27 @@ def test_a_passing_probe_rewrites_the_draft_and_binds_probe_json_to_it(home):
     assert again.count(PROBED_MARK) == 1 and yaml.safe_load(again)["shapes"]["exclude"] == raw["shapes"]["exclude"]
 
 
+def test_the_drafted_bytes_follow_the_observed_roles(home):
+    """A tensor the draft called `in` is read and written (observed `inout`): the bytes the extractor wrote
+    are written again for the observed roles (the floors rest on them); bytes a person wrote stay."""
+    from astra.spec.draft_traffic import bytes_expr
+
+    path = write_draft("rms_bytes", out_role="in")
+    raw = yaml.safe_load(path.read_text())
+    raw["bytes"] = bytes_expr(raw["arguments"])
+    raw.pop("bytes_read", None), raw.pop("bytes_written", None)
+    path.write_text(HEADER + yaml.safe_dump(raw, sort_keys=False, width=110))
+    in_place = {**kept(KEPT), "written": ["input", "out"], "roles": {"input": "inout", "weight": "in", "out": "out"}}
+    finish("rms_bytes", "draft", path, path.parent / "probe.json", recorded_result([in_place]), "0.5.23")
+    after = yaml.safe_load(path.read_text())
+    assert after["bytes"].startswith("2 * tokens * hidden")
+    assert after["bytes"] == bytes_expr(after["arguments"]) != raw["bytes"]
+    hand = write_draft("rms_hand", out_role="in")
+    written = yaml.safe_load(hand.read_text())["bytes"]
+    finish("rms_hand", "draft", hand, hand.parent / "probe.json", recorded_result([in_place]), "0.5.23")
+    assert yaml.safe_load(hand.read_text())["bytes"] == written
+
+
 def test_a_reviewed_spec_is_never_rewritten(home):
     spec_file = REPO / "extracted_kernels" / "rmsnorm" / "kernel.yaml"
     before = spec_file.read_bytes()

@@ -39,6 +39,11 @@ def test_unknown_module_suggests_names(sglang_0523):
         registry.find(sglang_0523, "rmsnorm_typo_fused_add_rmsnorm")
 
 
+def test_a_drafts_folder_name_finds_its_module(sglang_0523):
+    """`astra extract small_gemm_bf16__trait_` (the folder `astra extract` wrote) finds small_gemm_bf16_{trait}."""
+    assert registry.find(sglang_0523, "small_gemm_bf16__trait_").name == "small_gemm_bf16_{trait}"
+
+
 @pytest.mark.parametrize("text,blocked", [
     ("#ifndef USE_ROCM\n#error \"rocm only\"\n#endif\n", True),
     ("#if SGL_CUDA_ARCH < 1000\n#error \"needs sm100\"\n#endif\n", True),
