@@ -9,7 +9,8 @@ one process (CPU tests, trusted code only).
 Trials (`trials_for`): every seed of the job, plus, on fresh seeds, a `large`, a `small` and an
 `extreme` trial where the case has random float tensors (harness.inputs). Per trial:
 
-- every `out`/`inout` tensor is compared (compare.compare_outputs with the output's tolerance);
+- every `out`/`inout` tensor is compared (compare.compare_outputs with the output's tolerance), an
+  `unordered` one after its rows are sorted (`canonical`);
   `scratch` tensors (workspaces) are never compared, and an absent optional tensor (None) is skipped;
 - every `in` tensor must still hold its exact bytes on the candidate's side (where the original also
   writes it, the spec's role is wrong: it is noted and compared as an output instead);
@@ -40,6 +41,7 @@ from harness.compare import (
     error_vs_reference,
     gaps_unchanged,
     reference_verdict,
+    sort_rows_together,
     tolerance_for,
     unchanged,
 )
@@ -259,6 +261,7 @@ def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: 
         elif not unchanged(inputs[arg.name], cand[arg.name]):
             result.fail(f"{where}: candidate wrote read-only argument {arg.name}")
     _judge_gaps(result, tensors, inputs, orig, cand, where)
+    orig, cand = canonical(case, orig), canonical(case, cand)  # unordered outputs: order is not the result
     ref_out: dict[str, Any] = {}
     if reference is not None:
         try:
@@ -308,6 +311,31 @@ def check_case(case: Case, launches: dict[str, Launch], job: Job, device: torch.
     return result
 
 
+def canonical(case: Case, tensors: dict[str, Any]) -> dict[str, Any]:
+    """`tensors` with the case's unordered outputs row-sorted together, per shape (compare.sort_rows_together);
+    every other entry as it is. What every comparison and digest of outputs looks at."""
+    groups: dict[tuple, list[str]] = {}
+    for a in case.tensors():
+        if a.unordered and a.name in tensors and tensors[a.name] is not None:
+            groups.setdefault(tuple(tensors[a.name].shape), []).append(a.name)
+    if not groups:
+        return tensors
+    out = dict(tensors)
+    for names in groups.values():
+        for name, t in zip(names, sort_rows_together([tensors[n] for n in names])):
+            out[name] = t
+    return out
+
+
+def output_digest(case: Case, args: dict[str, Any]) -> str:
+    """sha256 over the case's outputs after one call (unordered outputs canonical)."""
+    args = canonical(case, args)
+    hasher = hashlib.sha256()
+    for name in output_names(case):
+        hasher.update(args[name].contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return hasher.hexdigest()
+
+
 def output_names(case: Case) -> list[str]:
     """The `out` and `inout` tensor arguments (present ones; never `scratch`): what determinism compares."""
     return [a.name for a in case.tensors() if a.role in ("out", "inout")]
@@ -321,10 +349,7 @@ def determinism_digests(launch: Launch, case: Case, seed: int, device: torch.dev
         args = poison_outputs(clone_inputs(inputs), case.args)
         if call(launch, args, case, device, f"{case.id}: determinism") is not None:
             return None
-        hasher = hashlib.sha256()
-        for name in output_names(case):
-            hasher.update(args[name].contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
-        digests.append(hasher.hexdigest())
+        digests.append(output_digest(case, args))
     return digests
 
 

@@ -9,6 +9,10 @@ Every float comparison happens in float64 (float8 and bf16 are converted first).
   both are finite (the non-finite positions are governed by the rule above); the candidate passes when
   its error <= max(2 x the original's error, floor).
 - Read-only arguments: unchanged bit for bit (bytes compared, so NaN payloads count).
+- Unordered outputs (a top-k's indices and the values paired with them): the order of values along the
+  last dim is not part of the result. Before any comparison, each row of such outputs is sorted as a
+  row of tuples (`sort_rows_together`: integer outputs are the leading keys), so the multiset of
+  (index, value, ...) tuples per row must match: a pairing the candidate breaks still fails.
 - Strided views: the storage outside the view (the gaps between rows, which belong to other tensors in
   the caller, e.g. the other columns of a fused qkv output) unchanged bit for bit; values are compared
   on the view.
@@ -187,3 +191,33 @@ def reference_verdict(cand_err: float, orig_err: float, floor: float) -> tuple[b
         return True, ""
     return False, (f"error vs float64 reference {cand_err:.3g} > max(2 x original's {orig_err:.3g}, "
                    f"floor {floor:.3g}) = {limit:.3g}")
+
+
+def sort_rows_together(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Tensors of one shape with each row (last dim) reordered by one permutation: the lexicographic order
+    of the tuples (integer tensors first, in the order given, then floats). Stable sorts from the last
+    key to the first (radix order); equal tuples keep their order, which cannot matter."""
+    if not tensors or tensors[0].dim() == 0:
+        return list(tensors)
+    keys = sorted(range(len(tensors)), key=lambda i: (tensors[i].is_floating_point(), i))
+    n = tensors[0].shape[-1]
+    perm = torch.arange(n, device=tensors[0].device).expand(tensors[0].shape).contiguous()
+    for i in reversed(keys):
+        values = torch.gather(_sortable(tensors[i]), -1, perm)
+        perm = torch.gather(perm, -1, torch.sort(values, dim=-1, stable=True).indices)
+    return [_gather(t, perm) for t in tensors]
+
+
+def _gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """torch.gather along the last dim for any dtype (float8 has no gather kernel: moved as its bytes)."""
+    if t.is_floating_point() and t.element_size() == 1:
+        return torch.gather(t.view(torch.uint8), -1, index).view(t.dtype)
+    return torch.gather(t, -1, index)
+
+
+def _sortable(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype == torch.bool:
+        return t.to(torch.uint8)
+    if t.is_floating_point() and t.element_size() == 1:  # float8: sort by value
+        return t.to(torch.float32)
+    return t

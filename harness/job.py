@@ -40,6 +40,9 @@ class ArgSpec:
     alias: str | None = None  # role "alias": pass the tensor of this earlier argument (in-place calls)
     present: bool = True  # False: the call passes None (an absent tvm::ffi::Optional<TensorView>)
     row_stride: int | None = None  # stride of dim 0 in elements (a strided view); None: contiguous
+    # True: the order of values along the last dim is not part of the result (a top-k's indices); sorted,
+    # together with the case's other unordered outputs of the same shape, before any comparison
+    unordered: bool = False
 
 
 @dataclass

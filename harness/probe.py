@@ -10,7 +10,9 @@ the launch is a Python callable, so CPU tests drive it with functions of their o
    plus the "Root cause" line of SGLang's TensorMatcher errors);
 2. written: every tensor whose bytes changed (in that run or the next);
 3. a second run on identical fresh inputs: a written tensor that differs while every other written tensor
-   agrees is `scratch`; any other difference makes the case nondeterministic;
+   agrees is `scratch`; outputs that differ only in the order of values along their last dim (a top-k's
+   indices; rows compared as sets of tuples with the written tensors of their shape) are `unordered`;
+   any other difference makes the case nondeterministic;
 4. per written, non-scratch tensor, a run on identical inputs with that tensor poisoned
    (`harness.inputs.poison_`): every result identical to the first run's -> `out` (its prior content is
    never read), else `inout` (a run that raises counts as a difference). Unwritten tensors are `in`;
@@ -35,7 +37,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from harness.check import call, describe, trial_inputs, trials_for
-from harness.compare import unchanged
+from harness.compare import sort_rows_together, unchanged
 from harness.inputs import clone_inputs, make_inputs, poison_
 from harness.job import Case, Options
 
@@ -168,7 +170,13 @@ def _observe(runner: _Runner, result: dict, names: list[str], before: dict, firs
         result["deterministic"] = False
     else:
         written += [name for name in names if name not in written and not unchanged(second_before[name], second[name])]
-        differ = [name for name in names if not unchanged(first[name], second[name])]
+        differ = [name for name in names if not _same(runner, result, name, first, second)]
+        order_only = _order_only(runner, differ, written, first, second)
+        if order_only:
+            result["unordered"] = order_only
+            result["notes"].append(f"the order along the last dim differs between identical runs, the rows as sets "
+                                   f"do not: unordered {', '.join(order_only)}")
+            differ = []
     del second, second_before
     scratch = differ if len(differ) == 1 and len(written) > 1 else []
     if result["deterministic"] is None:
@@ -226,8 +234,44 @@ def _poisoned_role(runner: _Runner, result: dict, name: str, first: dict, compar
     if error is not None:
         result["notes"].append(f"with {name} poisoned the kernel raised ({error}): its prior content is read")
         return "inout"
-    changed = [other for other in compared if not unchanged(first[other], after[other])]
+    changed = [other for other in compared if not _same(runner, result, other, first, after)]
     return "inout" if changed else "out"
+
+
+def _groups(runner: _Runner, result: dict, tensors: dict) -> list[list[str]]:
+    """The unordered outputs, by shape: the spec's (`unordered: true`) and those this probe found."""
+    marked = {a.name for a in runner.case.tensors() if a.unordered} | set(result.get("unordered") or [])
+    groups: dict[tuple, list[str]] = {}
+    for name in (n for n in tensors if n in marked and tensors[n] is not None):
+        groups.setdefault(tuple(tensors[name].shape), []).append(name)
+    return list(groups.values())
+
+
+def _same(runner: _Runner, result: dict, name: str, first: dict, other: dict) -> bool:
+    """`name` holds the same bytes after both runs; an unordered output the same rows as sets (with the
+    outputs of its shape sorted together)."""
+    group = next((g for g in _groups(runner, result, first) if name in g), None)
+    if group is None:
+        return unchanged(first[name], other[name])
+    a, b = sort_rows_together([first[n] for n in group]), sort_rows_together([other[n] for n in group])
+    return unchanged(a[group.index(name)], b[group.index(name)])
+
+
+def _order_only(runner: _Runner, differ: list[str], written: list[str], first: dict, second: dict) -> list[str]:
+    """The written outputs to treat as unordered when every difference between two identical runs is the
+    order of values along the last dim: each differing tensor (at least 1-D, rows of 2 or more), sorted
+    with every written tensor of its shape as rows of tuples, agrees with the other run. [] otherwise."""
+    found: list[str] = []
+    for name in differ:
+        t = first[name]
+        if name not in written or t.dim() == 0 or t.shape[-1] < 2:
+            return []
+        group = [n for n in written if first[n] is not None and tuple(first[n].shape) == tuple(t.shape)]
+        a, b = sort_rows_together([first[n] for n in group]), sort_rows_together([second[n] for n in group])
+        if not all(unchanged(x, y) for x, y in zip(a, b)):
+            return []
+        found += [n for n in group if n not in found]
+    return found
 
 
 def relative_paths(result: dict, roots: list[str]) -> dict:

@@ -14,7 +14,6 @@ bit for bit; the case gets a note instead.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -47,7 +46,7 @@ def graph_launch(launch: Launch) -> Launch:
 def timed_digests(case: Case, launch: Launch, job: Job, device: torch.device, modes: list[str]) -> dict[str, Any]:
     """Candidate side, after a case was timed: {mode: sha256 of the outputs of one call made as `mode`
     times, or {"error": line}}, on the first seed's inputs."""
-    from harness.check import call, clone_inputs, output_names, poison_outputs
+    from harness.check import call, clone_inputs, output_digest, poison_outputs
     from harness.inputs import make_inputs
 
     seed = job.options.seeds[0] if job.options.seeds else 0
@@ -60,10 +59,7 @@ def timed_digests(case: Case, launch: Launch, job: Job, device: torch.device, mo
         if error is not None:
             digests[mode] = {"error": error[:300]}
             continue
-        hasher = hashlib.sha256()
-        for name in output_names(case):
-            hasher.update(args[name].contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
-        digests[mode] = hasher.hexdigest()
+        digests[mode] = output_digest(case, args)
     return digests
 
 

@@ -23,7 +23,8 @@ BUILD = ("cuda_files", "cpp_files", "extra_cuda_cflags", "extra_cflags", "extra_
 WRAPPER = ("export", "entry", "lang")
 SHAPES = ("tokens", "token_dim", "models", "edge", "constraints", "exclude")
 MODEL_ENTRY = ("model", "tp", "dims", "tokens")
-ARGUMENT = ("name", "kind", "role", "shape", "dtype", "init", "value", "doc", "alias", "present", "row_stride")
+ARGUMENT = ("name", "kind", "role", "shape", "dtype", "init", "value", "doc", "alias", "present", "row_stride",
+            "unordered")
 INIT = ("dist", "mean", "std", "low", "high", "start", "step", "value", "large", "small")
 TOLERANCE = ("atol", "rtol", "floor")
 EXCLUDE = ("case", "reason")
@@ -168,8 +169,14 @@ def _check_exclude(exclude: object) -> list[str]:
 
 
 def check_tensor_options(arg: dict, where: str, known: set[str]) -> list[str]:
-    """An argument's `present` (bool or expr) and `row_stride` (int or expr); values are checked per case."""
+    """An argument's `present` (bool or expr), `row_stride` (int or expr; values are checked per case) and
+    `unordered` (a bool, on an output)."""
     out = []
+    if "unordered" in arg and (not isinstance(arg["unordered"], bool) or arg.get("kind") != "tensor"
+                               or arg["unordered"] and arg.get("role") not in ("out", "inout")):
+        out.append(f"{where}: `unordered` is true or false, on an `out` or `inout` tensor (its order along the "
+                   f"last dim is not part of the result), not {arg['unordered']!r} on a {arg.get('role', 'in')} "
+                   f"{arg.get('kind')}")
     for key, what in (("present", "true, false or an expression over dims (e.g. `num_experts > 1`)"),
                       ("row_stride", "a positive integer or an expression over dims (e.g. `(q_heads + 2 * "
                                      "kv_heads) * head_dim`)")):

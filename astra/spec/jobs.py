@@ -43,7 +43,8 @@ def _arg(arg, names: dict) -> ArgSpec:
             for k, v in (arg.init or {"dist": "normal"}).items()}
     shape = [int(evaluate(e, names)) for e in arg.shape]
     return ArgSpec(name=arg.name, kind="tensor", role=role, shape=shape, dtype=render(str(arg.dtype), names),
-                   init=init, alias=arg.alias, row_stride=arg_row_stride(arg, shape, names))
+                   init=init, alias=arg.alias, row_stride=arg_row_stride(arg, shape, names),
+                   unordered=bool(arg.unordered))
 
 
 def _in_place(args: list[ArgSpec]) -> list[ArgSpec]:

@@ -2,7 +2,8 @@
 
 A passing probe of a DRAFT rewrites it (a YAML round trip that keeps the header comment lines):
 each tensor argument's role becomes the observed one (aliases and their targets are left alone: the
-in-place contract is the spec's; a `bytes` the extractor wrote is written again for the new roles), and every case the kernel rejected, or that crashed or hung the
+in-place contract is the spec's; a `bytes` the extractor wrote is written again for the new roles), an
+output whose rows came out in another order on an identical run gets `unordered: true`, and every case the kernel rejected, or that crashed or hung the
 original, goes to `shapes.exclude` as {case, reason}. probe.json is then written beside it with the
 sha256 of the draft's bytes AFTER the rewrite (astra.spec.resolve checks it). A failed probe leaves the
 draft untouched. A REVIEWED spec is never rewritten: its record goes to $ASTRA_HOME/probes/<name>.json
@@ -28,7 +29,7 @@ from astra.spec.resolve import spec_sha256
 PROBED_MARK = "# Probed by `astra probe`"
 EXCLUDED_STATUSES = ("rejected", "crashed", "hung")
 CASE_KEYS = ("id", "status", "message", "written", "roles", "deterministic", "finite", "constant_outputs", "notes",
-             "seconds", "stderr_tail")
+             "seconds", "stderr_tail", "unordered")
 
 
 @dataclass
@@ -99,12 +100,33 @@ def _header(text: str) -> list[str]:
     return lines
 
 
-def rewrite_draft(path: Path, roles: dict[str, str], excluded: list[dict], note: str) -> dict:
+def observed_unordered(cases: list[dict]) -> list[str]:
+    """The outputs some kept case found unordered (their order along the last dim changed between runs)."""
+    out: list[str] = []
+    for case in cases:
+        if case.get("status") == "kept":
+            out += [n for n in case.get("unordered") or [] if n not in out]
+    return out
+
+
+def mark_unordered(data: dict, names: list[str]) -> list[str]:
+    """Set `unordered: true` on those tensor arguments; the names newly marked."""
+    marked = []
+    for arg in data.get("arguments") or []:
+        if isinstance(arg, dict) and arg.get("name") in names and not arg.get("unordered"):
+            arg["unordered"] = True
+            marked.append(arg["name"])
+    return marked
+
+
+def rewrite_draft(path: Path, roles: dict[str, str], excluded: list[dict], note: str,
+                  unordered: list[str] | None = None) -> dict:
     """Rewrite the draft at `path` from observation (see the module docstring); {role_changes, excluded}."""
     text = path.read_text()
     data = yaml.safe_load(text)
     drafted = _same_expr(data.get("bytes"), bytes_expr(data.get("arguments") or []))
     changes = apply_roles(data, roles)
+    mark_unordered(data, unordered or [])
     if changes and drafted:  # bytes the extractor wrote follow the observed roles (an inout is read and written)
         data["bytes"] = bytes_expr(data["arguments"])
     added = add_exclusions(data, excluded)
@@ -150,7 +172,7 @@ def finish(name: str, kind: str, spec_file: Path, record_path: Path, result: dic
     env = result.get("env") or {}
     if status == "probed" and kind == "draft":
         note = f"on {env.get('gpu') or 'an unnamed device'}: roles and shapes.exclude from observation (probe.json)"
-        changes = rewrite_draft(spec_file, roles, excluded, note)
+        changes = rewrite_draft(spec_file, roles, excluded, note, observed_unordered(cases))
     elif status == "probed":
         changes = proposed_changes(spec_file, roles, excluded)
         if changes["role_changes"]:

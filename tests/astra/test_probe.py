@@ -160,6 +160,15 @@ def test_the_drafted_bytes_follow_the_observed_roles(home):
     assert yaml.safe_load(hand.read_text())["bytes"] == written
 
 
+def test_outputs_found_unordered_are_marked_in_the_draft(home):
+    path = write_draft("rms_unordered", out_role="out")
+    case = {**kept(KEPT), "unordered": ["out"]}
+    finish("rms_unordered", "draft", path, path.parent / "probe.json", recorded_result([case]), "0.5.23")
+    args = {a["name"]: a for a in yaml.safe_load(path.read_text())["arguments"]}
+    assert args["out"]["unordered"] is True and "unordered" not in args["input"]
+    assert json.loads((path.parent / "probe.json").read_text())["cases"][0]["unordered"] == ["out"]
+
+
 def test_a_reviewed_spec_is_never_rewritten(home):
     spec_file = REPO / "extracted_kernels" / "rmsnorm" / "kernel.yaml"
     before = spec_file.read_bytes()

@@ -312,3 +312,16 @@ def test_optimize_refuses_another_versions_kernel(tmp_path):
     with pytest.raises(SpecError, match="source.sha256 is 52f4acbc"):
         run_optimize(loaded, _tree(tmp_path, loaded, "// kernel\n"), OptimizeOptions(dry_run=True, offline=True),
                      say=lambda _: None)
+
+
+def test_unordered_reaches_the_job_and_is_validated(tmp_path, qknorm_raw):
+    raw = copy.deepcopy(qknorm_raw)
+    _arg(raw, "q")["unordered"] = True
+    case = jobs.cases(spec.load(_write(tmp_path, raw)))[0][0]
+    args = {a.name: a for a in case.args}
+    assert args["q"].unordered is True and args["k"].unordered is False
+    _arg(raw, "q")["unordered"] = "yes"
+    _arg(raw, "q_weight")["unordered"] = True
+    problems = _problems(tmp_path, raw)
+    assert any("`unordered` is true or false, on an `out` or `inout` tensor" in p and "'yes'" in p for p in problems)
+    assert any("q_weight" in p and "on a in tensor" in p for p in problems)

@@ -129,3 +129,19 @@ def test_tolerance_for_picks_output_dtype_then_looser_of_case_and_default():
     f32 = tolerance_for(job_tol, "float32", "bfloat16")
     assert f32["atol"] == 2e-2
     assert tolerance_for(job_tol, "int32", "bfloat16") == {"atol": 0.0, "rtol": 0.0, "floor": 0.0}
+
+
+def test_rows_sorted_together_as_tuples():
+    from harness.compare import sort_rows_together
+
+    idx = torch.tensor([[3, 1, 2], [0, 0, 5]])
+    val = torch.tensor([[0.3, 0.1, 0.2], [0.9, 0.5, 0.7]], dtype=torch.bfloat16)
+    s_val, s_idx = sort_rows_together([val, idx])  # integer keys lead whatever the order given
+    assert s_idx.tolist() == [[1, 2, 3], [0, 0, 5]]
+    expected = torch.tensor([[0.1, 0.2, 0.3], [0.5, 0.9, 0.7]], dtype=torch.bfloat16)  # index ties: by value
+    assert torch.equal(s_val, expected)
+    fp8 = torch.tensor([[2.0, -1.0, 0.5]]).to(torch.float8_e4m3fn)
+    assert sort_rows_together([fp8])[0].float().tolist() == [[-1.0, 0.5, 2.0]]
+    flags = torch.tensor([[True, False, True]])
+    assert sort_rows_together([flags])[0].tolist() == [[False, True, True]]
+    assert sort_rows_together([torch.tensor(3)])[0].item() == 3  # a 0-d tensor has no rows
