@@ -21,10 +21,14 @@ the launch is a Python callable, so CPU tests drive it with functions of their o
 6. every other trial the judge of `astra check` will run (later seeds; large, small, extreme data) is
    accepted: a case the original fails on some trial is rejected with that trial named.
 
-`decide` is the one rule for a module: probed when at least one case is kept, every kept case writes an
-output, is deterministic on its outputs and finite, the roles agree across cases, and compute-sanitizer
+A case the original accepts but where it writes no output (or only scratch) is `noop`: excluded, since a
+candidate that does nothing would pass it (the module still needs a kept case that writes).
+
+`decide` is the one rule for a module: probed when at least one case is kept, every kept case is
+deterministic on its outputs and finite, the roles agree across cases, and compute-sanitizer
 (memcheck over the smallest kept case) is clean. Case statuses: kept, rejected (the kernel refused it),
-crashed (the process died, or the CUDA context was lost), hung (no result in time), error (the harness
+crashed (the process died, or the CUDA context was lost), hung (no result in time), noop (accepted, but
+nothing written), error (the harness
 could not make the case's inputs, or ran out of memory: the draft needs fixing).
 """
 
@@ -42,7 +46,7 @@ from harness.inputs import clone_inputs, make_inputs, poison_
 from harness.job import Case, Options
 
 Launch = Callable[[Sequence[Any]], Any]
-CASE_STATUSES = ("kept", "rejected", "crashed", "hung", "error")
+CASE_STATUSES = ("kept", "rejected", "crashed", "hung", "error", "noop")
 ROLE_ORDER = ("in", "scratch", "out", "inout")  # merging across cases: a later role wins over an earlier one
 MESSAGE_MAX = 400
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -153,6 +157,10 @@ def probe_case(launch: Launch, case: Case, device: torch.device | str, seed: int
     if not single:
         _observe(runner, result, names, before, first, written)
         _judge_trials(runner, result)
+        if result["status"] == "kept" and not outputs_of(result):
+            what = f"writes only scratch {', '.join(result['written'])}" if result["written"] else "writes no tensor"
+            result.update(status="noop", message=f"the original {what} on this case: it cannot tell a candidate "
+                                                 "from one that does nothing")
     else:
         result["written"] = written
     result["seconds"] = round(time.monotonic() - start, 3)
@@ -328,7 +336,9 @@ def decide(cases: list[dict], sanitizer: dict | None) -> tuple[str, str]:
     if not cases:
         return "failed", "the draft has no cases"
     if not kept:
-        rejected = _first(cases, "rejected")
+        rejected, noop = _first(cases, "rejected"), _first(cases, "noop")
+        if noop is not None:  # accepted but a no-op: the draft's inputs never make it do anything
+            return "failed", f"case {noop['id']}: the kernel accepts the call but {noop['message'].split(' ', 2)[-1]}"
         if rejected is not None:
             return "failed", f"kernel rejects every drafted case: {rejected['message']}"
         first = cases[0]

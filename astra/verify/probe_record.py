@@ -3,8 +3,9 @@
 A passing probe of a DRAFT rewrites it (a YAML round trip that keeps the header comment lines):
 each tensor argument's role becomes the observed one (aliases and their targets are left alone: the
 in-place contract is the spec's; a `bytes` the extractor wrote is written again for the new roles), an
-output whose rows came out in another order on an identical run gets `unordered: true`, and every case the kernel rejected, or that crashed or hung the
-original, goes to `shapes.exclude` as {case, reason}. probe.json is then written beside it with the
+output whose rows came out in another order on an identical run gets `unordered: true`, and every case
+the kernel rejected, that crashed or hung the original, or where it wrote nothing, goes to
+`shapes.exclude` as {case, reason}. probe.json is then written beside it with the
 sha256 of the draft's bytes AFTER the rewrite (astra.spec.resolve checks it). A failed probe leaves the
 draft untouched. A REVIEWED spec is never rewritten: its record goes to $ASTRA_HOME/probes/<name>.json
 and says which roles and exclusions observation would change.
@@ -27,7 +28,7 @@ from astra.spec.draft_traffic import bytes_expr
 from astra.spec.resolve import spec_sha256
 
 PROBED_MARK = "# Probed by `astra probe`"
-EXCLUDED_STATUSES = ("rejected", "crashed", "hung")
+EXCLUDED_STATUSES = ("rejected", "crashed", "hung", "noop")
 CASE_KEYS = ("id", "status", "message", "written", "roles", "deterministic", "finite", "constant_outputs", "notes",
              "seconds", "stderr_tail", "unordered")
 
@@ -51,12 +52,12 @@ class ModuleProbe:
 
 
 def exclusions(cases: list[dict]) -> list[dict]:
-    """{case, reason} for every case the original rejected, crashed on or hung on."""
+    """{case, reason} for every case the original rejected, crashed on, hung on or wrote nothing on."""
     out = []
     for case in cases:
         if case["status"] not in EXCLUDED_STATUSES:
             continue
-        prefix = "" if case["status"] == "rejected" else f"the original {case['status']}: "
+        prefix = "" if case["status"] in ("rejected", "noop") else f"the original {case['status']}: "
         out.append({"case": case["id"], "reason": one_line(prefix + (case.get("message") or ""), 300)})
     return out
 

@@ -169,6 +169,16 @@ def test_outputs_found_unordered_are_marked_in_the_draft(home):
     assert json.loads((path.parent / "probe.json").read_text())["cases"][0]["unordered"] == ["out"]
 
 
+def test_a_noop_case_goes_to_the_exclusions(home):
+    path = write_draft("rms_noop", out_role="out")
+    noop = {**kept(REJECTED), "status": "noop", "written": [], "roles": {"input": "in", "weight": "in", "out": "in"},
+            "message": "the original writes no tensor on this case: it cannot tell a candidate from one that does nothing"}
+    summary = finish("rms_noop", "draft", path, path.parent / "probe.json",
+                     recorded_result([kept(KEPT), noop]), "0.5.23")
+    assert summary.status == "probed" and (summary.kept, summary.total) == (1, 2)
+    assert yaml.safe_load(path.read_text())["shapes"]["exclude"] == [{"case": REJECTED, "reason": noop["message"]}]
+
+
 def test_a_reviewed_spec_is_never_rewritten(home):
     spec_file = REPO / "extracted_kernels" / "rmsnorm" / "kernel.yaml"
     before = spec_file.read_bytes()

@@ -140,9 +140,24 @@ def test_a_rejected_shape_keeps_the_kernels_own_message():
 
 def test_a_kernel_that_writes_nothing_fails_the_module():
     result = probe_case(lambda args: None, make_case(), "cpu")
-    assert result["status"] == "kept" and result["written"] == [] and result["roles"] == {"y": "in", "x": "in"}
+    assert result["status"] == "noop" and result["written"] == [] and result["roles"] == {"y": "in", "x": "in"}
     status, reason = decide([result], {"findings": [], "ok": True, "skipped": None, "unavailable": None})
     assert status == "failed" and "accepts the call but writes no tensor" in reason
+
+
+def test_a_case_where_the_original_writes_nothing_is_excluded():
+    """A kernel that is a no-op on some inputs (nothing to do for one token) keeps the cases where it works;
+    the others are excluded, since a candidate that does nothing would pass them."""
+    def skips_one_token(args):
+        y, x = args
+        if x.shape[0] > 1:
+            y.copy_(x * 2)
+
+    one, four = probe_case(skips_one_token, make_case(1), "cpu"), probe_case(skips_one_token, make_case(4), "cpu")
+    assert one["status"] == "noop" and "cannot tell a candidate from one that does nothing" in one["message"]
+    assert four["status"] == "kept"
+    status, reason = decide([one, four], {"findings": [], "ok": True, "skipped": None, "unavailable": None})
+    assert status == "probed" and "1/2 cases kept" in reason and "1 noop" in reason
 
 
 def test_constant_and_nonfinite_outputs():
