@@ -30,10 +30,11 @@ MEANINGS: tuple[Meaning, ...] = (
     Meaning("rope_dim", r"rope|rot(ary)?_?dim|rot_dim|qk_rope", "qk_rope_head_dim", 64),
     Meaning("nope_dim", r"nope", "qk_nope_head_dim", 128),
     Meaning("kv_lora_rank", r"lora_rank|kv_lora|latent|ckv|kv_dim", "kv_lora_rank", 512),
+    Meaning("world_size", r"world_?size|num_?ranks|^ranks$|^tp_?size$|^sp_?size$|ulysses", None, 4),
     Meaning("v_head_dim", r"(^|_)v_head_?dim|value_dim|^v_dim|^dv$", "v_head_dim", 128),
     Meaning("head_dim", r"head_?dim|head_?size|headdim|^d_?head$|^hd$", "head_dim", 128),
     Meaning("num_kv_heads", r"kv_?heads|num_kv|^hkv$|^h_?kv$|^kv_h|heads_(k|v|kv)$|(^|_)k_heads$", "num_key_value_heads", 8, True),
-    Meaning("num_heads", r"^h_?$|^hq$|num_?heads|^heads$|q_?heads|qo_?heads|num_head", "num_attention_heads", 32,
+    Meaning("num_heads", r"^h_?$|^hq$|num_?heads|^heads$|q_?heads|qo_?heads|num_head|local_?heads", "num_attention_heads", 32,
             True),
     Meaning("num_experts", r"^e_?$|expert", "num_experts", 8),
     Meaning("topk", r"top_?k|^k_?$|^topk", "num_experts_per_tok", 2),
@@ -93,6 +94,8 @@ def value_for(meaning: Meaning | None, fields: dict, tp: int) -> tuple[str | int
         return "hidden_size // num_attention_heads", True
     if meaning.key == "num_kv_heads" and "num_attention_heads" in fields:
         return ("max(1, num_attention_heads // tp)" if tp > 1 else "num_attention_heads"), True
+    if meaning.key == "world_size" and tp > 1:  # the ranks a collective-free relayout spans: the model's TP
+        return "tp", True
     if meaning.key == "rope_dim" and "head_dim" in fields:
         return "head_dim", True
     return meaning.default, False

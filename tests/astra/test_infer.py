@@ -169,3 +169,13 @@ def test_meanings_pick_fields_and_models():
 def test_guessed_variant_is_reported(sglang_0523):
     guess = variants.guess(registry.find(sglang_0523, "clamp_position").call_sites[0])
     assert guess.guessed == ["dtype"]
+
+
+def test_ranks_and_local_heads_get_model_values(sglang_0523):
+    """diffusion_usp_relayout's dims were all "given 128" (world_size 128, 512 MiB per case): the rank count
+    is now a sequence-parallel degree (the model's TP where it has one) and local heads are heads."""
+    spec, _ = draft.draft_module(sglang_0523, registry.find(sglang_0523, "diffusion_usp_relayout"))
+    for entry in spec["shapes"]["models"]:
+        assert entry["dims"]["world_size"] == 4 and entry["dims"]["local_heads"] == "num_attention_heads"
+    assert meanings.value_for(meanings.meaning_of("num_ranks"), {}, 8) == ("tp", True)
+    assert meanings.meaning_of("kv_lora_rank").key == "kv_lora_rank"  # `rank` alone is not a rank count
