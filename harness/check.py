@@ -261,7 +261,9 @@ def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: 
         elif not unchanged(inputs[arg.name], cand[arg.name]):
             result.fail(f"{where}: candidate wrote read-only argument {arg.name}")
     _judge_gaps(result, tensors, inputs, orig, cand, where)
-    orig, cand = canonical(case, orig), canonical(case, cand)  # unordered outputs: order is not the result
+    sorted_orig = canonical(case, orig)  # unordered outputs: order is not the result
+    unordered = {n for n in sorted_orig if sorted_orig[n] is not orig[n]}  # judged against the original only
+    orig, cand = sorted_orig, canonical(case, cand)
     ref_out: dict[str, Any] = {}
     if reference is not None:
         try:
@@ -278,7 +280,7 @@ def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: 
         ref = ref_out.get(arg.name)
         if ref_out and ref is None and result.trials == 1:
             result.notes.append(f"reference gives no {arg.name}: compared with the original's tolerances")
-        if ref is not None and orig[arg.name].is_floating_point():
+        if ref is not None and orig[arg.name].is_floating_point() and arg.name not in unordered:
             if check.nonfinite_mismatches:
                 result.fail(f"{where}: {arg.name}: {check.reason}")
             _judge_reference(result, arg.name, orig[arg.name], cand[arg.name], ref, tol["floor"], where)
@@ -312,14 +314,16 @@ def check_case(case: Case, launches: dict[str, Launch], job: Job, device: torch.
 
 
 def canonical(case: Case, tensors: dict[str, Any]) -> dict[str, Any]:
-    """`tensors` with the case's unordered outputs row-sorted together, per shape (compare.sort_rows_together);
-    every other entry as it is. What every comparison and digest of outputs looks at."""
-    groups: dict[tuple, list[str]] = {}
-    for a in case.tensors():
-        if a.unordered and a.name in tensors and tensors[a.name] is not None:
-            groups.setdefault(tuple(tensors[a.name].shape), []).append(a.name)
-    if not groups:
+    """`tensors` with the case's unordered outputs row-sorted together with every output of their shape
+    (compare.sort_rows_together); every other entry as it is. What every comparison and digest looks at."""
+    outputs = [a for a in case.tensors() if a.role in ("out", "inout") and tensors.get(a.name) is not None]
+    marked = {tuple(tensors[a.name].shape) for a in outputs if a.unordered}
+    if not marked:
         return tensors
+    groups: dict[tuple, list[str]] = {}
+    for a in outputs:  # every output of a marked one's shape: pairs are kept whether or not each is marked
+        if tuple(tensors[a.name].shape) in marked:
+            groups.setdefault(tuple(tensors[a.name].shape), []).append(a.name)
     out = dict(tensors)
     for names in groups.values():
         for name, t in zip(names, sort_rows_together([tensors[n] for n in names])):

@@ -208,16 +208,26 @@ def sort_rows_together(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [_gather(t, perm) for t in tensors]
 
 
+_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+
+
 def _gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """torch.gather along the last dim for any dtype (float8 has no gather kernel: moved as its bytes)."""
-    if t.is_floating_point() and t.element_size() == 1:
-        return torch.gather(t.view(torch.uint8), -1, index).view(t.dtype)
+    """torch.gather along the last dim for any dtype (float8 and unsigned ints have no gather kernel:
+    moved as same-size signed words)."""
+    if t.is_floating_point() and t.element_size() == 1 or t.dtype in _UNSIGNED:
+        return torch.gather(t.view(_SIGNED[t.element_size()]), -1, index).view(t.dtype)
     return torch.gather(t, -1, index)
 
 
 def _sortable(t: torch.Tensor) -> torch.Tensor:
+    """A key torch can sort that orders like `t`'s values."""
     if t.dtype == torch.bool:
         return t.to(torch.uint8)
     if t.is_floating_point() and t.element_size() == 1:  # float8: sort by value
         return t.to(torch.float32)
+    if t.dtype in (torch.uint16, torch.uint32):  # no sort kernel: widened as unsigned, which keeps the order
+        return t.view(_SIGNED[t.element_size()]).to(torch.int64) & ((1 << (8 * t.element_size())) - 1)
+    if t.dtype == torch.uint64:  # the sign bit flipped: the signed order of the result is the unsigned order
+        return t.view(torch.int64) ^ torch.iinfo(torch.int64).min
     return t

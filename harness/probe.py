@@ -267,12 +267,14 @@ def _same(runner: _Runner, result: dict, name: str, first: dict, other: dict) ->
 
 def _order_only(runner: _Runner, differ: list[str], written: list[str], first: dict, second: dict) -> list[str]:
     """The written outputs to treat as unordered when every difference between two identical runs is the
-    order of values along the last dim: each differing tensor (at least 1-D, rows of 2 or more), sorted
-    with every written tensor of its shape as rows of tuples, agrees with the other run. [] otherwise."""
+    order of values along the last dim: each differing tensor (rows: at least 2-D, 2 or more per row),
+    sorted with every written tensor of its shape as rows of tuples, agrees with the other run. [] otherwise.
+    A 1-D tensor never: its "row" is the whole output (a list grouped by expert in any order inside each
+    group would pass as a bare multiset, whatever the grouping)."""
     found: list[str] = []
     for name in differ:
         t = first[name]
-        if name not in written or t.dim() == 0 or t.shape[-1] < 2:
+        if name not in written or t.dim() < 2 or t.shape[-1] < 2:
             return []
         group = [n for n in written if first[n] is not None and tuple(first[n].shape) == tuple(t.shape)]
         a, b = sort_rows_together([first[n] for n in group]), sort_rows_together([second[n] for n in group])

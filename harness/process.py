@@ -111,14 +111,18 @@ class Isolated:
         return ProcessOutcome(returncode, time.monotonic() - self.start, read_text(self.logs / "stdout.log"),
                               read_text(self.logs / "stderr.log"))
 
-    def _wait_echoing(self, timeout_s: float, progress: Callable[[str], None]) -> int:
+    def _wait_echoing(self, timeout_s: float, progress: Callable[[str], None] | None) -> int:
         deadline, seen = time.monotonic() + max(timeout_s, 0.001), 0
         while True:
             try:
                 returncode = self.proc.wait(timeout=max(0.001, min(1.0, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 returncode = None
-            seen = _echo_new_lines(self.logs / "stderr.log", seen, progress)
+            if progress is not None:
+                try:
+                    seen = _echo_new_lines(self.logs / "stderr.log", seen, progress)
+                except Exception:  # a closed stderr, a broken callback: the verdict matters, not the news
+                    progress = None
             if returncode is not None:
                 return returncode
             if time.monotonic() >= deadline:

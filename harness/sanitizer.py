@@ -35,6 +35,7 @@ any access error (each inconclusive, not a finding). `unavailable` repeats `skip
 from __future__ import annotations
 
 import copy
+import math
 import re
 import sys
 import tempfile
@@ -89,6 +90,19 @@ def sanitizer_path() -> str | None:
     return cuda_tool("compute-sanitizer")
 
 
+def footprint(case) -> int:
+    """Bytes a case allocates (every present tensor's storage, strided views whole), not the traffic its
+    spec counts: a 4 GiB pool looked up at 8 tokens moves little but is large under the tools."""
+    from harness.job import dtype_size
+
+    total = 0
+    for a in case.tensors():
+        rows = int(a.shape[0]) if a.shape else 1
+        row = math.prod(int(d) for d in a.shape[1:]) if a.shape else 1
+        total += rows * max(row, a.row_stride or 0) * dtype_size(a.dtype)
+    return total
+
+
 def small_job(job: Job) -> Job:
     """`job` cut down for the sanitizer: smallest cases by bytes, one seed, no timing, no nested run. The
     large/small/extreme trials stay only while the kept cases are small (`TRIALS_MAX_BYTES`): the tools
@@ -96,9 +110,10 @@ def small_job(job: Job) -> Job:
     costs minutes (on an H100, a 512 MiB relayout ran past 4 min under memcheck and racecheck with them)."""
     small = copy.deepcopy(job)
     keep = max(1, job.options.sanitizer_max_cases)
-    small.cases = sorted(small.cases, key=lambda case: (case.bytes, case.id))[:keep]
+    small.cases = sorted(small.cases, key=lambda case: (footprint(case), case.bytes, case.id))[:keep]
     small.options.seeds = small.options.seeds[:1] or [0]
-    small.options.extra_trials = job.options.extra_trials and max(c.bytes for c in small.cases) <= TRIALS_MAX_BYTES
+    small.options.extra_trials = job.options.extra_trials and max(
+        (footprint(c) for c in small.cases), default=0) <= TRIALS_MAX_BYTES
     small.options.modes = []
     small.options.sanitizer = False
     return small

@@ -1,8 +1,9 @@
 """What a drafted kernel moves, and which of its index tensors must hold distinct values.
 
 `bytes_expr(arguments)` is the draft's `bytes`: each present tensor's size times its element size, an
-`inout` twice (read and written), with two exceptions that the floors depend on:
-- an absent optional tensor (`present: false`) moves nothing: the call passes None;
+`inout` (or an alias's target) twice (read and written), with exceptions that the floors depend on:
+- an absent optional tensor (`present: false`) moves nothing: the call passes None; neither does a
+  `scratch` workspace, nor an alias (it is its target's tensor);
 - a table looked up by index (its leading dim is what an index tensor's values range below, e.g.
   `cos_sin_cache[rows, rot_dim]` read at `positions`, or a KV pool written at `loc`) moves at most the
   rows its indices name: `min(rows, numel of the indices) x row bytes`. Counting the whole table put
@@ -20,11 +21,13 @@ from __future__ import annotations
 
 import re
 
+from astra.spec.argument_kinds import INDEX_NAMES, LEN_NAMES
 from astra.spec.expr import DTYPE_BYTES
 
 _EXTRA_BYTES = {"uint64": 8, "uint32": 4, "uint16": 2}  # dtypes torch has that `elt` does not know
 _WORD = re.compile(r"\w+")
-_SCATTER = re.compile(r"loc|slot|out_cache|dst", re.I)  # where a token's values go (not expert ids, which repeat)
+# where a token's values go (not expert ids, which repeat; not `block`, `alloc`, `num_slots`)
+_SCATTER = re.compile(r"(^|_)(locs?|slots?|slot_ids?|slot_mapping|dst|dst_idx|dst_ind(ex|ices)?)$", re.I)
 
 
 def _present(a: dict) -> bool:
@@ -42,20 +45,23 @@ def _product(shape: list) -> str:
 
 
 def _index_high(a: dict) -> str | None:
-    """The dim an integer index tensor's values range below (a plain dim name), else None."""
+    """The dim an integer index tensor's values range below (a dim name, not a number), else None."""
     init = a.get("init") or {}
     high = init.get("high")
-    if init.get("dist") in ("randint", "perm") and isinstance(high, str) and _WORD.fullmatch(high.strip()):
+    if (init.get("dist") in ("randint", "perm") and isinstance(high, str) and _WORD.fullmatch(high.strip())
+            and not high.strip().isdigit()):
         return high.strip()
     return None
 
 
 def lookups(arguments: list[dict]) -> dict[str, list[str]]:
-    """{dim: numel expressions of the present index tensors whose values range below it}."""
+    """{dim: numel expressions of the index tensors whose values range below it}: present `in` integer
+    tensors named as indices (an int8 output or a length drawn below some size is not one)."""
     out: dict[str, list[str]] = {}
     for a in arguments:
-        high = _index_high(a) if _present(a) else None
-        if high and not str(a.get("dtype", "")).startswith(("float", "bfloat", "{")):
+        high = _index_high(a) if _present(a) and a.get("role", "in") == "in" else None
+        if (high and not str(a.get("dtype", "")).startswith(("float", "bfloat", "{"))
+                and INDEX_NAMES.search(a["name"]) and not LEN_NAMES.search(a["name"])):
             out.setdefault(high, []).append(_product(a.get("shape") or []))
     return out
 
@@ -63,10 +69,11 @@ def lookups(arguments: list[dict]) -> dict[str, list[str]]:
 def bytes_expr(arguments: list[dict]) -> str:
     """The draft's `bytes` expression (see the module)."""
     looked_up = lookups(arguments)
+    targets = {a.get("alias") for a in arguments if a.get("alias")}
     terms = []
     for a in arguments:
-        if not _present(a):
-            continue
+        if not _present(a) or a.get("alias") or a.get("role") in ("scratch", "alias"):
+            continue  # a workspace is not traffic the result needs; an alias is its target's tensor
         shape = [str(s) for s in a.get("shape") or []]
         indices = looked_up.get(shape[0]) if shape else None
         if indices and _index_high(a) != shape[0]:  # a table read or written at the rows its indices name
@@ -74,7 +81,8 @@ def bytes_expr(arguments: list[dict]) -> str:
             size = " * ".join([rows] + [s if _WORD.fullmatch(s) else f"({s})" for s in shape[1:]])
         else:
             size = _product(shape)
-        terms.append(f"{'2 * ' if a.get('role') == 'inout' else ''}{size} * {_elt(str(a.get('dtype')))}")
+        both = a.get("role") == "inout" or a["name"] in targets
+        terms.append(f"{'2 * ' if both else ''}{size} * {_elt(str(a.get('dtype')))}")
     return " + ".join(terms) or "0"
 
 

@@ -179,6 +179,10 @@ def finish(name: str, kind: str, spec_file: Path, record_path: Path, result: dic
         if changes["role_changes"]:
             diff = ", ".join(f"{n}: {old} -> {new}" for n, (old, new) in changes["role_changes"].items())
             reason += f"; observed roles differ from the reviewed spec: {diff}"
+        unmarked = mark_unordered(yaml.safe_load(spec_file.read_text()), observed_unordered(cases))
+        if unmarked:  # `check` would compare their rows by position and fail correct candidates
+            reason += f"; rows came out in another order on an identical run, give them `unordered: true`: " \
+                      f"{', '.join(unmarked)}"
     record = {"status": status, "reason": reason, "name": name, "kind": kind, "spec": str(spec_file),
               "spec_sha256": spec_sha256(spec_file), **env_fields(env),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "sglang_version": sglang_version,

@@ -43,7 +43,7 @@ def test_an_absent_optional_tensor_moves_nothing():
 
 
 def test_indices_of_several_tensors_add_up_and_an_index_is_counted_whole():
-    args = [_index("src", ["n"], "pool"), _index("dst", ["m"], "pool"), _tensor("pool_t", ["pool", "d"], role="inout")]
+    args = [_index("src_idx", ["n"], "pool"), _index("dst_idx", ["m"], "pool"), _tensor("pool_t", ["pool", "d"], role="inout")]
     assert _bytes(args, n=3, m=5, pool=100, d=4) == 3 * 8 + 5 * 8 + 2 * 8 * 4 * 2
     plain = [_tensor("x", ["t", "d"]), _index("ids", ["t"], "t")]  # an index into its own dim: no table
     assert _bytes(plain, t=10, d=4) == 10 * 4 * 2 + 10 * 8
@@ -83,3 +83,15 @@ def test_set_mla_kv_concat_q_draft_writes_distinct_slots(sglang_0523):
     assert args["loc"]["init"] == {"dist": "perm", "high": "kv_buffer_d0"}
     assert "(batch_size) <= kv_buffer_d0" in spec["shapes"]["constraints"]
     assert any("`loc`" in n and "distinct" in n for n in notes)
+
+
+def test_only_read_index_tensors_make_a_table_and_workspaces_move_nothing():
+    """An int8 output drawn below some size is not an index (convrot_int8's `xq` made its weight a table),
+    nor a length; a numeric high is no dim; a scratch workspace and an alias move nothing of their own."""
+    args = [_tensor("weight_q", ["n", "k"], "int8"),
+            {**_index("xq", ["m", "k"], "n"), "role": "out", "dtype": "int8"},
+            _index("seq_lens", ["m"], "n"), _index("expert_ids", ["m"], "2"),
+            _tensor("ws", ["n"], "int32", "scratch"), _tensor("y", ["m", "k"], role="out"),
+            {**_tensor("y2", ["m", "k"], role="alias"), "alias": "y"}]
+    assert lookups(args) == {}
+    assert _bytes(args, n=64, m=2, k=16) == 64 * 16 + 2 * 16 + 2 * 8 + 2 * 8 + 2 * 2 * 16 * 2  # y read and written (aliased)

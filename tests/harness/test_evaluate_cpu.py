@@ -381,3 +381,28 @@ def test_unordered_outputs_compare_as_sets_of_pairs():
     assert not strict.correct
     unpaired = check_case(_topk_case(True), {"orig": _topk("sorted"), "cand": _topk("reversed")}, _job(), "cpu")
     assert not unpaired.correct and any("values" in r for r in unpaired.reasons)
+
+
+def test_pairs_hold_when_only_one_output_is_marked_unordered():
+    case = _topk_case(False)
+    case.args[1].unordered = True  # indices marked, values not: values still travel with their indices
+    fine = check_case(case, {"orig": _topk("sorted"), "cand": _topk("shuffled")}, _job(), "cpu")
+    assert fine.correct, fine.reasons
+    unpaired = check_case(case, {"orig": _topk("sorted"), "cand": _topk("reversed")}, _job(), "cpu")
+    assert not unpaired.correct
+
+
+def test_an_unordered_output_is_judged_against_the_original_not_the_reference():
+    """A reference gives rows in its own order: the reference rule (error vs reference) would compare sorted
+    rows with unsorted ones and let a wrong candidate through; unordered outputs use the original."""
+    def reference(args, dims):
+        top = torch.topk(args["x"].double(), 4, dim=-1)
+        return {"values": top.values.flip(-1), "indices": top.indices.flip(-1)}
+
+    def wrong_values(args):
+        _topk("shuffled")(args)
+        args[0].mul_(1.3)
+
+    result = check_case(_topk_case(True), {"orig": _topk("sorted"), "cand": wrong_values}, _job(), "cpu",
+                        reference=reference)
+    assert not result.correct and any("values" in r for r in result.reasons)

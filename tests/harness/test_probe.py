@@ -108,6 +108,18 @@ def test_outputs_that_differ_only_in_order_are_unordered_not_nondeterministic():
     assert again["deterministic"] is True and "unordered" not in again
 
 
+def test_a_one_dimensional_output_is_never_taken_as_unordered():
+    """A 1-D output's "row" is all of it: a list grouped by expert, shuffled inside its groups, would pass
+    as a bare multiset whatever the grouping. Such a case stays nondeterministic."""
+    def shuffled_list(args):
+        y, x = args
+        y.copy_(x[torch.randperm(x.shape[0])])
+
+    case = make_case(args=[tensor("y", "out", (16,)), tensor("x", "in", (16,))])
+    result = probe_case(shuffled_list, case, "cpu")
+    assert result["deterministic"] is False and "unordered" not in result
+
+
 def test_a_broken_pairing_is_still_nondeterministic():
     def unpaired(args):  # indices and values shuffled independently: the pairs change between runs
         values, indices, x = args

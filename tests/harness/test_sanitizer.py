@@ -95,7 +95,7 @@ def test_classify(header, kind):
 
 def sized_case(index: int, nbytes: int) -> Case:
     return Case(id=f"c{index}", band="decode", label="t", dtype="float32", dims={"n": index}, variant="v",
-                bytes=nbytes, args=[ArgSpec(name="x", kind="tensor", shape=[index])])
+                bytes=nbytes, args=[ArgSpec(name="x", kind="tensor", shape=[nbytes // 4])])  # float32: allocates its bytes
 
 
 def tiny_job(name: str = "succeed", **options) -> Job:
@@ -115,11 +115,13 @@ def test_small_job_keeps_the_smallest_cases_one_seed_no_timing():
 
 
 def test_small_job_of_large_cases_drops_the_extra_trials():
-    from harness.sanitizer import TRIALS_MAX_BYTES
+    """Sized by what a case allocates, not by the traffic its spec counts (a large pool read at few rows)."""
+    from harness.sanitizer import TRIALS_MAX_BYTES, footprint
 
     job = tiny_job(sanitizer_max_cases=2)
     for case in job.cases:
-        case.bytes += TRIALS_MAX_BYTES
+        case.args[0].shape = [TRIALS_MAX_BYTES // 4 + 1]  # float32: just over the limit; bytes stay small
+    assert footprint(job.cases[0]) > TRIALS_MAX_BYTES > job.cases[0].bytes
     small = small_job(job)
     assert small.options.extra_trials is False and small.options.seeds == job.options.seeds[:1]
     assert job.options.extra_trials is True

@@ -257,3 +257,14 @@ def test_progress_still_times_out(tmp_path):
     start = time.monotonic()
     outcome = proc.finish(1.0, progress=lambda line: None)
     assert outcome.returncode is None and time.monotonic() - start < 10
+
+
+def test_a_failing_progress_callback_does_not_lose_the_outcome(tmp_path):
+    from harness.process import Isolated
+
+    def broken(line: str) -> None:
+        raise BrokenPipeError("stderr closed")
+
+    script = "import sys; print('INFO harness.evaluate: building', file=sys.stderr, flush=True); print('done')"
+    outcome = Isolated([sys.executable, "-c", script], env=dict(os.environ), cwd=tmp_path).finish(30, progress=broken)
+    assert outcome.returncode == 0 and outcome.stdout.strip() == "done"
