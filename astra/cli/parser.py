@@ -222,6 +222,9 @@ def _survey_command(sub) -> None:
     p.add_argument("--json", metavar="PATH", help="write the ranking as JSON")
     p.add_argument("--top", type=int, default=None, metavar="N", help="show only the N best-ranked kernels")
     p.add_argument("--budget-ms", type=float, default=None, help="timing budget per shape and side")
+    p.add_argument("--modes", default="graph,cold", metavar="graph,cold",
+                   help="timing views to bench (default both; `graph` alone takes about half the wall time, and "
+                        "the ranking then has no cold view)")
     p.add_argument("--check-outputs", action="store_true",
                    help="also compare each original's outputs with itself before timing (as `astra bench` does; "
                         "slower: by default the survey only times, the probe has checked the outputs)")

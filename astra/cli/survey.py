@@ -23,6 +23,7 @@ def _check_flags(args) -> None:
         raise BadInput(f"--top {args.top}: give a positive number of kernels to show")
     if args.budget_ms is not None and not 0 < args.budget_ms < math.inf:
         raise BadInput(f"--budget-ms {args.budget_ms}: must be a positive number of milliseconds")
+    _modes(args)
     for flag, value in (("--sglang", args.sglang), ("--sglang-src", args.sglang_src), ("--out", args.out),
                         ("--mix", args.mix)):
         if value is not None and not value.strip():
@@ -34,6 +35,17 @@ def _check_flags(args) -> None:
     check_output(args.json)
     check_output_dir(args.report, "--report")
     check_output_dir(args.out, "--out")
+
+
+def _modes(args) -> tuple[str, ...]:
+    """--modes as the views to bench: graph, cold or both, each once."""
+    modes = tuple(dict.fromkeys(m.strip() for m in (args.modes or "").split(",") if m.strip()))
+    wrong = [m for m in modes if m not in bench.VIEWS]
+    if not modes or wrong:
+        raise BadInput(f"--modes {args.modes!r}: give graph, cold or graph,cold")
+    if args.report_only and modes != bench.VIEWS:
+        raise BadInput("--report-only benches nothing; --modes has nothing to choose (leave it out)")
+    return modes
 
 
 def _report_store(args) -> Store:
@@ -82,7 +94,7 @@ def cmd_survey(args) -> int:
         executor = _executor(args)
         try:
             outcome = run.survey(targets, store, sglang_version=args.sglang, sglang_src=args.sglang_src, gpu=gpu,
-                                 force=args.force, settings=bench.BenchSettings(budget_ms=args.budget_ms,
+                                 force=args.force, settings=bench.BenchSettings(modes=_modes(args), budget_ms=args.budget_ms,
                                                                               outputs_checked=args.check_outputs), say=_say,
                                  run=bench.executor_run(executor) if executor else bench.serial_run,
                                  prebuild=None if getattr(args, "ray", None) else bench.prebuild)

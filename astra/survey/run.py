@@ -90,14 +90,14 @@ def sglang_label_version(targets: list[Target], version: str | None, src: str | 
 
 
 def plan(targets: list[Target], store: Store, *, sglang_version: str | None, sglang_src: str | None,
-         gpu: str | None, force: bool) -> Plan:
+         gpu: str | None, force: bool, views: tuple[str, ...] = ()) -> Plan:
     """Which targets to bench (with why) and which are current in the store."""
     out = Plan()
     for target in targets:
         spec = resolve(str(target.spec_file))
         why = "--force" if force else stale_reason(
             store.read(target.name), spec_sha256=spec_sha256(spec.path),
-            sglang_version=bench_mod.tree_version(spec, sglang_version, sglang_src), gpu=gpu)
+            sglang_version=bench_mod.tree_version(spec, sglang_version, sglang_src), gpu=gpu, views=views)
         if why is None:
             out.current.append(target.name)
         else:
@@ -111,7 +111,8 @@ def survey(targets: list[Target], store: Store, *, sglang_version: str | None = 
            say: Say = lambda _: None, prebuild: Callable | None = None) -> Outcome:
     """Bench what `plan` says is not current; write each record as its result arrives. `prebuild(tasks,
     say)` (astra.survey.bench.prebuild) first builds every module to bench on every CPU core."""
-    work = plan(targets, store, sglang_version=sglang_version, sglang_src=sglang_src, gpu=gpu, force=force)
+    work = plan(targets, store, sglang_version=sglang_version, sglang_src=sglang_src, gpu=gpu, force=force,
+                views=settings.modes)
     outcome = Outcome(current=list(work.current))
     for name in work.current:
         say(f"{name}: current in {store.root} (skipped; --force redoes it)")

@@ -128,8 +128,9 @@ def make_record(*, name: str, kind: str, spec_file: str, spec_sha256: str, modul
 
 
 def stale_reason(record: dict | None, *, spec_sha256: str, sglang_version: str | None,
-                 gpu: str | None) -> str | None:
-    """Why `record` must be redone (None: it is current and the kernel is skipped)."""
+                 gpu: str | None, views: tuple[str, ...] = ()) -> str | None:
+    """Why `record` must be redone (None: it is current and the kernel is skipped). `views`: the timing
+    views asked for now; a record timed in fewer (an earlier `--modes graph`) is redone."""
     if record is None:
         return "not surveyed yet"
     if record.get("verdict") is None:
@@ -140,4 +141,8 @@ def stale_reason(record: dict | None, *, spec_sha256: str, sglang_version: str |
         return f"surveyed on SGLang {record.get('sglang_version')}, not {sglang_version}"
     if gpu and record.get("gpu") not in (None, gpu):
         return f"surveyed on {record.get('gpu')}, not {gpu}"
+    timed = {view for case in record["verdict"].get("cases") or [] for view in case.get("timings") or {}}
+    missing = [view for view in views if view not in timed]
+    if missing and timed:
+        return f"not timed in the {' and '.join(missing)} view (surveyed with fewer --modes)"
     return None

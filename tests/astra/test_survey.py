@@ -117,6 +117,19 @@ def test_a_failed_bench_is_recorded_and_retried(specs, tmp_path):
     assert calls == ["boom", "boom"]
 
 
+def test_a_record_timed_in_fewer_views_is_redone():
+    full = record("rmsnorm", decode_heavy)
+    assert {v for c in full["verdict"]["cases"] for v in c["timings"]} == {"graph", "cold"}
+    graph_only = json.loads(json.dumps(full))
+    for case in graph_only["verdict"]["cases"]:
+        del case["timings"]["cold"]
+    asked = dict(spec_sha256="0" * 64, sglang_version="0.5.23", gpu=GPU)
+    assert stale_reason(graph_only, **asked, views=("graph",)) is None
+    assert stale_reason(full, **asked, views=("graph", "cold")) is None
+    assert stale_reason(graph_only, **asked, views=("graph", "cold")) == \
+        "not timed in the cold view (surveyed with fewer --modes)"
+
+
 def _gpu_bench(name, spec_file, version, src, settings):  # top level: runs in a pool worker
     import os
 
@@ -255,6 +268,8 @@ def test_cli_report_only_end_to_end(tmp_path):
     code, _, err = astra_cli("survey", "rmsnorm", "--out", str(tmp_path / "s"), env=env)  # this machine has no GPU
     assert_one_line_error(code, err, 7, "no CUDA GPU here")
     assert not (tmp_path / "s").exists()
+    code, _, err = astra_cli("survey", "rmsnorm", "--modes", "graph,hot", env=env)  # refused before the GPU check
+    assert_one_line_error(code, err, 12, "--modes 'graph,hot': give graph, cold or graph,cold")
 
 
 def test_cli_in_process(tmp_path, monkeypatch, capsys):
