@@ -156,7 +156,10 @@ def rank_kernel(record: dict, view: str, mix: Mix) -> KernelRank:
             return row
     if not pts:
         row.status = "unranked"
-        if not row.notes:
+        if not row.notes and not verdict.get("cases"):
+            row.notes.append("the bench timed no case: only cases of a model configuration are timed, and this "
+                             "spec's suite has `edge` cases only (give it `shapes.models` whose dims it can use)")
+        elif not row.notes:
             row.notes.append(f"no timed case in the {view} view")
         return row
     raw, normalise, note = mix.for_kernel(name)
@@ -191,7 +194,9 @@ def rank_kernel(record: dict, view: str, mix: Mix) -> KernelRank:
                  "practical_us": worst.practical_us, "excess_us": worst.excess_us}
     below = [p.id for p in pts if p.physical_us and p.time_us < p.physical_us]
     if below:
-        row.notes.append(f"{len(below)} case(s) timed below the physical floor (suspect timing), e.g. {below[0]}")
+        row.notes.append(f"{len(below)} case(s) timed below the physical floor, e.g. {below[0]}: the original "
+                         "cannot beat a true floor, so the spec's `bytes` likely overcounts (a cache or table "
+                         "counted whole?); fix its bytes and survey it again before trusting its rank")
     row.recoverable_us = recoverable
     row.score = recoverable * row.factor
     row.status = "ranked"

@@ -115,6 +115,26 @@ def test_cases_without_floors_are_skipped_with_a_note():
     assert "no CUDA GPU here" in ranking.kernels[2].notes[0]
 
 
+def test_a_bench_of_edge_cases_only_says_why_it_is_unranked():
+    edge_only = record("qknorm", decode_heavy)
+    edge_only["verdict"]["cases"] = []  # a suite of `edge` cases only: the bench times none
+    graph_only = record("rmsnorm", decode_heavy)
+    for case in graph_only["verdict"]["cases"]:  # as `survey --modes graph` records it
+        del case["timings"]["cold"]
+        case["floors"].pop("cold", None)
+    overcounted = record("silu_and_mul", decode_heavy)
+    case = overcounted["verdict"]["cases"][0]
+    case["floors"]["cold"]["physical_us"] = case["floors"]["cold"]["orig_us"] * 2  # bytes counted too high
+    ranking = rank.rank({"qknorm": edge_only, "rmsnorm": graph_only, "silu_and_mul": overcounted}, "cold",
+                        load_mix("decode"))
+    notes = {k.name: (k.status, k.notes) for k in ranking.kernels}
+    assert notes["qknorm"][0] == "unranked" and "`edge` cases only" in notes["qknorm"][1][0]
+    assert notes["rmsnorm"][0] == "unranked" and "not timed in the cold view" in notes["rmsnorm"][1][0]
+    assert notes["silu_and_mul"][0] == "ranked"
+    assert any(n.startswith("1 case(s) timed below the physical floor") and "`bytes` likely overcounts" in n
+               for n in notes["silu_and_mul"][1])
+
+
 # ---------------------------------------------------------------- gates
 
 
