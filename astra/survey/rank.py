@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from astra.survey import reach as reach_mod
 from astra.survey.mixes import Mix, suite_weights
+from harness.roofline import LAUNCH_MARGIN, SUSPECT_MARGIN
 
 VIEWS = ("graph", "cold")
 FORMULA = ("recoverable_us = sum_t w(t) * mean_families max(0, time - practical_floor); "
@@ -49,6 +50,7 @@ class Point:
     x: float  # time / practical
     excess_us: float
     weight: float = 0.0  # w(t) of its token count
+    under_floor: bool = False  # under the physical floor by the bench's own margins (harness.roofline.suspect)
 
 
 @dataclass
@@ -120,7 +122,7 @@ def points(record: dict, view: str) -> tuple[list[Point], list[str]]:
         others = ",".join(f"{k}={v}" for k, v in dims.items() if k != dim)
         out.append(Point(str(case.get("id")), int(dims[dim]), f"{case.get('label')} {others}/{case.get('dtype')}",
                          float(time_us), float(practical), floors.get("physical_us"), float(x),
-                         max(0.0, float(time_us) - float(practical))))
+                         max(0.0, float(time_us) - float(practical)), under_floor=_under_floor(time_us, floors)))
     notes = []
     if no_floor:
         notes.append(f"{no_floor} case(s) without a practical floor in the {view} view (a verdict from before "
@@ -130,6 +132,15 @@ def points(record: dict, view: str) -> tuple[list[Point], list[str]]:
     if no_tokens:
         notes.append(f"{no_tokens} case(s) without the token dim {dim!r}: not ranked")
     return out, notes
+
+
+def _under_floor(time_us: float, floors: dict) -> bool:
+    """The bench's test for a time it cannot believe (harness.roofline.suspect): under SUSPECT_MARGIN x the
+    DRAM floor or LAUNCH_MARGIN x an empty launch; a record without those parts: under its physical floor."""
+    dram, launch = floors.get("dram_us"), floors.get("launch_us")
+    if dram is None and launch is None:
+        return bool(floors.get("physical_us")) and time_us < floors["physical_us"]
+    return bool(dram and time_us < SUSPECT_MARGIN * dram) or bool(launch and time_us < LAUNCH_MARGIN * launch)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -192,7 +203,7 @@ def rank_kernel(record: dict, view: str, mix: Mix) -> KernelRank:
     worst = max(weighted, key=lambda p: p.x)
     row.worst = {"id": worst.id, "tokens": worst.tokens, "x": worst.x, "time_us": worst.time_us,
                  "practical_us": worst.practical_us, "excess_us": worst.excess_us}
-    below = [p.id for p in pts if p.physical_us and p.time_us < p.physical_us]
+    below = [p.id for p in pts if p.under_floor]
     if below:
         row.notes.append(f"{len(below)} case(s) timed below the physical floor, e.g. {below[0]}: the original "
                          "cannot beat a true floor, so the spec's `bytes` likely overcounts (a cache or table "
