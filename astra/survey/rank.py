@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from astra.survey import reach as reach_mod
 from astra.survey.mixes import Mix, suite_weights
-from harness.roofline import LAUNCH_MARGIN, SUSPECT_MARGIN
+from harness import roofline
 
 VIEWS = ("graph", "cold")
 FORMULA = ("recoverable_us = sum_t w(t) * mean_families max(0, time - practical_floor); "
@@ -135,12 +135,12 @@ def points(record: dict, view: str) -> tuple[list[Point], list[str]]:
 
 
 def _under_floor(time_us: float, floors: dict) -> bool:
-    """The bench's test for a time it cannot believe (harness.roofline.suspect): under SUSPECT_MARGIN x the
-    DRAM floor or LAUNCH_MARGIN x an empty launch; a record without those parts: under its physical floor."""
-    dram, launch = floors.get("dram_us"), floors.get("launch_us")
-    if dram is None and launch is None:
+    """The bench's own test for a time it cannot believe (harness.roofline.suspect, margins included); a
+    record from before floors kept their DRAM and launch parts: under its physical floor."""
+    if floors.get("dram_us") is None and floors.get("launch_us") is None:
         return bool(floors.get("physical_us")) and time_us < floors["physical_us"]
-    return bool(dram and time_us < SUSPECT_MARGIN * dram) or bool(launch and time_us < LAUNCH_MARGIN * launch)
+    return roofline.suspect(1.0, time_us, {"physical_us": 0.0, "dram_bytes": 0, "peak_Bps": 0.0, **floors}, 0) \
+        is not None
 
 
 def _mean(values: list[float]) -> float | None:

@@ -130,6 +130,21 @@ def test_a_record_timed_in_fewer_views_is_redone():
         "not timed in the cold view (surveyed with fewer --modes)"
 
 
+def test_survey_redoes_a_graph_only_record_when_both_views_are_asked(specs, tmp_path):
+    store, calls = Store(tmp_path / "survey"), []
+    _survey(run.select(["rmsnorm"]), store, calls)
+    rec = store.read("rmsnorm")
+    for case in rec["verdict"]["cases"]:  # as `survey --modes graph` left it
+        case["timings"].pop("cold", None)
+    store.write(rec)
+    _survey(run.select(["rmsnorm"]), store, calls, settings=BenchSettings(modes=("graph",)))
+    assert calls == ["rmsnorm"]  # graph asked, graph recorded: current
+    lines: list[str] = []
+    _survey(run.select(["rmsnorm"]), store, calls, say=lines.append)  # both views (the default) asked
+    assert calls == ["rmsnorm", "rmsnorm"]
+    assert "rmsnorm: to bench (not timed in the cold view (surveyed with fewer --modes))" in lines
+
+
 def _gpu_bench(name, spec_file, version, src, settings):  # top level: runs in a pool worker
     import os
 
