@@ -71,7 +71,8 @@ def cmd_eval(args) -> int:
     check_output(args.json)
     opts = loop_options(args)
     paths_by_name = {spec.name: str(spec.path) for spec in specs}
-    result = run_eval(specs, lambda name: tree_for_spec(args, paths_by_name[name]), opts, events=_printer)
+    result = run_eval(specs, lambda name: tree_for_spec(args, paths_by_name[name]), opts, fresh=args.fresh,
+                      events=_printer)
     rows = result["rows"]
 
     def band(r: dict, name: str) -> str:

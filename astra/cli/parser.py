@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", help="comma-separated spec names (default: the survey's top kernels)")
     p.add_argument("--top", type=int, default=10, help="without --kernels: this many from the survey (default 10)")
     p.add_argument("--survey", metavar="DIR", help="the survey store to rank (default: the latest under $ASTRA_HOME)")
+    p.add_argument("--fresh", action="store_true", help="start every kernel over (default: reuse a finished run of "
+                   "the same kernel, SGLang version, agent and source, and continue one that was cut off)")
     _sglang_options(p)
     _loop_options(p)
     p.add_argument("--json", metavar="OUT")

@@ -8,15 +8,21 @@ Time is the geometric mean over the spec's timed shapes of the graph-mode median
 "after" is the best verified candidate's, "before" the original's, both from that candidate's verdict
 (measured interleaved in one worker). A kernel whose run verified nothing keeps its original: speedup
 1.0, as the loop never ships an unverified change.
+
+An evaluation continues where it stopped: a kernel whose earlier run (same SGLang version, agent and
+original source) finished is reused, one that was cut off (killed, out of time on a shared GPU box) is
+resumed; `fresh=True` (`astra eval --fresh`) starts every kernel over.
 """
 
 from __future__ import annotations
 
 import difflib
+from dataclasses import replace
 
-from astra.errors import BadInput
-from astra.optimize.rundir import RunDir
-from astra.optimize.session import OptimizeOptions, emit_best_patch, run_optimize
+from astra import paths
+from astra.errors import BadInput, RunStateError
+from astra.optimize.rundir import RunDir, RunState, list_runs
+from astra.optimize.session import OptimizeOptions, agent_kind, emit_best_patch, run_optimize
 from astra.spec.model import KernelSpec
 from harness import Verdict, geomean
 
@@ -81,12 +87,45 @@ def row(run: RunDir, spec: KernelSpec) -> dict:
             "candidates": len(state.history), "agent": state.agent, "run": run.root.name, "patch": None}
 
 
-def run_eval(specs: list[KernelSpec], tree_for, opts: OptimizeOptions, *, say=print, events=None) -> dict:
-    """The loop over each spec (`tree_for(name)` gives its SGLang tree); {rows, geomean_speedup}."""
+def earlier_run(kernel: str, sglang_version: str, agent: str, original: str) -> RunDir | None:
+    """The newest run under $ASTRA_HOME/runs of this kernel, SGLang version and agent that optimized
+    the same original source and timed it on a GPU (a dry run has no baseline); None when there is none."""
+    for run_id in reversed(list_runs()):
+        run = RunDir(paths.sub("runs") / run_id)
+        try:
+            state = run.state()
+            same = (state.kernel, state.sglang_version, state.agent) == (kernel, sglang_version, agent)
+            if same and run.original() == original and run.baseline() is not None:
+                return run
+        except (RunStateError, OSError):
+            continue
+    return None
+
+
+def finished(state: RunState) -> bool:
+    """A run that stopped by its own rule (budget spent, nothing left to try), not cut off or failed."""
+    return state.stopped is not None and not state.stopped.startswith(("failed", "interrupted"))
+
+
+def run_eval(specs: list[KernelSpec], tree_for, opts: OptimizeOptions, *, fresh: bool = False, say=print,
+             events=None) -> dict:
+    """The loop over each spec (`tree_for(name)` gives its SGLang tree); {rows, geomean_speedup}.
+    Earlier runs are reused or resumed unless `fresh` (see the module's docstring)."""
     rows = []
     for spec in specs:
         tree = tree_for(spec.name)
-        run_dir, state = run_optimize(spec, tree, opts, say=say, events=events)
+        original = (tree.csrc_dir / spec.kernel_file).read_text()
+        earlier = None if fresh or opts.dry_run else earlier_run(spec.name, tree.version, agent_kind(opts), original)
+        if earlier is not None and finished(earlier.state()):
+            run_dir, state = earlier, earlier.state()
+            say(f"{spec.name}: run {run_dir.root.name} finished earlier ({state.stopped}): reused; "
+                "`astra eval --fresh` runs it again")
+        else:
+            if earlier is not None:
+                say(f"{spec.name}: run {earlier.root.name} was cut off after {len(earlier.state().history)} "
+                    "candidate(s): continuing it")
+            run_opts = replace(opts, resume=earlier.root.name) if earlier is not None else opts
+            run_dir, state = run_optimize(spec, tree, run_opts, say=say, events=events)
         entry = row(run_dir, spec)
         if state.best is not None and not opts.dry_run:
             entry["patch"] = emit_best_patch(run_dir, spec, tree, sanitizer_required=opts.sanitizer)

@@ -66,3 +66,56 @@ def test_survey_targets_rank_by_recoverable_time(tmp_path):
     assert survey_targets(10, str(store.root)) == ["big_gap", "small_gap"]
     with pytest.raises(BadInput, match="astra survey"):
         survey_targets(10, str(tmp_path / "none"))
+
+
+def _runs_of(spec, tree, stopped: str | None, history: int) -> RunDir:
+    original = (tree.csrc_dir / spec.kernel_file).read_text()
+    run = RunDir.create(spec.name, tree.version, "offline", original)
+    run.save_baseline(_verdict())
+    state = run.state()
+    state.stopped = stopped
+    state.history = [HistoryEntry(n=i, round=0, name=f"c{i}", status="incorrect", score=0.0, accepted=False, why="")
+                     for i in range(history)]
+    run.save(state)
+    return run
+
+
+def test_eval_reuses_a_finished_run_and_continues_a_cut_off_one(sglang_0523, monkeypatch):
+    from astra.optimize import evaluation
+    from astra.optimize.session import OptimizeOptions
+
+    spec = spec_mod.load("rmsnorm")
+    opts = OptimizeOptions(offline=True, wall_min=1)
+    called: list[str | None] = []
+
+    def loop(spec_, tree_, opts_, **_):  # the loop itself needs a GPU: record what eval asked of it
+        called.append(opts_.resume)
+        run = RunDir.open(opts_.resume) if opts_.resume else _runs_of(spec_, tree_, "wall-time budget spent", 0)
+        return run, run.state()
+
+    monkeypatch.setattr(evaluation, "run_optimize", loop)
+    cut = _runs_of(spec, sglang_0523, None, 3)  # killed mid-run: stopped never written
+    said: list[str] = []
+    evaluation.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    assert called == [cut.root.name] and "cut off after 3 candidate(s)" in said[0]
+
+    done = _runs_of(spec, sglang_0523, "wall-time budget of 60s spent", 5)
+    said.clear()
+    result = evaluation.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    assert called == [cut.root.name] and result["rows"][0]["run"] == done.root.name
+    assert "finished earlier (wall-time budget of 60s spent): reused" in said[0]
+
+    evaluation.run_eval([spec], lambda name: sglang_0523, opts, fresh=True, say=said.append)
+    assert called == [cut.root.name, None]  # --fresh: a new run, nothing reused
+
+
+def test_eval_never_reuses_a_run_of_another_source_or_agent(sglang_0523):
+    from astra.optimize.evaluation import earlier_run
+
+    spec = spec_mod.load("rmsnorm")
+    run = _runs_of(spec, sglang_0523, "wall-time budget spent", 1)
+    original = run.original()
+    assert earlier_run(spec.name, sglang_0523.version, "offline", original).root == run.root
+    assert earlier_run(spec.name, sglang_0523.version, "llm:some-model", original) is None
+    assert earlier_run(spec.name, sglang_0523.version, "offline", original + "// edited upstream\n") is None
+    assert earlier_run(spec.name, "0.5.10", "offline", original) is None
