@@ -114,6 +114,24 @@ def make_agent(opts: OptimizeOptions, spec: KernelSpec, tree: SglangTree, run: R
     return LLMAgent(llm.Client(llm_config(opts), transcript=run.transcript), spec, tree, samples=opts.samples)
 
 
+def evaluation_options(kind: str, sanitizer: bool = True) -> Options:
+    """The harness options of each kind of evaluation in a run:
+    - "original": the baseline, timed without its outputs phase. The probe (or the review) already
+      established that the original runs correctly and deterministically on these cases; its checks
+      against itself took most of a baseline (on the H100, 36 of 45 s for channel_rmsnorm_finish_silu).
+    - "screen": a point of the offline search on a rung's few shapes: one seed, no large/small/extreme
+      trials, graph view only (the search ranks by the graph geomean), no sanitizer. A screened point is
+      a guess; the survivors are verified in full like any candidate before they count.
+    - "candidate": the full verification (every trial, both views, compute-sanitizer unless disabled)."""
+    if kind == "original":
+        return Options(sanitizer=False, outputs_checked=False)
+    if kind == "screen":
+        return Options(sanitizer=False, seeds=[0], extra_trials=False, modes=["graph"])
+    if kind == "candidate":
+        return Options(sanitizer=sanitizer)
+    raise ValueError(f"unknown evaluation kind {kind!r}")
+
+
 def harness_evaluator(spec: KernelSpec, tree: SglangTree, sanitizer: bool = True, extra_shapes=lambda: [],
                       quick: bool = False):
     """Each candidate in its own worker against the original (GPU); `extra_shapes()` are the testing
@@ -125,13 +143,9 @@ def harness_evaluator(spec: KernelSpec, tree: SglangTree, sanitizer: bool = True
         """`cases`: screen on those case ids only, without the sanitizer (the offline search's rungs);
         `gpu`: the worker sees that GPU only (the loop evaluates a round's candidates one per GPU)."""
         is_original = label == "original"
-        # The original's baseline is timed without its outputs phase: the probe (or the review) already
-        # established that it runs correctly and deterministically on these cases, and its checks against
-        # itself took most of a baseline (on the H100, 36 of 45 s for channel_rmsnorm_finish_silu's 8 cases).
-        options = (Options(sanitizer=False, outputs_checked=False) if is_original
-                   else Options(sanitizer=sanitizer and cases is None))
+        kind = "original" if is_original else "screen" if cases is not None else "candidate"
         job = jobs.make_job(spec, tree, candidate_source=None if is_original else source, label=label,
-                            options=options, extra_shapes=extra_shapes())
+                            options=evaluation_options(kind, sanitizer), extra_shapes=extra_shapes())
         if quick and not full:
             job.cases = [c for c in job.cases if c.dtype == spec.dtypes[0]]
         if cases is not None:

@@ -245,3 +245,25 @@ def test_the_search_and_the_catalog_share_one_parse_per_source(tmp_path):
     assert calls == [KERNEL]
     agent._parsed(KERNEL + "\n")
     assert len(calls) == 2
+
+
+def test_screens_are_cheap_and_candidates_are_verified_in_full(sglang_0523):
+    from astra.optimize.session import evaluation_options
+    from astra.spec import jobs
+    from astra.spec import model as spec_mod
+    from harness import Options
+    from harness.job import Job
+
+    screen, full, original = (evaluation_options(k) for k in ("screen", "candidate", "original"))
+    assert (screen.seeds, screen.extra_trials, screen.modes, screen.sanitizer) == ([0], False, ["graph"], False)
+    default = Options()
+    assert (full.seeds, full.extra_trials, full.modes, full.sanitizer) == (
+        default.seeds, True, default.modes, True)  # a survivor is judged like any candidate
+    assert evaluation_options("candidate", sanitizer=False).sanitizer is False
+    assert (original.outputs_checked, original.sanitizer) == (False, False)
+    spec = spec_mod.load("rmsnorm")  # the screen's options travel to the worker unchanged
+    job = jobs.make_job(spec, sglang_0523, candidate_source="// a point\n", label="screen", options=screen)
+    again = Job.from_json(job.to_json())
+    assert (again.options.seeds, again.options.modes, again.options.extra_trials) == ([0], ["graph"], False)
+    with pytest.raises(ValueError, match="unknown evaluation kind"):
+        evaluation_options("quick")
