@@ -137,8 +137,15 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
         events("baseline", {})
         best_verdict = _baseline(run, evaluate)
     idle_rounds = 0
+    durations: list[float] = []  # seconds each verification of this session took: none starts that cannot end in time
+
+    def out_of_time() -> bool:
+        return time.time() - start + max(durations, default=0.0) > budget.wall_s
+
     while state.stopped is None:
         reason = _stop_reason(state, spent(), budget, start, idle_rounds, best_verdict)
+        if reason is None and durations and out_of_time():
+            reason = _short_of_time(budget, start, durations)
         if reason:
             state.stopped = reason
             break
@@ -166,8 +173,7 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
                                 "rationale": getattr(agent, "rationale", "")})
             return n
 
-        for n, proposal, verdict in _evaluated(evaluate, proposals, register,
-                                               lambda: time.time() - start > budget.wall_s):
+        for n, proposal, verdict in _evaluated(evaluate, proposals, register, out_of_time, durations):
             run.save_verdict(n, verdict)
             decision = improves_on(verdict, best_verdict if state.best else None)
             ok = decision.ok
@@ -179,6 +185,8 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
             state.tokens, state.cost_usd = spent()
             run.save(state)
             events("verdict", asdict(state.history[-1]))
+        if durations and out_of_time() and state.stopped is None:
+            state.stopped = _short_of_time(budget, start, durations)
         idle_rounds = 0 if improved else idle_rounds + 1
         state.round += 1
         run.save(state)
@@ -188,13 +196,20 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
     return state
 
 
+def _short_of_time(budget: Budget, start: float, durations: list[float]) -> str:
+    left = max(0.0, budget.wall_s - (time.time() - start))
+    return (f"wall-time budget of {budget.wall_s:.0f}s: {left:.0f}s left, less than a verification takes "
+            f"({max(durations):.0f}s, the longest this session)")
+
+
 def _evaluated(evaluate: Evaluator, proposals: list[Proposal], register: Callable[[Proposal], int],
-               out_of_time: Callable[[], bool]):
+               out_of_time: Callable[[], bool], durations: list[float] | None = None):
     """(n, proposal, verdict) in proposal order, each registered (`register`: numbered, saved) just before
     its evaluation. An evaluator with `gpus` (the host's GPU indices, from
     astra.optimize.session.harness_evaluator) judges a round's candidates side by side, one per GPU
-    (`evaluate(..., gpu=i)`), in batches of that many; otherwise one at a time. No new batch starts once
-    the wall budget is spent."""
+    (`evaluate(..., gpu=i)`), in batches of that many; otherwise one at a time. After the first batch, no
+    batch starts once `out_of_time()` (the loop's: the wall budget cannot hold another verification as
+    long as the longest so far, whose seconds are appended to `durations`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     gpus = list(getattr(evaluate, "gpus", None) or [])
@@ -203,12 +218,15 @@ def _evaluated(evaluate: Evaluator, proposals: list[Proposal], register: Callabl
         if first and out_of_time():
             return
         batch = [(register(p), p) for p in proposals[first:first + width]]
+        began = time.time()
         if width == 1:
             verdicts = [evaluate(p.source, p.name) for _, p in batch]
         else:
             with ThreadPoolExecutor(max_workers=len(batch)) as pool:
                 verdicts = list(pool.map(lambda item: evaluate(item[1][1].source, item[1][1].name, gpu=gpus[item[0]]),
                                          enumerate(batch)))
+        if durations is not None:
+            durations.append(time.time() - began)
         for (n, proposal), verdict in zip(batch, verdicts):
             yield n, proposal, verdict
 

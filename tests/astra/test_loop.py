@@ -178,3 +178,19 @@ def test_a_round_is_judged_one_candidate_per_gpu_side_by_side(run):
     assert peak[0] == 2
     assert sorted(gpu for label, gpu in seen if label != "original") == [0, 0, 1]
     assert [h.name for h in state.history] == ["a", "b", "c"] and state.best == 2
+
+
+def test_no_verification_starts_that_the_wall_budget_cannot_hold(run):
+    import time
+
+    def slow(source: str, label: str):  # each candidate's verification takes 0.5 s; the baseline none
+        if label != "original":
+            time.sleep(0.5)
+        return evaluator(source, label)
+
+    agent = ScriptedAgent([[(f"c{i}", "correct 1.0") for i in range(5)]])
+    state = run_loop(run, agent, slow, Budget(rounds=5, patience=3, wall_s=1.3))
+    # the first ends near 0.5 s (a second one fits by 1.0 s), the second near 1.0 s: a third would end
+    # near 1.5 s, past the 1.3 s budget, so it never starts
+    assert [h.name for h in state.history] == ["c0", "c1"]
+    assert "less than a verification takes" in state.stopped and "the longest this session" in state.stopped
