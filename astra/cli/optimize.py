@@ -35,6 +35,8 @@ def _printer(kind: str, data: dict) -> None:
     elif kind == "verdict":
         mark = "ACCEPTED" if data["accepted"] else "rejected"
         print(f"[{stamp}]      {mark}: {one_line(data['why'])}", flush=True)
+    elif kind == "warning":
+        print(f"[{stamp}] warning: {one_line(data['message'], 600)}", flush=True)
     elif kind == "stopped":
         print(f"[{stamp}] stopped: {one_line(data['reason'])}", flush=True)
 

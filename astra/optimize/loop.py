@@ -136,6 +136,9 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
     if best_verdict is None:
         events("baseline", {})
         best_verdict = _baseline(run, evaluate)
+        warning = floor_warning(best_verdict)
+        if warning:
+            events("warning", {"message": warning})
     idle_rounds = 0
     durations: list[float] = []  # seconds each verification of this session took: none starts that cannot end in time
 
@@ -243,6 +246,21 @@ def _context(run: RunDir, state: RunState, best: Verdict | None, budget: Budget,
                    tokens_left=None if budget.tokens is None else max(0, budget.tokens - tokens),
                    cost_left_usd=None if budget.cost_usd is None else max(0.0, budget.cost_usd - cost),
                    run_dir=str(run.root))
+
+
+def floor_warning(baseline: Verdict) -> str | None:
+    """What to tell the user when the original itself times under its physical floor on some case: the
+    spec's bytes overcount there (a kernel cannot beat physics), and the judge will refuse as `suspect` any
+    candidate as fast as the original on that case. None when every case is above its floor."""
+    under = [c for c in baseline.cases if c.timed and c.suspect]
+    if not under:
+        return None
+    timed = sum(1 for c in baseline.cases if c.timed)
+    first = under[0].suspect[0].replace("candidate", "the original", 1)
+    return (f"the original itself runs under its physical floor on {len(under)} of {timed} timed case(s) "
+            f"({under[0].id}: {first}): the spec's bytes overcount there, so a candidate as fast as the "
+            "original is refused as suspect on them. Correct the spec's bytes (bytes_read/bytes_written, "
+            "docs/spec-format.md) and probe it again")
 
 
 def _baseline(run: RunDir, evaluate: Evaluator) -> Verdict:

@@ -194,3 +194,21 @@ def test_no_verification_starts_that_the_wall_budget_cannot_hold(run):
     # near 1.5 s, past the 1.3 s budget, so it never starts
     assert [h.name for h in state.history] == ["c0", "c1"]
     assert "less than a verification takes" in state.stopped and "the longest this session" in state.stopped
+
+
+def test_an_original_under_its_own_floor_is_told_before_any_candidate(run):
+    from astra.optimize.loop import floor_warning
+
+    under = verdict("suspect")  # the harness's own reason on the original's baseline, first case
+    under.cases[0].suspect[:] = ["graph: candidate 380 us is under the physical floor 424 us (1 of 2 bytes ...)"]
+    said = floor_warning(under)
+    assert "under its physical floor on 1 of" in said and "the original 380 us is under" in said
+    assert "bytes_read/bytes_written" in said and under.cases[0].id in said
+    assert floor_warning(verdict()) is None
+
+    events: list[tuple[str, dict]] = []
+    state = run_loop(run, ScriptedAgent([[("same", "correct 1.0")]]),
+                     lambda source, label: under if label == "original" else evaluator(source, label),
+                     Budget(rounds=1), events=lambda kind, data: events.append((kind, data)))
+    kinds = [k for k, _ in events]
+    assert kinds.index("warning") < kinds.index("candidate") and state.history[0].name == "same"
