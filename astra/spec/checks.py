@@ -24,7 +24,7 @@ WRAPPER = ("export", "entry", "lang")
 SHAPES = ("tokens", "token_dim", "models", "edge", "constraints", "exclude")
 MODEL_ENTRY = ("model", "tp", "dims", "tokens")
 ARGUMENT = ("name", "kind", "role", "shape", "dtype", "init", "value", "doc", "alias", "present", "row_stride",
-            "unordered")
+            "unordered", "counted")
 INIT = ("dist", "mean", "std", "low", "high", "start", "step", "value", "large", "small")
 TOLERANCE = ("atol", "rtol", "floor")
 EXCLUDE = ("case", "reason")
@@ -172,6 +172,9 @@ def check_tensor_options(arg: dict, where: str, known: set[str]) -> list[str]:
     """An argument's `present` (bool or expr), `row_stride` (int or expr; values are checked per case) and
     `unordered` (a bool, on an output)."""
     out = []
+    if "counted" in arg and (not isinstance(arg["counted"], bool) or arg.get("kind") != "tensor"):
+        out.append(f"{where}: `counted` is true or false, on a tensor (false: its size is left out of the "
+                   f"drafted `bytes`), not {arg['counted']!r}")
     if "unordered" in arg and (not isinstance(arg["unordered"], bool) or arg.get("kind") != "tensor"
                                or arg["unordered"] and arg.get("role") not in ("out", "inout")):
         out.append(f"{where}: `unordered` is true or false, on an `out` or `inout` tensor (its order along the "

@@ -128,6 +128,7 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
             a["present"] = rel.present[a["name"]]
             notes[:] = [n for n in notes if not n.startswith(f"tensor `{a['name']}` is optional (None allowed)")]
     distinct_scatter_indices(arguments, notes)
+    _uncount_guessed(arguments, notes)
     checks = rel.constraints + index_constraints(arguments)
     used, used_derived = _used_dims(arguments, dims, token_dim, entry)
     checks = _expressible(checks, dims, used, used_derived)
@@ -165,6 +166,18 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     if checks:
         spec["shapes"]["constraints"] = checks
     return spec, notes
+
+
+def _uncount_guessed(arguments: list[dict], notes: list[str]) -> None:
+    """`counted: false` on each tensor whose shape is still the fallback guess (astra.spec.draft_traffic:
+    the floor counts only what is known), said in its note."""
+    guessed = "no TensorMatcher check found; shape guessed as"
+    for a in arguments:
+        note = f"tensor `{a['name']}`: {guessed}"
+        for i, n in enumerate(notes):
+            if n.startswith(note) and a.get("kind") == "tensor":
+                a["counted"] = False
+                notes[i] = n + "; left out of `bytes` (counted: false), so the floors count only known sizes"
 
 
 def infer_error(name: str, why: str):

@@ -38,6 +38,7 @@ class Argument:
     present: bool | str = True  # an optional tensor: passed as None where this is false
     row_stride: int | str | None = None  # a strided view: the stride of dim 0 in elements
     unordered: bool = False  # an output whose order along the last dim is not part of the result
+    counted: bool = True  # False: left out of the drafted `bytes` (astra extract: its shape is a guess)
 
 
 @dataclass
