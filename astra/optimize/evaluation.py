@@ -22,7 +22,7 @@ from dataclasses import replace
 from astra import paths
 from astra.errors import BadInput, RunStateError
 from astra.optimize.rundir import RunDir, RunState, list_runs
-from astra.optimize.session import OptimizeOptions, agent_kind, emit_best_patch, run_optimize
+from astra.optimize.session import OptimizeOptions, agent_kind, emit_best_patch, run_identity, run_optimize
 from astra.spec.model import KernelSpec
 from harness import Verdict, geomean
 
@@ -87,24 +87,33 @@ def row(run: RunDir, spec: KernelSpec) -> dict:
             "candidates": len(state.history), "agent": state.agent, "run": run.root.name, "patch": None}
 
 
-def earlier_run(kernel: str, sglang_version: str, agent: str, original: str) -> RunDir | None:
-    """The newest run under $ASTRA_HOME/runs of this kernel, SGLang version and agent that optimized
-    the same original source and timed it on a GPU (a dry run has no baseline); None when there is none."""
+def earlier_run(kernel: str, sglang_version: str, agent: str, original: str, identity: dict) -> RunDir | None:
+    """The newest run under $ASTRA_HOME/runs of this kernel, SGLang version and agent that optimized the
+    same original source with the same `identity` (session.run_identity: spec, sanitizer, suite, GPU or
+    dry run) and timed the original on a GPU; None when there is none. An unreadable run is passed over."""
     for run_id in reversed(list_runs()):
         run = RunDir(paths.sub("runs") / run_id)
         try:
             state = run.state()
-            same = (state.kernel, state.sglang_version, state.agent) == (kernel, sglang_version, agent)
-            if same and run.original() == original and run.baseline() is not None:
+            same = (state.kernel, state.sglang_version, state.agent, state.identity) == (
+                kernel, sglang_version, agent, identity)
+            if not same or run.original() != original:
+                continue
+            baseline = run.baseline()
+            if baseline is not None and any(c.timed for c in baseline.cases):
                 return run
-        except (RunStateError, OSError):
+        except (RunStateError, OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
     return None
 
 
+_CUT_OFF = ("failed", "interrupted", "stopped by the agent")  # an error, Ctrl-C, an agent that could not go on
+
+
 def finished(state: RunState) -> bool:
-    """A run that stopped by its own rule (budget spent, nothing left to try), not cut off or failed."""
-    return state.stopped is not None and not state.stopped.startswith(("failed", "interrupted"))
+    """A run that stopped by its own rule (a budget spent, nothing left to try), not cut off by an error,
+    an interrupt or an agent that failed (an unreachable endpoint, an exec command that failed)."""
+    return state.stopped is not None and not state.stopped.startswith(_CUT_OFF)
 
 
 def run_eval(specs: list[KernelSpec], tree_for, opts: OptimizeOptions, *, fresh: bool = False, say=print,
@@ -115,15 +124,17 @@ def run_eval(specs: list[KernelSpec], tree_for, opts: OptimizeOptions, *, fresh:
     for spec in specs:
         tree = tree_for(spec.name)
         original = (tree.csrc_dir / spec.kernel_file).read_text()
-        earlier = None if fresh or opts.dry_run else earlier_run(spec.name, tree.version, agent_kind(opts), original)
+        earlier = None if fresh or opts.dry_run else earlier_run(spec.name, tree.version, agent_kind(opts), original,
+                                                                 run_identity(spec, opts))
         if earlier is not None and finished(earlier.state()):
             run_dir, state = earlier, earlier.state()
             say(f"{spec.name}: run {run_dir.root.name} finished earlier ({state.stopped}): reused; "
                 "`astra eval --fresh` runs it again")
         else:
             if earlier is not None:
-                say(f"{spec.name}: run {earlier.root.name} was cut off after {len(earlier.state().history)} "
-                    "candidate(s): continuing it")
+                state = earlier.state()
+                say(f"{spec.name}: run {earlier.root.name} was cut off after {len(state.history)} candidate(s)"
+                    + (f" ({state.stopped})" if state.stopped else "") + ": continuing it")
             run_opts = replace(opts, resume=earlier.root.name) if earlier is not None else opts
             run_dir, state = run_optimize(spec, tree, run_opts, say=say, events=events)
         entry = row(run_dir, spec)

@@ -218,7 +218,7 @@ def _evaluated(evaluate: Evaluator, proposals: list[Proposal], register: Callabl
     gpus = list(getattr(evaluate, "gpus", None) or [])
     width = max(1, len(gpus))
     for first in range(0, len(proposals), width):
-        if first and out_of_time():
+        if out_of_time():  # the agent's proposing (a search, an exec command) may have spent the rest
             return
         batch = [(register(p), p) for p in proposals[first:first + width]]
         began = time.time()
@@ -257,10 +257,14 @@ def floor_warning(baseline: Verdict) -> str | None:
         return None
     timed = sum(1 for c in baseline.cases if c.timed)
     first = under[0].suspect[0].replace("candidate", "the original", 1)
-    return (f"the original itself runs under its physical floor on {len(under)} of {timed} timed case(s) "
-            f"({under[0].id}: {first}): the spec's bytes overcount there, so a candidate as fast as the "
-            "original is refused as suspect on them. Correct the spec's bytes (bytes_read/bytes_written, "
-            "docs/spec-format.md) and probe it again")
+    said = (f"the original itself runs under its physical floor on {len(under)} of {timed} timed case(s) "
+            f"({under[0].id}: {first}): ")
+    if "through DRAM" in first:
+        return said + ("the spec's bytes overcount there, so a candidate as fast as the original is refused as "
+                       "suspect on them. Correct the spec's bytes (bytes, bytes_read/bytes_written, "
+                       "docs/spec-format.md) and probe it again")
+    return said + ("a candidate as fast as the original is refused as suspect on them. The floor is the GPU's "
+                   "own measurement (an empty launch, a speedup bound): time it again with `astra bench`")
 
 
 def _baseline(run: RunDir, evaluate: Evaluator) -> Verdict:

@@ -60,6 +60,7 @@ class RunState:
     cost_usd: float = 0.0
     started: float = field(default_factory=time.time)
     stopped: str | None = None
+    identity: dict = field(default_factory=dict)  # what decides whether `astra eval` may reuse it (session.run_identity)
 
     def to_dict(self) -> dict:
         return asdict(self)

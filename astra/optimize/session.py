@@ -234,6 +234,16 @@ def confirm_best(run: RunDir, evaluate, events: Printer = print) -> bool:
     return decision.ok
 
 
+def run_identity(spec: KernelSpec, opts: OptimizeOptions) -> dict:
+    """What a run's result depends on beyond kernel, SGLang version, agent and source: the spec's bytes
+    (its cases, floors and tolerances), whether it verified with the sanitizer and on the full suite,
+    and whether it ran on a GPU at all. `astra eval` reuses a run only when all of it matches."""
+    from astra.spec.resolve import spec_sha256
+
+    return {"spec_sha256": spec_sha256(spec.path), "sanitizer": opts.sanitizer, "quick_search": opts.quick_search,
+            "dry_run": opts.dry_run}
+
+
 def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, events=None,
                  say: Printer = print) -> tuple[RunDir, RunState]:
     """One optimize run of `spec` (or its resumption): agent, evaluator, budget, loop, report."""
@@ -242,6 +252,9 @@ def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, e
         run = _resume(opts.resume, spec)
     else:
         run = RunDir.create(spec.name, tree.version, agent_kind(opts), source)
+        state = run.state()
+        state.identity = run_identity(spec, opts)
+        run.save(state)
     try:
         return run, _run(run, spec, tree, opts, events, say)
     except KeyboardInterrupt:

@@ -68,12 +68,15 @@ def test_survey_targets_rank_by_recoverable_time(tmp_path):
         survey_targets(10, str(tmp_path / "none"))
 
 
-def _runs_of(spec, tree, stopped: str | None, history: int) -> RunDir:
+def _runs_of(spec, tree, stopped: str | None, history: int, opts=None, baseline=None) -> RunDir:
+    from astra.optimize.session import OptimizeOptions, run_identity
+
     original = (tree.csrc_dir / spec.kernel_file).read_text()
     run = RunDir.create(spec.name, tree.version, "offline", original)
-    run.save_baseline(_verdict())
+    run.save_baseline(baseline or _verdict())
     state = run.state()
     state.stopped = stopped
+    state.identity = run_identity(spec, opts or OptimizeOptions(offline=True, wall_min=1))
     state.history = [HistoryEntry(n=i, round=0, name=f"c{i}", status="incorrect", score=0.0, accepted=False, why="")
                      for i in range(history)]
     run.save(state)
@@ -105,17 +108,41 @@ def test_eval_reuses_a_finished_run_and_continues_a_cut_off_one(sglang_0523, mon
     assert called == [cut.root.name] and result["rows"][0]["run"] == done.root.name
     assert "finished earlier (wall-time budget of 60s spent): reused" in said[0]
 
+    failed = _runs_of(spec, sglang_0523, "stopped by the agent: the exec command exited 1", 1)
+    said.clear()
+    evaluation.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    assert called[-1] == failed.root.name and "(stopped by the agent" in said[0]  # an agent error is resumed
+
     evaluation.run_eval([spec], lambda name: sglang_0523, opts, fresh=True, say=said.append)
-    assert called == [cut.root.name, None]  # --fresh: a new run, nothing reused
+    assert called[-1] is None  # --fresh: a new run, nothing reused
 
 
-def test_eval_never_reuses_a_run_of_another_source_or_agent(sglang_0523):
+def test_eval_never_reuses_a_run_of_another_source_agent_spec_or_setting(sglang_0523, tmp_path):
     from astra.optimize.evaluation import earlier_run
+    from astra.optimize.session import OptimizeOptions, run_identity
+    from harness import Verdict
 
     spec = spec_mod.load("rmsnorm")
+    opts = OptimizeOptions(offline=True, wall_min=1)
+    ident = run_identity(spec, opts)
     run = _runs_of(spec, sglang_0523, "wall-time budget spent", 1)
     original = run.original()
-    assert earlier_run(spec.name, sglang_0523.version, "offline", original).root == run.root
-    assert earlier_run(spec.name, sglang_0523.version, "llm:some-model", original) is None
-    assert earlier_run(spec.name, sglang_0523.version, "offline", original + "// edited upstream\n") is None
-    assert earlier_run(spec.name, "0.5.10", "offline", original) is None
+    assert earlier_run(spec.name, sglang_0523.version, "offline", original, ident).root == run.root
+    assert earlier_run(spec.name, sglang_0523.version, "llm:some-model", original, ident) is None
+    assert earlier_run(spec.name, sglang_0523.version, "offline", original + "// edited upstream\n", ident) is None
+    assert earlier_run(spec.name, "0.5.10", "offline", original, ident) is None
+    no_sanitizer = run_identity(spec, OptimizeOptions(offline=True, wall_min=1, sanitizer=False))
+    assert earlier_run(spec.name, sglang_0523.version, "offline", original, no_sanitizer) is None
+    edited = tmp_path / "kernel.yaml"  # the spec corrected (its bytes, say) after the run
+    edited.write_text(spec.path.read_text() + "# bytes corrected\n")
+    spec.path = edited
+    assert earlier_run(spec.name, sglang_0523.version, "offline", original, run_identity(spec, opts)) is None
+
+    spec = spec_mod.load("rmsnorm")  # a dry run's baseline times nothing: never reused on a GPU
+    dry = OptimizeOptions(offline=True, wall_min=1, dry_run=True)
+    _runs_of(spec, sglang_0523, "1 round(s) done", 0, opts=dry,
+             baseline=Verdict(status="built", reason="", correct=False, faster=False, cases=[]))
+    assert earlier_run(spec.name, sglang_0523.version, "offline", original, run_identity(spec, dry)) is None
+    (run.root / "baseline.json").write_text('{"status": "correct", "cases": [')  # cut off mid-write
+    found = earlier_run(spec.name, sglang_0523.version, "offline", original, ident)  # passed over, no crash
+    assert found is None or found.root != run.root

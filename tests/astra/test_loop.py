@@ -183,15 +183,15 @@ def test_a_round_is_judged_one_candidate_per_gpu_side_by_side(run):
 def test_no_verification_starts_that_the_wall_budget_cannot_hold(run):
     import time
 
-    def slow(source: str, label: str):  # each candidate's verification takes 0.5 s; the baseline none
+    def slow(source: str, label: str):  # each candidate's verification takes 1 s; the baseline none
         if label != "original":
-            time.sleep(0.5)
+            time.sleep(1.0)
         return evaluator(source, label)
 
     agent = ScriptedAgent([[(f"c{i}", "correct 1.0") for i in range(5)]])
-    state = run_loop(run, agent, slow, Budget(rounds=5, patience=3, wall_s=1.3))
-    # the first ends near 0.5 s (a second one fits by 1.0 s), the second near 1.0 s: a third would end
-    # near 1.5 s, past the 1.3 s budget, so it never starts
+    state = run_loop(run, agent, slow, Budget(rounds=5, patience=3, wall_s=2.6))
+    # the first ends near 1 s (a second one fits by 2 s), the second near 2 s: a third would end near
+    # 3 s, past the 2.6 s budget, so it never starts (the old rule started it: 2 s < 2.6 s)
     assert [h.name for h in state.history] == ["c0", "c1"]
     assert "less than a verification takes" in state.stopped and "the longest this session" in state.stopped
 
@@ -200,11 +200,15 @@ def test_an_original_under_its_own_floor_is_told_before_any_candidate(run):
     from astra.optimize.loop import floor_warning
 
     under = verdict("suspect")  # the harness's own reason on the original's baseline, first case
-    under.cases[0].suspect[:] = ["graph: candidate 380 us is under the physical floor 424 us (1 of 2 bytes ...)"]
+    under.cases[0].suspect[:] = ["graph: candidate 380 us is under the physical floor 424 us (1421869568 of "
+                                 "1526727168 bytes through DRAM at 3.35 TB/s)"]
     said = floor_warning(under)
     assert "under its physical floor on 1 of" in said and "the original 380 us is under" in said
     assert "bytes_read/bytes_written" in said and under.cases[0].id in said
     assert floor_warning(verdict()) is None
+    launch = verdict("suspect")  # not the spec's bytes: the GPU's empty launch
+    launch.cases[0].suspect[:] = ["graph: candidate 1.2 us is under the physical floor of an empty launch, 2.1 us"]
+    assert "bytes" not in floor_warning(launch) and "astra bench" in floor_warning(launch)
 
     events: list[tuple[str, dict]] = []
     state = run_loop(run, ScriptedAgent([[("same", "correct 1.0")]]),
