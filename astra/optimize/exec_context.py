@@ -134,7 +134,9 @@ def best_text(ctx: Context) -> str:
         lines.append("")
     untimed = len(verdict.cases) - len(timed)
     if untimed:
-        lines += [f"{untimed} more case(s) are checked for correctness only (not timed).", ""]
+        lines += [f"{untimed} more case(s) are " + ("not timed (the original's baseline checks no outputs; a candidate "
+                                                    "is checked on them)." if ctx.best_n is None
+                                                    else "checked for correctness only (not timed)."), ""]
     if verdict.slower_shapes:
         lines += ["Slower than the original: " + ", ".join(f"{s.get('id')} ({s.get('mode')}) x{_num(s.get('speedup'))}"
                                                           for s in verdict.slower_shapes[:10]), ""]
