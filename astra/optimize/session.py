@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -302,15 +303,29 @@ def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions,
             agent.timed_dtype = spec.dtypes[0]
     say(f"run {run.root.name}: {spec.name} from SGLang {tree.version}, agent {agent.name}; directory {run.root}")
     state = run_loop(run, agent, evaluate, opts.budget(), events=events or (lambda kind, data: None))
-    if not opts.dry_run:  # a small-token winner and a large-token one become one candidate, judged like any
+    if opts.dry_run:
+        return state
+    with held_open(run):  # killed during these steps, the run is continued, not taken as finished
         from astra.optimize.band_dispatch import try_band_dispatch
 
-        if try_band_dispatch(run, spec, tree, evaluate, say) is not None:
-            state = run.state()
-    if opts.quick_search and not opts.dry_run:
-        confirm_best(run, evaluate, say)
-        state = run.state()
-    return state
+        # a small-token winner and a large-token one become one candidate, judged like any
+        try_band_dispatch(run, spec, tree, evaluate, say)
+        if opts.quick_search:
+            confirm_best(run, evaluate, say)
+    return run.state()
+
+
+@contextmanager
+def held_open(run: RunDir):
+    """The run's stop reason is cleared while the block runs and put back after it, so a run killed in
+    the block reads as cut off (`astra eval` continues it) and one whose block raised reads as failed."""
+    state = run.state()
+    reason, state.stopped = state.stopped, None
+    run.save(state)
+    yield
+    state = run.state()
+    state.stopped = reason
+    run.save(state)
 
 
 def emit_best_patch(run: RunDir, spec: KernelSpec, tree: SglangTree, *, sanitizer_required: bool = True) -> str:

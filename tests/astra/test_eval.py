@@ -146,3 +146,19 @@ def test_eval_never_reuses_a_run_of_another_source_agent_spec_or_setting(sglang_
     (run.root / "baseline.json").write_text('{"status": "correct", "cases": [')  # cut off mid-write
     found = earlier_run(spec.name, sglang_0523.version, "offline", original, ident)  # passed over, no crash
     assert found is None or found.root != run.root
+
+
+def test_steps_after_the_loop_leave_a_killed_run_to_be_continued(sglang_0523):
+    import pytest
+
+    from astra.optimize.evaluation import finished
+    from astra.optimize.session import held_open
+
+    spec = spec_mod.load("rmsnorm")
+    run = _runs_of(spec, sglang_0523, "wall-time budget of 60s spent", 2)
+    with held_open(run):  # band dispatch or the quick search's full check would run here
+        assert run.state().stopped is None and not finished(run.state())
+    assert run.state().stopped == "wall-time budget of 60s spent" and finished(run.state())
+    with pytest.raises(RuntimeError), held_open(run):
+        raise RuntimeError("killed mid-verification")
+    assert run.state().stopped is None  # run_optimize then marks it failed; eval continues it
