@@ -188,8 +188,6 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
             state.tokens, state.cost_usd = spent()
             run.save(state)
             events("verdict", asdict(state.history[-1]))
-        if durations and out_of_time() and state.stopped is None:
-            state.stopped = _short_of_time(budget, start, durations)
         idle_rounds = 0 if improved else idle_rounds + 1
         state.round += 1
         run.save(state)
@@ -210,8 +208,8 @@ def _evaluated(evaluate: Evaluator, proposals: list[Proposal], register: Callabl
     """(n, proposal, verdict) in proposal order, each registered (`register`: numbered, saved) just before
     its evaluation. An evaluator with `gpus` (the host's GPU indices, from
     astra.optimize.session.harness_evaluator) judges a round's candidates side by side, one per GPU
-    (`evaluate(..., gpu=i)`), in batches of that many; otherwise one at a time. After the first batch, no
-    batch starts once `out_of_time()` (the loop's: the wall budget cannot hold another verification as
+    (`evaluate(..., gpu=i)`), in batches of that many; otherwise one at a time. No batch starts once
+    `out_of_time()` (the loop's: the wall budget cannot hold another verification as
     long as the longest so far, whose seconds are appended to `durations`)."""
     from concurrent.futures import ThreadPoolExecutor
 

@@ -89,6 +89,7 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     unshaped = [n for n in facts.tensors if n not in shapes]
     matched_token_dim = token_dim
     fallback = [token_dim or dims.add_free("tokens", "tokens"), dims.add_free("hidden", "hidden size")]
+    shape_guessed: set[str] = set()  # tensors still at the fallback shape: left out of `bytes`
     for name in unshaped:
         like = ev.like(name) if ev else None
         if like in shapes:
@@ -104,6 +105,7 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
         if facts.tensors[name].optional:
             notes.append(f"optional tensor `{name}`: no check found; drafted as None (present: false)")
         else:
+            shape_guessed.add(name)
             notes.append(f"tensor `{name}`: no TensorMatcher check found; shape guessed as {fallback}")
     token_dim = token_dim or fallback[0]
     sweep_dtypes = main_dtypes(ev)
@@ -115,6 +117,7 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
         lead_as_tokens(rel, dims, token_dim, notes)
     for name, shape in rel.reshaped.items():
         shapes[name] = shape
+        shape_guessed.discard(name)
         notes[:] = [n for n in notes if not n.startswith(f"tensor `{name}`: no TensorMatcher")]
         notes.append(f"tensor `{name}`: shape {shape} from its host checks")
     notes += rel.notes
@@ -128,7 +131,7 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
             a["present"] = rel.present[a["name"]]
             notes[:] = [n for n in notes if not n.startswith(f"tensor `{a['name']}` is optional (None allowed)")]
     distinct_scatter_indices(arguments, notes)
-    _uncount_guessed(arguments, notes)
+    _uncount_guessed(arguments, shape_guessed, notes)
     checks = rel.constraints + index_constraints(arguments)
     used, used_derived = _used_dims(arguments, dims, token_dim, entry)
     checks = _expressible(checks, dims, used, used_derived)
@@ -168,16 +171,14 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     return spec, notes
 
 
-def _uncount_guessed(arguments: list[dict], notes: list[str]) -> None:
+def _uncount_guessed(arguments: list[dict], guessed: set[str], notes: list[str]) -> None:
     """`counted: false` on each tensor whose shape is still the fallback guess (astra.spec.draft_traffic:
     the floor counts only what is known), said in its note."""
-    guessed = "no TensorMatcher check found; shape guessed as"
     for a in arguments:
-        note = f"tensor `{a['name']}`: {guessed}"
-        for i, n in enumerate(notes):
-            if n.startswith(note) and a.get("kind") == "tensor":
-                a["counted"] = False
-                notes[i] = n + "; left out of `bytes` (counted: false), so the floors count only known sizes"
+        if a["name"] in guessed and a.get("kind") == "tensor":
+            a["counted"] = False
+            notes.append(f"tensor `{a['name']}`: left out of `bytes` (counted: false): its shape is a guess, and "
+                         "the floors count only known sizes")
 
 
 def infer_error(name: str, why: str):
