@@ -4,6 +4,7 @@
 # Usage (repository root, on the device, carrying .astra-device .whl-min .ray):
 #   OUT=$OUT bash scripts/scaleout-survey.sh local     # 1 worker, then every GPU
 #   OUT=$OUT bash scripts/scaleout-survey.sh ray       # --ray auto (a local Ray instance over every GPU)
+#   (RESUME_W1=1 first finishes a 1-worker survey that its timeout cut off: the survey resumes its store)
 # Names: SURVEY_NAMES (default below: 15 kernels that survey in 7 to 30 s each on an H100).
 set -u
 step=${1:?local or ray}
@@ -24,14 +25,15 @@ stores=$ASTRA_HOME/surveys/scaleout
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 nvidia-smi -L | tee "$out/gpus.txt"
 
-run() {  # label, extra flags...
+run() {  # label (the store's name), extra flags...; LOG_TAG names a resumed run's log apart
   local label=$1; shift
+  local tag=$label${LOG_TAG:-}
   local t0=$(date +%s.%N)
   timeout "${SURVEY_TIMEOUT:-330}" python3 -m astra.cli survey $names --out "$stores/$label" "$@" \
-    > "$out/survey-$label.log" 2>&1
+    > "$out/survey-$tag.log" 2>&1
   local rc=$?
   local t1=$(date +%s.%N)
-  python3 -c "import sys; print(f\"{sys.argv[1]}: exit {sys.argv[2]}, wall {float(sys.argv[4]) - float(sys.argv[3]):.1f} s\")" "$label" "$rc" "$t0" "$t1" | tee -a "$out/walls.txt"
+  python3 -c "import sys; print(f\"{sys.argv[1]}: exit {sys.argv[2]}, wall {float(sys.argv[4]) - float(sys.argv[3]):.1f} s\")" "$tag" "$rc" "$t0" "$t1" | tee -a "$out/walls.txt"
 }
 
 if [ "$step" = local ]; then
@@ -39,8 +41,10 @@ if [ "$step" = local ]; then
   run "w$gpus" --workers "$gpus"
   python3 scripts/compare_surveys.py "$stores/w1" "$stores/w$gpus" | tee "$out/compare-w1-w$gpus.txt"
 else
+  if [ -n "${RESUME_W1:-}" ]; then LOG_TAG=-resumed run w1 --workers 1; fi  # a w1 cut off by its timeout
   run ray --ray auto
   python3 scripts/compare_surveys.py "$stores/w1" "$stores/ray" | tee "$out/compare-w1-ray.txt"
+  python3 scripts/compare_surveys.py "$stores/w1" "$stores/w$gpus" | tee "$out/compare-w1-w$gpus.txt"
 fi
 grep -h -E 'built in|GPU worker|: (timed|suspect|failed|error)' "$out"/survey-*.log | tail -60
 cat "$out/walls.txt"
