@@ -292,3 +292,40 @@ def test_optimize_verifies_the_agents_candidate_on_a_gpu(sglang_0523, script):
     assert entry["name"] == "exec:r0:multiply-by-the-reciprocal-of-kdim"
     assert entry["status"] == "correct", (entry, proc.stdout)
     assert (run_dir / "agent" / "round-000" / "best.md").read_text().count("| ") > 10  # the baseline's shapes
+
+
+SWAP_AGENT = r'''
+import os, sys
+from pathlib import Path
+Path(os.environ["ASTRA_CANDIDATE"]).write_text(Path(sys.argv[1]).read_text())
+Path("IDEA.txt").write_text("16-byte vector loads and stores\n")
+print("swapped in the vectorized kernel")
+'''
+
+
+@pytest.mark.gpu
+def test_an_agents_faster_kernel_is_verified_and_patched_on_a_gpu(tmp_path):
+    """Our own RowScale kernel in a stand-in package: the agent (a script standing in for a coding agent)
+    writes the vectorized version; the loop verifies it on every case, finds it faster and emits the patch."""
+    from tests.rowscale_package import VECTORIZED, make_rowscale
+
+    rowscale = make_rowscale(tmp_path)
+    agent = tmp_path / "swap.py"
+    agent.write_text(SWAP_AGENT)
+    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(agent))} {shlex.quote(str(VECTORIZED))}"
+    proc = subprocess.run([sys.executable, "-m", "astra.cli", "optimize", str(rowscale["spec"]), "--sglang-src",
+                           str(rowscale["package"]), "--rounds", "1", "--wall-min", "6", "--agent", f"exec:{cmd}"],
+                          capture_output=True, text=True, timeout=540,
+                          env={**os.environ, "ASTRA_HOME": str(rowscale["home"])})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    run_dir = Path(proc.stdout.split("directory ", 1)[1].split()[0])
+    state = json.loads((run_dir / "state.json").read_text())
+    (entry,) = state["history"]
+    assert entry["name"] == "exec:r0:16-byte-vector-loads-and-stores" and entry["status"] == "correct", entry
+    assert entry["accepted"] is True and entry["score"] > 1.0, entry
+    assert state["best"] == 1, state
+    patch_line = next(line for line in proc.stdout.splitlines() if line.startswith("patch: "))
+    repo_patch = Path(patch_line.split("patch: ", 1)[1].strip())
+    text = repo_patch.read_text()
+    assert "a/python/sglang/kernels/jit/csrc/test/rowscale.cuh" in text and "16-byte vector" in text, text[:2000]

@@ -6,10 +6,8 @@ on the CPU, the RowScale spec's job and its nvcc builds; on a GPU, `check` of a 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -21,12 +19,10 @@ import yaml
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from tests.rowscale_package import VECTORIZED, make_rowscale
 from tests.toolchain import needs_nvcc
 
 REPO = Path(__file__).resolve().parents[2]
-ADVERSARIAL = REPO / "tests" / "adversarial"
-ROWSCALE = ADVERSARIAL / "kernels" / "base" / "rowscale.cuh"
-VECTORIZED = ADVERSARIAL / "kernels" / "candidates" / "m_vectorized.cuh"  # a candidate that must be accepted
 TOOLS = {"list", "extract", "probe", "check", "bench", "profile", "patch"}
 NO_GPU = "no CUDA GPU here"
 
@@ -204,48 +200,9 @@ def test_astra_mcp_refuses_a_heartbeat_that_is_not_positive():
 # ---------------------------------------------------------------- our own kernel: RowScale in a stand-in package
 
 
-ROWSCALE_SPEC = {
-    "name": "rowscale", "module": "rowscale", "category": "test",
-    "description": "out[r, c] = x[r, c] * w[c] in float32, rounded to the dtype (Astra's own test kernel).",
-    "source": {"sglang_version": "0.0.1", "kernel_file": "test/rowscale.cuh",
-               "repo_path": "python/sglang/kernels/jit/csrc/test/rowscale.cuh", "sha256": None},
-    "build": {"cuda_files": ["test/rowscale.cuh"],
-              "wrappers": [{"export": "rowscale", "entry": "RowScaleKernel<{cpp_dtype(dtype)}>::run"}]},
-    "entry": "rowscale", "signature": None,
-    "dims": {"tokens": "rows", "width": "columns"}, "derived": {},
-    "dtypes": ["bfloat16", "float32"],
-    "arguments": [
-        {"name": "x", "kind": "tensor", "shape": ["tokens", "width"], "dtype": "{dtype}", "role": "in"},
-        {"name": "w", "kind": "tensor", "shape": ["width"], "dtype": "{dtype}", "role": "in"},
-        {"name": "out", "kind": "tensor", "shape": ["tokens", "width"], "dtype": "{dtype}", "role": "out"},
-    ],
-    "shapes": {"tokens": [1, 128, 1024], "models": [{"model": "Llama-3.1-8B", "tp": 1, "dims": {"width": "hidden_size"}}],
-               "edge": [{"tokens": 1, "width": 1000}, {"tokens": 127, "width": 256}]},
-    "tolerance": {"bfloat16": {"atol": 1.0e-2, "rtol": 1.0e-2, "floor": 1.0e-2},
-                  "float32": {"atol": 1.0e-5, "rtol": 1.0e-5, "floor": 1.0e-5}},
-    "bytes": "(2 * tokens * width + width) * elt(dtype)",
-    "reference": "reference.py",
-}
-
-
 @pytest.fixture
 def rowscale(tmp_path) -> dict:
-    """An unpacked SGLang-like package holding rowscale.cuh where JIT kernels live (sglang/kernels/jit/csrc/),
-    the RowScale spec (with its float64 reference) hashed against it, and an empty ASTRA_HOME."""
-    package = tmp_path / "package"
-    csrc = package / "sglang" / "kernels" / "jit" / "csrc" / "test"
-    csrc.mkdir(parents=True)
-    (package / "sglang" / "kernels" / "jit" / "include").mkdir()
-    (package / "sglang" / "__init__.py").write_text("")
-    (package / "sglang" / "_version.py").write_text('__version__ = "0.0.1"\n')
-    shutil.copy(ROWSCALE, csrc / "rowscale.cuh")
-    spec_dir = tmp_path / "specs" / "rowscale"
-    spec_dir.mkdir(parents=True)
-    raw = json.loads(json.dumps(ROWSCALE_SPEC))
-    raw["source"]["sha256"] = hashlib.sha256(ROWSCALE.read_bytes()).hexdigest()
-    (spec_dir / "kernel.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    shutil.copy(ADVERSARIAL / "rowscale_reference.py", spec_dir / "reference.py")
-    return {"package": package, "spec": spec_dir / "kernel.yaml", "home": tmp_path / "home"}
+    return make_rowscale(tmp_path)
 
 
 def _check_arguments(rowscale: dict, **extra) -> dict:
