@@ -63,6 +63,7 @@ class OfflineAgent:
         self.search_share = search_share  # of the wall time left, for screening one base
         self.searched: set[str] = set()
         self.search_log: list[str] = []
+        self.on_search_line = None  # called with each line of the search's log as it is written
         self.entries = list(entries or [])  # the spec's host entries: the search stays in the code they reach
         self._parses: dict[str, object] = {}  # source id -> libclang's view: the search and the catalog share it
 
@@ -93,10 +94,11 @@ class OfflineAgent:
         rungs = [param_search.representative_cases(ctx.base_verdict, self.timed_dtype, n) for n in (1, 3)]
         foreign = reach.foreign_lines(self._parsed(ctx.base_source), self.entries, ctx.base_source) if self.entries else set()
         search = param_search.Search(ctx.base_source, self.screen, [r for r in rungs if r],
-                                     deadline=time.time() + budget, prebuild=self.prebuild, foreign_lines=foreign)
+                                     deadline=time.time() + budget, prebuild=self.prebuild, foreign_lines=foreign,
+                                     on_line=self.on_search_line)
         survivors = search.run()
         self.search_log.extend(search.log)
-        screened = sum(1 for line in search.log if line.startswith("rung"))
+        screened = sum(1 for line in search.log if line.startswith("rung") and "shapes)" in line)
         self.rationale = (f"parameter search: {screened} screening(s) in {budget:.0f}s at most, "
                           f"{len(survivors)} survivor(s); " + self.rationale)
         return [Proposal(param_search.param_space.slug(p.assignment), "param",

@@ -65,17 +65,24 @@ class Search:
     keep: float = 1 / 3
     log: list[str] = field(default_factory=list)  # one line per screened point, for the run's rationale
     foreign_lines: set[int] = field(default_factory=set)  # code the entry does not reach (astra.optimize.reach)
+    on_line: Callable[[str], None] | None = None  # each log line as it is written (the run's search.log)
+
+    def note(self, line: str) -> None:
+        self.log.append(line)
+        if self.on_line is not None:
+            self.on_line(line)
 
     def run(self, survivors: int = 3) -> list[Point]:
         params = param_space.find_params(self.base_source)
         elsewhere = [p for p in params if param_space.line_of(self.base_source, p) in self.foreign_lines]
         if elsewhere:
-            self.log.append(f"{len(elsewhere)} parameter(s) in code this entry does not reach, not screened: "
-                            + ", ".join(p.name for p in elsewhere))
+            self.note(f"{len(elsewhere)} parameter(s) in code this entry does not reach, not screened: "
+                      + ", ".join(p.name for p in elsewhere))
             params = [p for p in params if p not in elsewhere]
         if not params or not self.rungs:
-            self.log.append("no tunable parameter in the source" if not params else "no timed shape to screen on")
+            self.note("no tunable parameter in the source" if not params else "no timed shape to screen on")
             return []
+        self.note(f"{len(params)} parameter(s): " + ", ".join(f"{p.name}={p.value} ({p.kind})" for p in params))
         singles = self._rung(0, [self._point(params, a) for a in param_space.single_moves(params)])
         winners = [p.assignment for p in singles if p.score > WIN]
         combos = self._rung(0, [self._point(params, a) for a in param_space.combine(winners)])
@@ -97,12 +104,19 @@ class Search:
         screened = []
         for point in points:
             if time.time() >= self.deadline:
-                self.log.append(f"rung {rung}: deadline reached, {len(points) - len(screened)} point(s) not screened")
+                self.note(f"rung {rung}: deadline reached, {len(points) - len(screened)} point(s) not screened")
                 break
+            start = time.time()
             verdict = self.screen(point.source, param_space.slug(point.assignment), self.rungs[rung])
             point.status = verdict.status
             point.scores.append(score(verdict) if verdict.status == "correct" else 0.0)
-            self.log.append(f"rung {rung} ({len(self.rungs[rung])} shapes): {point.reason}: {verdict.status}"
-                            + (f" x{point.score:.3f}" if point.score else ""))
+            why = "" if verdict.status == "correct" else f" ({_first_line(verdict.reason)})"
+            self.note(f"rung {rung} ({len(self.rungs[rung])} shapes): {point.reason}: {verdict.status}"
+                      + (f" x{point.score:.3f}" if point.score else "") + why + f" [{time.time() - start:.0f} s]")
             screened.append(point)
         return screened
+
+
+def _first_line(text: str | None, limit: int = 160) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else "no reason given"
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -177,6 +177,11 @@ class RunDir:
         return self.original() if state.best is None else self.candidate(state.best)[0]
 
     @property
+    def search_log(self) -> Path:
+        """The offline parameter search's screenings, one line each (astra.optimize.session.search_logger)."""
+        return self.root / "search.log"
+
+    @property
     def transcript(self) -> Path:
         return self.root / "transcript.jsonl"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -193,6 +194,19 @@ def screening(spec: KernelSpec, tree: SglangTree, evaluate):
     return screen, prebuild
 
 
+def search_logger(run: RunDir, say: Printer):
+    """Each line of the parameter search's log, as it is written: appended to the run's search.log (with
+    the time) and printed, so a user sees what was screened and why it lost."""
+
+    def on_line(line: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        with run.search_log.open("a", encoding="utf-8") as out:
+            out.write(f"[{stamp}] {line}\n")
+        say(f"[{stamp}]      search: {line}")
+
+    return on_line
+
+
 def build_only_evaluator(spec: KernelSpec, tree: SglangTree):
     """No GPU: build each candidate with nvcc exactly as SGLang would (the same requests the worker
     builds, `jobs.spec_build_requests`); nothing is verified."""
@@ -301,6 +315,7 @@ def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions,
         if isinstance(agent, OfflineAgent):  # the parameter search screens on the GPU before proposing
             agent.screen, agent.prebuild = screening(spec, tree, evaluate)
             agent.timed_dtype = spec.dtypes[0]
+            agent.on_search_line = search_logger(run, say)
     say(f"run {run.root.name}: {spec.name} from SGLang {tree.version}, agent {agent.name}; directory {run.root}")
     state = run_loop(run, agent, evaluate, opts.budget(), events=events or (lambda kind, data: None))
     if opts.dry_run:

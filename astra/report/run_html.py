@@ -100,6 +100,16 @@ def exchanges(run: RunDir, limit: int = 200) -> str:
     return "".join(parts) or "<p>No agent exchange recorded (the offline search has no prompts).</p>"
 
 
+def search(run: RunDir, limit: int = 400) -> str:
+    """The offline parameter search's screenings (search.log), when the run had one."""
+    path = run.search_log
+    if not path.is_file():
+        return ""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    more = f"\n... {len(lines) - limit} more line(s) in {path}" if len(lines) > limit else ""
+    return f"<h2>Parameter search: every screened point</h2>{_pre(chr(10).join(lines[:limit]) + more)}"
+
+
 def render(run: RunDir) -> str:
     state = run.state()
     best = run.candidate(state.best)[2] if state.best else None
@@ -118,7 +128,7 @@ def render(run: RunDir) -> str:
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>{summary}</p>"
             f"<p>{html.escape(printable(band_wins_line(run)))}</p>"
             f"<h2>Trajectory</h2>{trajectory(run)}<h2>Original against best, per shape</h2>{per_shape(best)}"
-            f"<h2>Times against floors</h2>{chart}<h2>Agent roles: input and output</h2>{exchanges(run)}"
+            f"<h2>Times against floors</h2>{chart}{search(run)}<h2>Agent roles: input and output</h2>{exchanges(run)}"
             "</body></html>\n")
 
 

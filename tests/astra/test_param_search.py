@@ -137,7 +137,38 @@ def test_successive_halving_keeps_the_winners_and_combines_them():
 def test_the_deadline_stops_screening():
     calls: list = []
     search = Search(KERNEL, _cost_model(calls), [["decode0"]], deadline=0.0)
-    assert search.run() == [] and calls == [] and "deadline" in search.log[0]
+    assert search.run() == [] and calls == [] and "deadline" in search.log[-1]
+    assert search.log[0].startswith(f"{len(param_space.find_params(KERNEL))} parameter(s): kBlockSize=256 (const)")
+
+
+def test_each_screening_is_reported_as_it_happens_with_why_it_lost(tmp_path):
+    """The run's search.log, the printed lines and the report show every screened point: its move, status,
+    screened speedup or the first line of why it failed, and how long it took."""
+    from astra.optimize.rundir import RunDir
+    from astra.optimize.session import search_logger
+    from astra.report.run_html import render
+
+    run = RunDir.create("toy", "0.5.23", "offline", KERNEL)
+    printed: list[str] = []
+    calls: list = []
+
+    def screen(source, label, cases):
+        verdict = _cost_model(calls)(source, label, cases)
+        if verdict.status == "incorrect":
+            verdict.reason = "case decode0: out differs at index 17\nsecond line"
+        return verdict
+
+    search = Search(KERNEL, screen, [["decode0"]], deadline=float("inf"), on_line=search_logger(run, printed.append))
+    search.run()
+    written = run.search_log.read_text().splitlines()
+    assert len(written) == len(search.log) == len(printed) and len(calls) >= 6
+    assert all(line.endswith(logged) for line, logged in zip(written, search.log))
+    wrong = next(line for line in written if "kBlockSize 256 -> 1024" in line)
+    assert "incorrect (case decode0: out differs at index 17) [" in wrong and "second line" not in wrong
+    assert any(re.search(r"kBlockSize 256 -> 512: correct x1\.080 \[\d+ s\]$", line) for line in written)
+    assert all("search: " in line for line in printed)
+    page = render(run)
+    assert "Parameter search: every screened point" in page and "kBlockSize 256 -&gt; 512: correct x1.080" in page
 
 
 def test_the_offline_agent_proposes_the_survivors_first(tmp_path):
