@@ -1,6 +1,6 @@
 """Compare two `astra survey` stores case by case: do two runs (e.g. 1 worker and 2 workers) give the same times?
 
-Usage: python scripts/compare_surveys.py STORE_A STORE_B [--views graph,cold]
+Usage (repository root): python scripts/compare_surveys.py STORE_A STORE_B [--views graph,cold]
 
 For every kernel in both stores and every timed case in both records, the ratio of the original's median
 (B over A) per view. Prints one line per kernel (cases, geomean ratio, the widest case ratio, each store's
@@ -10,23 +10,19 @@ wall seconds) and a last line over all cases. Reads only the stores' JSON record
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 
 def records(store: Path) -> dict[str, dict]:
-    """{kernel: record} of a store (its device/ folder or the store root itself)."""
-    root = store / "device" if (store / "device").is_dir() else store
-    out = {}
-    for path in sorted(root.glob("*.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and record.get("name"):
-            out[record["name"]] = record
+    """{kernel: record} of a store, read as `astra survey` reads it (unreadable files are said, not used)."""
+    from astra.survey.store import Store
+
+    found = Store(store)
+    out = found.records()
+    for problem in found.problems:
+        print(f"{store}: {problem}", file=sys.stderr)
     return out
 
 
@@ -55,7 +51,7 @@ def compare(a: dict[str, dict], b: dict[str, dict], views: list[str]) -> tuple[l
             continue
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         widest = max(ratios, key=lambda r: abs(math.log(r)))
-        lines.append(f"{name:40s} {len(ratios):4d} {geo:8.3f} {widest:8.3f}   {walls}")
+        lines.append(f"{name:40s} {len(ratios):10d} {geo:8.3f} {widest:8.3f}   {walls}")
     return lines, every
 
 
@@ -68,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     a, b = records(args.a), records(args.b)
     only = sorted(set(a) ^ set(b))
     lines, every = compare(a, b, [v for v in args.views.split(",") if v])
-    print(f"{'kernel':40s} {'cases':>4s} {'B/A geo':>8s} {'widest':>8s}   wall s A / B")
+    print(f"{'kernel':40s} {'case-views':>10s} {'B/A geo':>8s} {'widest':>8s}   wall s A / B")
     print("\n".join(lines))
     if only:
         print(f"in one store only: {', '.join(only)}")

@@ -4,7 +4,10 @@
 # Usage (repository root, on the device, carrying .astra-device .whl-min .ray):
 #   OUT=$OUT bash scripts/scaleout-survey.sh local     # 1 worker, then every GPU
 #   OUT=$OUT bash scripts/scaleout-survey.sh ray       # --ray auto (a local Ray instance over every GPU)
-#   (RESUME_W1=1 first finishes a 1-worker survey that its timeout cut off: the survey resumes its store)
+#   (RESUME_W1=1 first finishes a 1-worker survey that its timeout cut off: the survey resumes its store.
+#   The ray step compares with the w1 store, so on a fresh machine unpack the local step's stores.tgz
+#   into .astra-device/surveys first.) Each step starts each survey with an empty store (a resume keeps
+#   it); the w1 survey builds the modules, so later runs find them cached: compare their bench walls.
 # Names: SURVEY_NAMES (default below: 15 kernels that survey in 7 to 30 s each on an H100).
 set -u
 step=${1:?local or ray}
@@ -28,8 +31,9 @@ nvidia-smi -L | tee "$out/gpus.txt"
 run() {  # label (the store's name), extra flags...; LOG_TAG names a resumed run's log apart
   local label=$1; shift
   local tag=$label${LOG_TAG:-}
+  [ -n "${LOG_TAG:-}" ] || rm -rf "${stores:?}/$label"  # a fresh measurement, not a store's old records
   local t0=$(date +%s.%N)
-  timeout "${SURVEY_TIMEOUT:-330}" python3 -m astra.cli survey $names --out "$stores/$label" "$@" \
+  timeout -k 30 "${SURVEY_TIMEOUT:-270}" python3 -m astra.cli survey $names --out "$stores/$label" "$@" \
     > "$out/survey-$tag.log" 2>&1
   local rc=$?
   local t1=$(date +%s.%N)

@@ -93,13 +93,14 @@ class OfflineAgent:
         budget = (ctx.wall_left_s if ctx.wall_left_s is not None else 600.0) * self.search_share
         rungs = [param_search.representative_cases(ctx.base_verdict, self.timed_dtype, n) for n in (1, 3)]
         foreign = reach.foreign_lines(self._parsed(ctx.base_source), self.entries, ctx.base_source) if self.entries else set()
+        if self.on_search_line is not None:  # a resumed run appends a second search: say where each starts
+            self.on_search_line(f"search of base {base[:12]}, {budget:.0f} s at most")
         search = param_search.Search(ctx.base_source, self.screen, [r for r in rungs if r],
                                      deadline=time.time() + budget, prebuild=self.prebuild, foreign_lines=foreign,
                                      on_line=self.on_search_line)
         survivors = search.run()
         self.search_log.extend(search.log)
-        screened = sum(1 for line in search.log if line.startswith("rung") and "shapes)" in line)
-        self.rationale = (f"parameter search: {screened} screening(s) in {budget:.0f}s at most, "
+        self.rationale = (f"parameter search: {search.screened} screening(s) in {budget:.0f}s at most, "
                           f"{len(survivors)} survivor(s); " + self.rationale)
         return [Proposal(param_search.param_space.slug(p.assignment), "param",
                          f"{p.reason} (screened x{p.score:.3f} on {len(search.rungs[-1])} shapes)", p.source)

@@ -7,9 +7,11 @@ band; what survives is handed to the loop, which verifies it on the full suite w
 any candidate. Between the two rungs, the winning single moves are combined (coordinate search:
 pairs and the triple of moves on different parameters) and screened on the first rung too.
 
-Screening a point costs a build and a short worker run; `prebuild(sources)` (every CPU core, the
-harness's content-hashed cache, the variants of the rung's shapes) builds a rung's points at once so the workers find them built. The
-search stops screening at its deadline and ranks what it has.
+Screening a point costs a build and a short worker run; `prebuild(sources, case_ids, base)` (every CPU
+core, the harness's content-hashed cache, the variants of the rung's shapes) builds a rung's points at
+once so the workers find them built, and names the points whose modules are the base's machine code (an
+edit of a constant the entry never reaches): those are not screened. The search stops screening at its
+deadline and ranks what it has.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from harness import Verdict, score
 
 WIN = 1.01  # a screened point must beat the original by 1% on its shapes (the rest is noise on few shapes)
 Screen = Callable[[str, str, list[str]], Verdict]  # (source, label, case ids) -> verdict on those cases
-Prebuild = Callable[[list[str], list[str]], None]  # (sources, the case ids they will be screened on)
+# (sources, the case ids they will be screened on, the search's base) -> the sources that build to the
+# base's machine code (not screened: they can only measure x1.000)
+Prebuild = Callable[[list[str], list[str], str], "set[str] | None"]
 
 
 @dataclass
@@ -66,6 +70,7 @@ class Search:
     log: list[str] = field(default_factory=list)  # one line per screened point, for the run's rationale
     foreign_lines: set[int] = field(default_factory=set)  # code the entry does not reach (astra.optimize.reach)
     on_line: Callable[[str], None] | None = None  # each log line as it is written (the run's search.log)
+    screened: int = 0  # points screened so far (each a worker run)
 
     def note(self, line: str) -> None:
         self.log.append(line)
@@ -99,15 +104,21 @@ class Search:
 
     def _rung(self, rung: int, points: list[Point]) -> list[Point]:
         points = [p for p in points if p.source != self.base_source]
+        same: set[str] = set()
         if self.prebuild and points and time.time() < self.deadline:
-            self.prebuild([p.source for p in points], self.rungs[rung])
+            same = self.prebuild([p.source for p in points], self.rungs[rung], self.base_source) or set()
         screened = []
         for point in points:
+            if point.source in same:  # dead code for this entry: it can only measure x1.000
+                self.note(f"rung {rung}: {point.reason}: builds to the base's machine code, not screened")
+                continue
             if time.time() >= self.deadline:
-                self.note(f"rung {rung}: deadline reached, {len(points) - len(screened)} point(s) not screened")
+                left = len([p for p in points if p.source not in same]) - len(screened)
+                self.note(f"rung {rung}: deadline reached, {left} point(s) not screened")
                 break
             start = time.time()
             verdict = self.screen(point.source, param_space.slug(point.assignment), self.rungs[rung])
+            self.screened += 1
             point.status = verdict.status
             point.scores.append(score(verdict) if verdict.status == "correct" else 0.0)
             why = "" if verdict.status == "correct" else f" ({_first_line(verdict.reason)})"

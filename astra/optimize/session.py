@@ -177,19 +177,35 @@ def _visible_gpus() -> list[int]:
 
 def screening(spec: KernelSpec, tree: SglangTree, evaluate):
     """(screen, prebuild) for the offline search: `screen(source, label, case_ids)` is `evaluate` on those
-    cases; `prebuild(sources)` builds the candidate variants those sources need on every CPU core into the
-    cache the workers read, so a rung's builds run side by side instead of one per worker."""
+    cases; `prebuild(sources, case_ids, base)` builds the candidate variants those sources (and the search's
+    base) need on every CPU core into the cache the workers read, so a rung's builds run side by side
+    instead of one per worker, and returns the sources whose every built variant is the base's machine
+    code (astra.optimize.machine_code): screening those could only measure x1.000. The base is built as
+    a candidate too, so both sit in an overlay folder of the same length and their modules compare."""
+    from astra.optimize.machine_code import code_digest
+
     variants_of = {c.id: c.variant for c in jobs.make_job(spec, tree, label="screen").cases}
 
     def screen(source: str, label: str, cases: list[str]) -> Verdict:
         return evaluate(source, label, cases=cases)
 
-    def prebuild(sources: list[str], cases: list[str]) -> None:
+    def prebuild(sources: list[str], cases: list[str], base: str | None = None) -> set[str]:
         wanted = {variants_of.get(c) for c in cases}
-        requests = [req for source in sources
-                    for side, key, req in jobs.spec_build_requests(spec, tree, candidate_source=source)
-                    if side == "cand" and key in wanted]
-        build_many(requests, paths.sub("builds"))
+        every = [base, *sources] if base is not None else list(sources)
+        owners, requests = [], []
+        for i, source in enumerate(every):
+            for side, key, req in jobs.spec_build_requests(spec, tree, candidate_source=source):
+                if side == "cand" and key in wanted:
+                    owners.append((i, key))
+                    requests.append(req)
+        digests: dict[int, dict[str, str | None]] = {}
+        for (i, key), result in zip(owners, build_many(requests, paths.sub("builds"))):
+            digests.setdefault(i, {})[key] = code_digest(result.so_path) if result.ok and result.so_path else None
+        if base is None or not digests.get(0):
+            return set()
+        reference = digests[0]
+        return {every[i] for i, found in digests.items() if i > 0 and found == reference
+                and all(d is not None for d in found.values())}
 
     return screen, prebuild
 
@@ -199,10 +215,12 @@ def search_logger(run: RunDir, say: Printer):
     the time) and printed, so a user sees what was screened and why it lost."""
 
     def on_line(line: str) -> None:
-        stamp = time.strftime("%H:%M:%S")
-        with run.search_log.open("a", encoding="utf-8") as out:
-            out.write(f"[{stamp}] {line}\n")
-        say(f"[{stamp}]      search: {line}")
+        try:
+            with run.search_log.open("a", encoding="utf-8") as out:
+                out.write(f"[{time.strftime('%Y-%m-%dT%H:%M:%S')}] {line}\n")
+        except OSError as err:  # a full disk loses the log line, not the run
+            say(f"warning: cannot write {run.search_log}: {err.strerror or err}")
+        say(f"[{time.strftime('%H:%M:%S')}]      search: {line}")
 
     return on_line
 

@@ -106,8 +106,9 @@ def search(run: RunDir, limit: int = 400) -> str:
     if not path.is_file():
         return ""
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    more = f"\n... {len(lines) - limit} more line(s) in {path}" if len(lines) > limit else ""
-    return f"<h2>Parameter search: every screened point</h2>{_pre(chr(10).join(lines[:limit]) + more)}"
+    more = (f"<p>... {len(lines) - limit} more line(s) in {html.escape(printable(str(path)))}</p>"
+            if len(lines) > limit else "")
+    return f"<h2>Parameter search: every screened point</h2>{_pre(chr(10).join(lines[:limit]), limit=200_000)}{more}"
 
 
 def render(run: RunDir) -> str:

@@ -119,7 +119,7 @@ def test_successive_halving_keeps_the_winners_and_combines_them():
     rungs = [representative_cases(_base_verdict(), None, n) for n in (1, 3)]
     built: list = []
     search = Search(KERNEL, _cost_model(calls), rungs, deadline=float("inf"),
-                    prebuild=lambda sources, cases: built.append((len(sources), tuple(cases))))
+                    prebuild=lambda sources, cases, base: built.append((len(sources), tuple(cases))))
     survivors = search.run()
     assert survivors, search.log
     best = survivors[0]
@@ -298,3 +298,26 @@ def test_screens_are_cheap_and_candidates_are_verified_in_full(sglang_0523):
     assert (again.options.seeds, again.options.modes, again.options.extra_trials) == ([0], ["graph"], False)
     with pytest.raises(ValueError, match="unknown evaluation kind"):
         evaluation_options("quick")
+
+
+def test_a_point_that_builds_to_the_base_code_is_not_screened():
+    calls: list = []
+    skipped: list = []
+
+    def prebuild(sources, cases, base):
+        assert base == KERNEL and cases == ["decode0"]
+        same = {s for s in sources if "kBlockSize = 128" in s}
+        skipped.extend(same)
+        return same
+
+    sources: list = []
+
+    def screen(source, label, cases):
+        sources.append(source)
+        return _cost_model(calls)(source, label, cases)
+
+    search = Search(KERNEL, screen, [["decode0"]], deadline=float("inf"), prebuild=prebuild)
+    search.run()
+    assert len(skipped) == 1 and skipped[0] not in sources and len(sources) > 3
+    assert "rung 0: kBlockSize 256 -> 128: builds to the base's machine code, not screened" in search.log
+    assert search.screened == len(calls)
