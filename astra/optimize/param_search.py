@@ -107,14 +107,14 @@ class Search:
         same: set[str] = set()
         if self.prebuild and points and time.time() < self.deadline:
             same = self.prebuild([p.source for p in points], self.rungs[rung], self.base_source) or set()
-        screened = []
         for point in points:
             if point.source in same:  # dead code for this entry: it can only measure x1.000
                 self.note(f"rung {rung}: {point.reason}: builds to the base's machine code, not screened")
-                continue
+        points = [p for p in points if p.source not in same]
+        screened = []
+        for point in points:
             if time.time() >= self.deadline:
-                left = len([p for p in points if p.source not in same]) - len(screened)
-                self.note(f"rung {rung}: deadline reached, {left} point(s) not screened")
+                self.note(f"rung {rung}: deadline reached, {len(points) - len(screened)} point(s) not screened")
                 break
             start = time.time()
             verdict = self.screen(point.source, param_space.slug(point.assignment), self.rungs[rung])

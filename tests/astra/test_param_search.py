@@ -319,5 +319,5 @@ def test_a_point_that_builds_to_the_base_code_is_not_screened():
     search = Search(KERNEL, screen, [["decode0"]], deadline=float("inf"), prebuild=prebuild)
     search.run()
     assert len(skipped) == 1 and skipped[0] not in sources and len(sources) > 3
-    assert "rung 0: kBlockSize 256 -> 128: builds to the base's machine code, not screened" in search.log
+    assert "rung 0: kBlockSize 256 -> 128: builds to the base's machine code, not screened" in search.log[:3]
     assert search.screened == len(calls)
