@@ -123,7 +123,7 @@ class Search:
             point.scores.append(score(verdict) if verdict.status == "correct" else 0.0)
             why = "" if verdict.status == "correct" else f" ({_first_line(verdict.reason)})"
             self.note(f"rung {rung} ({len(self.rungs[rung])} shapes): {point.reason}: {verdict.status}"
-                      + (f" x{point.score:.3f}" if point.score else "") + why + f" [{time.time() - start:.0f} s]")
+                      + (f" x{point.score:.3f}" if point.score else "") + why + f" [{_took(time.time() - start, verdict)}]")
             screened.append(point)
         return screened
 
@@ -131,3 +131,10 @@ class Search:
 def _first_line(text: str | None, limit: int = 160) -> str:
     line = (text or "").strip().splitlines()[0] if (text or "").strip() else "no reason given"
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _took(seconds: float, verdict: Verdict) -> str:
+    """`29 s: build 0.2, env 1.0, check 3.1, time 24.0` (the worker's phases, where the verdict has them)."""
+    phases = getattr(verdict, "phases", None) or {}
+    parts = [f"{name[:-2]} {phases[name]:.1f}" for name in ("build_s", "env_s", "check_s", "time_s") if name in phases]
+    return f"{seconds:.0f} s" + (": " + ", ".join(parts) if parts else "")

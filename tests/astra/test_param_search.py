@@ -156,6 +156,7 @@ def test_each_screening_is_reported_as_it_happens_with_why_it_lost(tmp_path):
         verdict = _cost_model(calls)(source, label, cases)
         if verdict.status == "incorrect":
             verdict.reason = "case decode0: out differs at index 17\nsecond line"
+        verdict.phases = {"build_s": 0.25, "env_s": 1.0, "check_s": 3.0, "time_s": 24.0, "total_s": 28.3}
         return verdict
 
     search = Search(KERNEL, screen, [["decode0"]], deadline=float("inf"), on_line=search_logger(run, printed.append))
@@ -165,7 +166,8 @@ def test_each_screening_is_reported_as_it_happens_with_why_it_lost(tmp_path):
     assert all(line.endswith(logged) for line, logged in zip(written, search.log))
     wrong = next(line for line in written if "kBlockSize 256 -> 1024" in line)
     assert "incorrect (case decode0: out differs at index 17) [" in wrong and "second line" not in wrong
-    assert any(re.search(r"kBlockSize 256 -> 512: correct x1\.080 \[\d+ s\]$", line) for line in written)
+    assert any(re.search(r"kBlockSize 256 -> 512: correct x1\.080 \[\d+ s: build 0\.2, env 1\.0, check 3\.0, "
+                         r"time 24\.0\]$", line) for line in written)
     assert all("search: " in line for line in printed)
     page = render(run)
     assert "Parameter search: every screened point" in page and "kBlockSize 256 -&gt; 512: correct x1.080" in page
