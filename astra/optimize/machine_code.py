@@ -1,13 +1,14 @@
-"""Is a built candidate the original's machine code? Then screening it can only measure x1.000.
+"""Is a built candidate the search base's machine code? Then screening it can only measure x1.000.
 
 An edit of a constant the spec's entry never reaches at run time (`kVecWidth` under `kVectorized ? ... : 1`
 with the entry instantiating `<false>`) compiles to the same module. `code_digest` hashes what a module
 runs: the host code and constants (.text, .rodata, .data) and the device code nvcc embeds (.nv_fatbin),
 read from the ELF section table with the standard library. Symbol names, the build id and debug sections
 are left out; in .rodata, the build's per-candidate overlay folder (`overlays/<16 hex>/`, in `__FILE__`
-strings of assertions and error messages) is masked, so a module built from another overlay still matches. A digest that
-differs where the code is the same only costs a screening; a match where the code differs cannot happen
-unless those sections are byte-identical, so nothing is skipped that could have measured differently.
+strings of assertions and error messages) is masked, so a module built from another overlay still
+matches. A digest that differs where the code is the same only costs a screening; a match where the
+code differs cannot happen unless those sections are byte-identical, so nothing is skipped that could
+have measured differently.
 """
 
 from __future__ import annotations

@@ -62,8 +62,7 @@ class OfflineAgent:
         self.screen, self.prebuild, self.timed_dtype = screen, prebuild, timed_dtype
         self.search_share = search_share  # of the wall time left, for screening one base
         self.searched: set[str] = set()
-        self.search_log: list[str] = []
-        self.on_search_line = None  # called with each line of the search's log as it is written
+        self.on_search_line = None  # each line of the search's log as it is written (the run's search.log)
         self.entries = list(entries or [])  # the spec's host entries: the search stays in the code they reach
         self._parses: dict[str, object] = {}  # source id -> libclang's view: the search and the catalog share it
 
@@ -99,7 +98,6 @@ class OfflineAgent:
                                      deadline=time.time() + budget, prebuild=self.prebuild, foreign_lines=foreign,
                                      on_line=self.on_search_line)
         survivors = search.run()
-        self.search_log.extend(search.log)
         self.rationale = (f"parameter search: {search.screened} screening(s) in {budget:.0f}s at most, "
                           f"{len(survivors)} survivor(s); " + self.rationale)
         return [Proposal(param_search.param_space.slug(p.assignment), "param",
