@@ -11,7 +11,11 @@ trying in its place:
 - `unroll`: the factor of `#pragma unroll N`;
 - `cap`: a thread-count cap in host code, `dim3 block(std::min(heads * rot_dim / 2, 512))` or
   `threads = std::min(..., 512)`: the literal bound of a `std::min` in a statement about threads or blocks;
-- `launch`: a literal block size given to `LaunchKernel(grid, 256, ...)` or `<<<grid, 256, ...>>>`.
+- `launch`: a literal block size given to `LaunchKernel(grid, 256, ...)` or `<<<grid, 256, ...>>>`;
+- `floor`: a thread-count floor in host code, `num_thread = std::max(num_experts, 128)`: the literal bound
+  of a `std::max` in a statement about threads or blocks (a floor of 128 threads where 32 serve);
+- `warps`: a CTA's warp count written as linked literals (launch bounds, the launch's block size, the
+  body's per-warp slots and strides), moved together (astra.optimize.warp_geometry).
 Constants are read from any `const`/`constexpr` integer declaration whose name says what it is
 (kBlockSize, TPB, WARPS_PER_TB, block_size, kNumThreads, kRowsPerBlock, ...), not only `k`-prefixed
 constexprs; a warp's size or a maximum is never one. Single moves come out in the order the kinds are
@@ -26,6 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from astra.optimize import warp_geometry
+
 _ALIGNED = re.compile(r"\bAlignedVector\s*<\s*[\w:]+(?:\s*<[^<>]*>)?\s*,\s*(?P<value>\d+)\s*>")
 _BYTES = re.compile(r"(?P<value>\d+)(?=\s*/\s*\(?\s*sizeof\s*\()")  # 16 / sizeof(T), 16 / (sizeof(T) * 2)
 _BOUNDS = re.compile(r"__launch_bounds__\s*\(\s*(?P<value>\d+)\s*(?:,\s*(?P<min>\d+)\s*)?\)")
@@ -38,23 +44,26 @@ _TUNABLE_NAME = re.compile(
     r"per_?block|per_?cta|per_?thread|tpb|cta_?size|loop_?count|stages)")
 _NOT_TUNABLE = re.compile(r"(?i)(warp_?size|warp_?threads|max|min|per_?sm)")
 _MIN = re.compile(r"\bstd::min\s*(?:<[^<>();]*>)?\s*\(")
+_MAX = re.compile(r"\bstd::max\s*(?:<[^<>();]*>)?\s*\(")
 _LAUNCH = re.compile(r"\bLaunchKernel\s*\(|<<<")
 _LITERAL = re.compile(r"\s*(?:dim3\s*\(\s*)?(?P<value>\d+)[uUlL]*\s*\)?\s*")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ABOUT_THREADS = re.compile(r"(?i)thread|block|dim3|tpb|cta")
 MAX_THREADS = 1024
-ORDER = ("vec", "const", "cap", "launch", "bounds", "minblocks", "unroll")  # single moves, best bets first
+ORDER = ("vec", "const", "warps", "cap", "floor", "launch", "bounds", "minblocks", "unroll")  # single moves, best bets first
 
 
 @dataclass(frozen=True)
 class Param:
     name: str  # readable and unique: "kBlockSize", "AlignedVector@L42", "launch_bounds@L88", ...
-    kind: str  # const | vec | cap | launch | bounds | minblocks | unroll
+    kind: str  # const | vec | warps | cap | floor | launch | bounds | minblocks | unroll
     start: int  # the literal's span in the source
     end: int
     value: int  # as written
     choices: tuple[int, ...]  # values to try instead (never the current one)
     insert: str = ""  # for a value the source does not write yet (minblocks): the text to insert at start
+    links: tuple[tuple[int, int, int], ...] = ()  # (start, end, divisor): literals written as value // divisor
+    note: str = ""  # what the links are, for the candidate's description
 
 
 def _line(text: str, pos: int) -> int:
@@ -74,14 +83,20 @@ def find_params(text: str) -> list[Param]:
     taken: set[int] = set()
     comments = [(m.start(), m.end()) for m in _COMMENT.finditer(text)]
 
-    def add(name: str, kind: str, start: int, end: int, value: int, choices: tuple[int, ...], insert: str = "") -> None:
-        if not choices or (start in taken and not insert) or any(a <= start < b for a, b in comments):
+    def add(name: str, kind: str, start: int, end: int, value: int, choices: tuple[int, ...], insert: str = "",
+            links: tuple = (), note: str = "") -> None:
+        if (not choices or (start in taken and not insert) or any(a <= start < b for a, b in comments)
+                or any(a in taken for a, _, _ in links)):
             return
-        taken.add(start)
+        taken.update([start, *(a for a, _, _ in links)])
         count = seen_names.get(name, 0)
         seen_names[name] = count + 1
         params.append(Param(name if count == 0 else f"{name}@L{_line(text, start)}", kind, start, end, value,
-                            choices, insert))
+                            choices, insert, links, note))
+
+    for g in warp_geometry.find(text, comments):  # first: its linked literals are not moved alone
+        add(f"warps@L{_line(text, g.start)}", "warps", g.start, g.end, g.threads, g.choices(), links=g.links,
+            note=f"{g.kernel}: {g.where}")
 
     for m in _DECL.finditer(text):
         name = m.group("name")
@@ -90,6 +105,8 @@ def find_params(text: str) -> list[Param]:
             add(name, "const", m.start("value"), m.end("value"), value, _powers(value, 1, MAX_THREADS))
     for start, end, value in _thread_caps(text):
         add(f"threads_cap@L{_line(text, start)}", "cap", start, end, value, _powers(value, 32, MAX_THREADS))
+    for start, end, value in _thread_caps(text, _MAX):
+        add(f"threads_floor@L{_line(text, start)}", "floor", start, end, value, _powers(value, 32, MAX_THREADS))
     for start, end, value in _launch_blocks(text):
         add(f"launch_threads@L{_line(text, start)}", "launch", start, end, value, _powers(value, 32, MAX_THREADS))
     for m in _ALIGNED.finditer(text):
@@ -149,10 +166,10 @@ def _literal(text: str, span: tuple[int, int], low: int = 32) -> tuple[int, int,
     return (m.start("value"), m.end("value"), value) if low <= value <= MAX_THREADS else None
 
 
-def _thread_caps(text: str) -> list[tuple[int, int, int]]:
-    """The literal bound of each `std::min(a, N)` in a statement that sets threads or blocks."""
+def _thread_caps(text: str, call: re.Pattern = _MIN) -> list[tuple[int, int, int]]:
+    """The literal bound of each `std::min(a, N)` (or `std::max`) in a statement that sets threads or blocks."""
     caps = []
-    for m in _MIN.finditer(text):
+    for m in call.finditer(text):
         statement = text[max(text.rfind(";", 0, m.start()), text.rfind("{", 0, m.start()),
                              text.rfind("}", 0, m.start())) + 1: m.start()]
         if not _ABOUT_THREADS.search(statement):
@@ -182,11 +199,13 @@ def line_of(text: str, param: Param) -> int:
 def render(text: str, params: list[Param], assignment: dict[str, int]) -> str:
     """`text` with each named parameter set to its assigned value."""
     by_name = {p.name: p for p in params}
-    edits = sorted(((by_name[name], value) for name, value in assignment.items()), key=lambda e: e[0].start,
-                   reverse=True)
-    for param, value in edits:
-        new = param.insert.format(value) if param.insert else str(value)
-        text = text[: param.start] + new + text[param.end:]
+    edits = []  # (start, end, new text), applied right to left so earlier spans keep their offsets
+    for name, value in assignment.items():
+        param = by_name[name]
+        edits.append((param.start, param.end, param.insert.format(value) if param.insert else str(value)))
+        edits.extend((start, end, str(value // divisor)) for start, end, divisor in param.links)
+    for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        text = text[:start] + new + text[end:]
     return text
 
 
@@ -197,7 +216,8 @@ def describe(params: list[Param], assignment: dict[str, int]) -> str:
     for name, value in sorted(assignment.items()):
         param = by_name[name]
         before = "none" if param.insert else str(param.value)
-        parts.append(f"{name} {before} -> {value}")
+        linked = f" ({param.value // 32} -> {value // 32} warps; {param.note})" if param.kind == "warps" else ""
+        parts.append(f"{name} {before} -> {value}{linked}")
     return ", ".join(parts) or "no change"
 
 
