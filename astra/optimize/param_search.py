@@ -94,7 +94,12 @@ class Search:
         ranked = sorted([p for p in singles + combos if p.score > WIN], key=lambda p: -p.score)
         alive = ranked[: max(1, math.ceil(len(ranked) * self.keep))] if ranked else []
         for rung in range(1, len(self.rungs)):
-            alive = sorted([p for p in self._rung(rung, alive) if p.score > WIN], key=lambda p: -p.score)
+            screened = self._rung(rung, alive)
+            # a point the deadline left unscreened on this rung keeps its earlier rung's ranking: a winner on
+            # few shapes is still worth the loop's full verification, which judges it on every shape
+            done = {id(p) for p in screened}
+            kept = [p for p in alive if id(p) not in done and len(p.scores) == rung]
+            alive = sorted([p for p in screened if p.score > WIN] + kept, key=lambda p: -p.score)
         return alive[:survivors]
 
     def _point(self, params: list[param_space.Param], assignment: dict[str, int]) -> Point:

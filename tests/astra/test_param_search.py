@@ -141,6 +141,27 @@ def test_the_deadline_stops_screening():
     assert search.log[0].startswith(f"{len(param_space.find_params(KERNEL))} parameter(s): kBlockSize=256 (const)")
 
 
+def test_winners_a_later_rung_could_not_screen_are_still_proposed():
+    """On the H100 (qsa_indexer, session 13) the deadline fell as the second rung began: its x1.148 winner on
+    the first rung was dropped and the search proposed nothing. Such winners keep their first-rung rank."""
+    calls: list = []
+    wide = ["decode0", "decode1", "decode2"]
+    holder: dict = {}
+
+    def prebuild(sources, cases, base):
+        if cases == wide:
+            holder["search"].deadline = 0.0  # the time runs out as the second rung starts
+        return set()
+
+    search = Search(KERNEL, _cost_model(calls), [["decode0"], wide], deadline=float("inf"), prebuild=prebuild)
+    holder["search"] = search
+    survivors = search.run()
+    assert survivors and all(len(p.scores) == 1 and p.score > 1.01 for p in survivors)
+    assert survivors[0].assignment.get("kBlockSize") == 512 and survivors[0].score == pytest.approx(1.08 * 1.05)
+    assert calls and all(cases == ("decode0",) for _, cases in calls)
+    assert any(line.startswith("rung 1: deadline reached") for line in search.log)
+
+
 def test_each_screening_is_reported_as_it_happens_with_why_it_lost(tmp_path):
     """The run's search.log, the printed lines and the report show every screened point: its move, status,
     screened speedup or the first line of why it failed, and how long it took."""
