@@ -89,7 +89,7 @@ def combine(low: str, high: str, *, entry: str, token_arg: tuple[str, int], thre
                  and (h.name == "run" or h.class_name is None)), None)
     if host is None:
         raise CannotCombine(f"no host entry {owner} in the low-band source")
-    if host.template_params:
+    if host.class_name and host.template_params:
         raise CannotCombine(f"{owner}: a templated run() cannot be forwarded")
     names = [p.name for p in host.params]
     arg, dim = token_arg
@@ -97,8 +97,11 @@ def combine(low: str, high: str, *, entry: str, token_arg: tuple[str, int], thre
         raise CannotCombine(f"{owner}: no parameter {arg} to read the token count from (parameters: {names})")
     renamed_high = _rename(high, parsed_high.scope_names, SUFFIX_HIGH)
     renamed_low = _rename(low, [owner], SUFFIX_LOW)
-    targs = ", ".join(p.name for p in host.class_template_params)
-    use = (lambda side: f"{owner}{side}<{targs}>::run") if host.class_name else (lambda side: f"{owner}{side}")
+    targs = ", ".join(p.name for p in (host.class_template_params if host.class_name else host.template_params))
+    if host.class_name:
+        use = lambda side: f"{owner}{side}<{targs}>::run"  # noqa: E731
+    else:  # a function template's arguments are not deduced from TensorViews: forwarded explicitly
+        use = lambda side: f"{owner}{side}<{targs}>" if targs else f"{owner}{side}"  # noqa: E731
     signature = ", ".join(f"{p.type} {p.name}" for p in host.params)
     call = ", ".join(names)
     body = (f"    if ({arg}.size({dim}) <= {threshold}) {{\n      {use(SUFFIX_LOW)}({call});\n    }} else {{\n"
@@ -108,6 +111,9 @@ def combine(low: str, high: str, *, entry: str, token_arg: tuple[str, int], thre
                       f"  static void run({signature}) {{\n{body}  }}\n}};\n")
     else:
         dispatcher = f"{_template_head(host.template_params)}inline void {owner}({signature}) {{\n{body}}}\n"
+    if not namespace:  # the spec names the entry as the export sees it (inside `namespace sglang`): the parse knows
+        parts = host.qualified_name.split("::")[: -2 if host.class_name else -1]
+        namespace = "::".join(p for p in parts if p)
     if namespace:
         dispatcher = f"namespace {namespace} {{\n\n{dispatcher}\n}}  // namespace {namespace}\n"
     header = (f"// Astra band dispatch: {owner} runs the first version ({owner}{SUFFIX_LOW}) for {arg}.size({dim}) "
@@ -139,12 +145,16 @@ def try_band_dispatch(run: RunDir, spec, tree, evaluate, say=print) -> int | Non
     leaders = band_leaders(run)
     state = run.state()
     low = next((leaders[b] for b in LOW_BANDS if b in leaders), None)
+    # above the split: the run's best, else the large-token winner, else the original itself (a win on small
+    # token counts that loses on large ones is still a patch once the large ones keep the original's code)
     high_n = state.best if state.best is not None else (leaders.get("prefill") or (None,))[0]
-    if low is None or high_n is None or low[0] == high_n:
+    if low is None or low[0] == high_n:
         return None
     low_source, _, low_verdict = run.candidate(low[0])
-    high_source = run.candidate(high_n)[0]
-    where, threshold = token_argument(spec), split_point(low_verdict, spec) if low_verdict else None
+    high_source = run.candidate(high_n)[0] if high_n is not None else run.original()
+    high_name = f"#{high_n:03d}" if high_n is not None else "the original"
+    won = tuple(b for b in LOW_BANDS if b in leaders and leaders[b][0] == low[0])  # split after the bands it wins
+    where, threshold = token_argument(spec), split_point(low_verdict, spec, won) if low_verdict else None
     if where is None or threshold is None:
         say("band dispatch: skipped (no token argument or no low-band case in the spec)")
         return None
@@ -152,13 +162,13 @@ def try_band_dispatch(run: RunDir, spec, tree, evaluate, say=print) -> int | Non
         source = combine(low_source, high_source, entry=_entry(spec), token_arg=where, threshold=threshold,
                          kernel_file=spec.kernel_file, parse_dir=Path(tree.csrc_dir) / Path(spec.kernel_file).parent,
                          include_dirs=[str(tree.include_dir), str(tree.csrc_dir)],
-                         note=f"Low: candidate #{low[0]:03d}; high: candidate #{high_n:03d}.")
+                         note=f"Low: candidate #{low[0]:03d}; high: {'candidate ' if high_n is not None else ''}{high_name}.")
     except AstraError as err:
         say(f"band dispatch: skipped ({err})")
         return None
-    name = f"band-dispatch:#{low[0]:03d}<= {threshold}<#{high_n:03d}"
+    name = f"band-dispatch:#{low[0]:03d}<= {threshold}<{high_name.replace('the ', '')}"
     n = run.add_candidate(source, {"name": name, "family": "dispatch", "round": state.round,
-                                   "description": f"#{low[0]:03d} up to {threshold} tokens, #{high_n:03d} above"})
+                                   "description": f"#{low[0]:03d} up to {threshold} tokens, {high_name} above"})
     verdict = evaluate(source, name)
     run.save_verdict(n, verdict)
     best = run.candidate(state.best)[2] if state.best is not None else None

@@ -101,7 +101,7 @@ class OfflineAgent:
         self.rationale = (f"parameter search: {search.screened} screening(s) in {budget:.0f}s at most, "
                           f"{len(survivors)} survivor(s); " + self.rationale)
         return [Proposal(param_search.param_space.slug(p.assignment), "param",
-                         f"{p.reason} (screened x{p.score:.3f} on {len(search.rungs[-1])} shapes)", p.source)
+                         f"{p.reason} (screened x{p.score:.3f} on {len(search.rungs[len(p.scores) - 1])} shapes)", p.source)
                 for p in survivors]
 
     def _kernels(self, source: str) -> list:
