@@ -5,13 +5,14 @@
 #   KERNELS=a,b WALL=4 [PROBE="x y"] [FRESH=1] OUT=$OUT bash scripts/device-eval.sh
 # PROBE: drafts to probe first (re-extracted ones). Writes probe.log, eval.log, eval.json and runs.tgz
 # (the runs and drafts, to unpack into the local $ASTRA_HOME) under $OUT.
-set -u
+set -u -o pipefail
 out=${OUT:?set OUT}
 home=$PWD/${ASTRA_DIR:-.astra-slim}
-mkdir -p .astra-devbuilds && ln -sfn "$PWD/.astra-devbuilds" "$home/builds"
+mkdir -p .astra-devbuilds "$home" && ln -sfn "$PWD/.astra-devbuilds" "$home/builds"
 export ASTRA_HOME=$home PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 mkdir -p /tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "device-eval: the wheels in .whl did not install (carry .whl)"; exit 3; }
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 nvidia-smi -L | tee "$out/gpu.txt"
 if [ -n "${PROBE:-}" ]; then
@@ -20,6 +21,8 @@ fi
 if [ -n "${KERNELS:-}" ]; then
   timeout -k 20 "${EVAL_TIMEOUT:-480}" python3 -m astra.cli eval --offline --kernels "$KERNELS" \
     --wall-min "${WALL:-4}" ${FRESH:+--fresh} --json "$out/eval.json" 2>&1 | tee "$out/eval.log"
-  echo "eval: exit ${PIPESTATUS[0]}"
+  status=${PIPESTATUS[0]}
+  echo "eval: exit $status"
 fi
 tar czf "$out/runs.tgz" -C "$ASTRA_HOME" runs drafts
+exit "${status:-0}"

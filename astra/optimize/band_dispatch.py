@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from astra.errors import AstraError
-from astra.optimize.loop import band_leaders
+from astra.optimize.loop import band_leaders, band_wins
 from astra.optimize.rundir import HistoryEntry, RunDir
 from harness import Verdict, improves_on, score
 
@@ -112,8 +112,12 @@ def combine(low: str, high: str, *, entry: str, token_arg: tuple[str, int], thre
     else:
         dispatcher = f"{_template_head(host.template_params)}inline void {owner}({signature}) {{\n{body}}}\n"
     if not namespace:  # the spec names the entry as the export sees it (inside `namespace sglang`): the parse knows
-        parts = host.qualified_name.split("::")[: -2 if host.class_name else -1]
-        namespace = "::".join(p for p in parts if p)
+        parts = [p for p in host.qualified_name.split("::")[: -2 if host.class_name else -1] if p]
+        outer = [p for p in parts if not re.search(rf"\bnamespace\s+{re.escape(p)}\b", low)]
+        if outer:
+            raise CannotCombine(f"{owner} is nested in {'::'.join(outer)}, not a namespace: name its entry fully "
+                                "qualified in the spec (build.wrappers[].entry)")
+        namespace = "::".join(parts)
     if namespace:
         dispatcher = f"namespace {namespace} {{\n\n{dispatcher}\n}}  // namespace {namespace}\n"
     header = (f"// Astra band dispatch: {owner} runs the first version ({owner}{SUFFIX_LOW}) for {arg}.size({dim}) "
@@ -142,7 +146,8 @@ def split_point(verdict: Verdict, spec, bands: tuple[str, ...] = LOW_BANDS) -> i
 def try_band_dispatch(run: RunDir, spec, tree, evaluate, say=print) -> int | None:
     """When the run's best small-token winner and its best (or large-token winner) are different
     candidates, judge their combination like any candidate; returns its number when it became the best."""
-    leaders = band_leaders(run)
+    leaders = {band: leader for band, leader in band_leaders(run).items()  # never a dispatch inside a dispatch
+               if run.candidate(leader[0])[1].get("family") != "dispatch"}
     state = run.state()
     low = next((leaders[b] for b in LOW_BANDS if b in leaders), None)
     # above the split: the run's best, else the large-token winner, else the original itself (a win on small
@@ -153,10 +158,17 @@ def try_band_dispatch(run: RunDir, spec, tree, evaluate, say=print) -> int | Non
     low_source, _, low_verdict = run.candidate(low[0])
     high_source = run.candidate(high_n)[0] if high_n is not None else run.original()
     high_name = f"#{high_n:03d}" if high_n is not None else "the original"
-    won = tuple(b for b in LOW_BANDS if b in leaders and leaders[b][0] == low[0])  # split after the bands it wins
-    where, threshold = token_argument(spec), split_point(low_verdict, spec, won) if low_verdict else None
+    wins = band_wins(low_verdict) if low_verdict else {}
+    won = ("decode", "middle") if "middle" in wins else ("decode",)  # the low side: consecutive bands from decode
+    if "decode" not in wins:
+        say(f"band dispatch: skipped (candidate #{low[0]:03d} is not verified faster on decode, which the "
+            "small-token side would run)")
+        return None
+    where, threshold = token_argument(spec), split_point(low_verdict, spec, won)
     if where is None or threshold is None:
-        say("band dispatch: skipped (no token argument or no low-band case in the spec)")
+        say("band dispatch: skipped (" + ("no argument of the spec has the token dim in its shape" if where is None
+             else f"candidate #{low[0]:03d}'s verdict has no {'/'.join(won)} case with an integer token count")
+            + "; set shapes.token_dim in the spec)")
         return None
     try:
         source = combine(low_source, high_source, entry=_entry(spec), token_arg=where, threshold=threshold,

@@ -99,7 +99,8 @@ class Search:
             # few shapes is still worth the loop's full verification, which judges it on every shape
             done = {id(p) for p in screened}
             kept = [p for p in alive if id(p) not in done and len(p.scores) == rung]
-            alive = sorted([p for p in screened if p.score > WIN] + kept, key=lambda p: -p.score)
+            # points judged on this rung's shapes rank before those only judged on fewer
+            alive = sorted([p for p in screened if p.score > WIN] + kept, key=lambda p: (-len(p.scores), -p.score))
         return alive[:survivors]
 
     def _point(self, params: list[param_space.Param], assignment: dict[str, int]) -> Point:

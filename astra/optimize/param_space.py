@@ -49,6 +49,7 @@ _LAUNCH = re.compile(r"\bLaunchKernel\s*\(|<<<")
 _LITERAL = re.compile(r"\s*(?:dim3\s*\(\s*)?(?P<value>\d+)[uUlL]*\s*\)?\s*")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ABOUT_THREADS = re.compile(r"(?i)thread|block|dim3|tpb|cta")
+_FLOOR_OF = re.compile(r"(?i)thread|tpb|cta_?size")
 MAX_THREADS = 1024
 ORDER = ("vec", "const", "warps", "cap", "floor", "launch", "bounds", "minblocks", "unroll")  # single moves, best bets first
 
@@ -105,7 +106,7 @@ def find_params(text: str) -> list[Param]:
             add(name, "const", m.start("value"), m.end("value"), value, _powers(value, 1, MAX_THREADS))
     for start, end, value in _thread_caps(text):
         add(f"threads_cap@L{_line(text, start)}", "cap", start, end, value, _powers(value, 32, MAX_THREADS))
-    for start, end, value in _thread_caps(text, _MAX):
+    for start, end, value in _thread_caps(text, _MAX, _FLOOR_OF):
         add(f"threads_floor@L{_line(text, start)}", "floor", start, end, value, _powers(value, 32, MAX_THREADS))
     for start, end, value in _launch_blocks(text):
         add(f"launch_threads@L{_line(text, start)}", "launch", start, end, value, _powers(value, 32, MAX_THREADS))
@@ -166,13 +167,14 @@ def _literal(text: str, span: tuple[int, int], low: int = 32) -> tuple[int, int,
     return (m.start("value"), m.end("value"), value) if low <= value <= MAX_THREADS else None
 
 
-def _thread_caps(text: str, call: re.Pattern = _MIN) -> list[tuple[int, int, int]]:
-    """The literal bound of each `std::min(a, N)` (or `std::max`) in a statement that sets threads or blocks."""
+def _thread_caps(text: str, call: re.Pattern = _MIN, about: re.Pattern = None) -> list[tuple[int, int, int]]:
+    """The literal bound of each `std::min(a, N)` (or `std::max`) in a statement that sets threads or blocks
+    (`about`: what the statement must name; a floor must be a thread count, not a block's shared bytes)."""
     caps = []
     for m in call.finditer(text):
         statement = text[max(text.rfind(";", 0, m.start()), text.rfind("{", 0, m.start()),
                              text.rfind("}", 0, m.start())) + 1: m.start()]
-        if not _ABOUT_THREADS.search(statement):
+        if not (about or _ABOUT_THREADS).search(statement):
             continue
         for span in _arguments(text, m.end())[:2]:
             found = _literal(text, span)
@@ -216,7 +218,8 @@ def describe(params: list[Param], assignment: dict[str, int]) -> str:
     for name, value in sorted(assignment.items()):
         param = by_name[name]
         before = "none" if param.insert else str(param.value)
-        linked = f" ({param.value // 32} -> {value // 32} warps; {param.note})" if param.kind == "warps" else ""
+        warp = warp_geometry.WARP
+        linked = f" ({param.value // warp} -> {value // warp} warps; {param.note})" if param.kind == "warps" else ""
         parts.append(f"{name} {before} -> {value}{linked}")
     return ", ".join(parts) or "no change"
 

@@ -10,10 +10,12 @@ the warp count skips or repeats rows. This finds such kernels and offers the thr
 literal of the body divided by 32).
 
 A kernel qualifies only when every piece is found: literal launch bounds, a literal block size at each
-launch of that kernel, and at least one warp-count literal in the body (a `__shared__` dimension or a
-`+= W` step of a loop that starts at the warp index). Nothing else is assumed: the judge verifies each
-point on the GPU like any other, and the grid is left alone (a per-row kernel's grid does not depend
-on its warp count; one that does is caught as incorrect).
+launch of that kernel (a statement that names it and no other kernel; every use of its name outside its
+definition is such a launch), and at least one warp-count literal in the body: a `__shared__` dimension
+the body indexes with the warp, or a `+= W` step of a loop that starts at the warp index. A kernel that
+takes a row per warp from `blockIdx.x * W` links that literal and the last argument of its grid's
+`div_ceil(rows, W)`; without that grid it is left alone. Comments are blanked before anything is read.
+Nothing else is assumed: the judge verifies each point on the GPU like any other.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ MAX_THREADS = 1024
 
 _KERNEL = re.compile(r"__global__\s+(?:void\s+)?__launch_bounds__\s*\(\s*(?P<n>\d+)\s*\)\s*(?:void\s+)?(?P<name>\w+)\s*\(")
 _LAUNCH = re.compile(r"\bLaunchKernel\s*\(|<<<")
-_SHARED_DIM = r"__shared__[^;]*?\w+\s*\[\s*(?P<w>{w})\s*\]"
-_WARP_STEP = r"\bfor\s*\([^;]*\bwarp\w*[^;]*;[^;]*;[^)]*\+=\s*(?P<w>{w})\s*\)"
+_SHARED_DIM = r"__shared__[^;]*?\b(?P<name>\w+)\s*\[\s*(?P<w>{w})\s*\]"
+# a loop that starts at the warp index itself (`h = warp`, `h = static_cast<int>(warp_id)`) and steps by W
+_WARP_STEP = (r"\bfor\s*\([^;=]*=\s*(?:static_cast\s*<[^<>]*>\s*\(\s*)?warp\w*\s*\)?\s*;[^;]*;"
+              r"[^)]*\+=\s*(?P<w>{w})\s*\)")
 _ROW_BASE = r"\bblockIdx\.x\s*\*\s*(?P<w>{w})\b"  # a CTA's first row when each warp takes one
-_GRID_DIV = r"\bdiv_ceil\s*\([^;]*?,\s*(?P<w>{w})\s*\)"  # the grid that matches: rows / warps per CTA
+_DIV_CEIL = re.compile(r"\bdiv_ceil\s*\(")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
 @dataclass(frozen=True)
@@ -66,59 +71,93 @@ def _body(text: str, open_paren: int) -> tuple[int, int] | None:
     return None
 
 
-def _block_literals(text: str, kernel: str, threads: int, grid_warps: bool = False) -> list[tuple] | None:
-    """The literal block size of every launch of `kernel` (a statement naming it with `LaunchKernel(`
-    or `<<<`), as (start, end, divisor); None when one launch gives its block otherwise or there is no
-    launch. `grid_warps`: the kernel takes a row per warp from `blockIdx.x * W`, so each launch's grid
-    must divide by the warp count as a literal (`div_ceil(rows, W)`), which is linked too."""
+def _blank_comments(text: str) -> str:
+    """`text` with every comment turned into spaces (offsets kept)."""
+    return _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
+def _grid_divisor(text: str, span: tuple[int, int], warps: int) -> tuple[int, int] | None:
+    """The span of the literal `warps` as the last argument of the grid's outermost `div_ceil(...)`."""
+    from astra.optimize.param_space import _arguments
+
+    m = _DIV_CEIL.search(text, span[0], span[1])
+    args = _arguments(text, m.end()) if m else []
+    if len(args) != 2:
+        return None
+    last = re.fullmatch(r"\s*(?P<w>\d+)\s*", text[args[1][0]:args[1][1]])
+    if not last or int(last.group("w")) != warps:
+        return None
+    return args[1][0] + last.start("w"), args[1][0] + last.end("w")
+
+
+def _block_literals(text: str, kernel: str, threads: int, kernels: set[str], definition: int,
+                    grid_warps: bool = False) -> list[tuple] | None:
+    """The literal block size of every launch of `kernel` (a statement naming it, and no other kernel,
+    with `LaunchKernel(` or `<<<`), as (start, end, divisor); None when one launch gives its block
+    otherwise, when the name is used anywhere but its definition and such launches (`auto k = kernel;`,
+    `cudaLaunchKernelEx`: a launch this cannot follow), or when there is no launch. `grid_warps`: the
+    kernel takes a row per warp from `blockIdx.x * W`, so each launch's grid must divide by the warp
+    count as a literal (`div_ceil(rows, W)`), which is linked too."""
     from astra.optimize.param_space import _arguments, _literal
 
-    spans = []
+    spans, statements = [], []
+    others = [k for k in kernels if k != kernel]
     for m in _LAUNCH.finditer(text):
         statement_start = max(text.rfind(c, 0, m.start()) for c in ";{}") + 1
         statement_end = text.find(";", m.end())
-        if statement_end < 0 or not re.search(rf"\b{re.escape(kernel)}\b", text[statement_start:statement_end]):
+        statement = text[statement_start:statement_end] if statement_end >= 0 else ""
+        if not re.search(rf"\b{re.escape(kernel)}\b", statement):
             continue
+        if any(re.search(rf"\b{re.escape(k)}\b", statement) for k in others):
+            return None  # `LaunchKernel(...)(flag ? a : b, ...)`: whose block is it?
         args = _arguments(text, m.end(), ">>>" if m.group(0) == "<<<" else ")")
         found = _literal(text, args[1]) if len(args) >= 2 else None
         if not found or found[2] != threads:
             return None
         spans.append((found[0], found[1], 1))
+        statements.append((statement_start, statement_end))
         if grid_warps:
-            grid = re.search(_GRID_DIV.format(w=threads // WARP), text[args[0][0]:args[0][1]])
+            grid = _grid_divisor(text, args[0], threads // WARP)
             if not grid:
                 return None
-            spans.append((args[0][0] + grid.start("w"), args[0][0] + grid.end("w"), WARP))
+            spans.append((grid[0], grid[1], WARP))
+    uses = [u.start() for u in re.finditer(rf"\b{re.escape(kernel)}\b", text) if u.start() != definition]
+    if any(not any(a <= u < b for a, b in statements) for u in uses):
+        return None
     return spans or None
 
 
 def find(text: str, comments: list[tuple[int, int]] = ()) -> list[WarpGeometry]:
+    """Every kernel of `text` whose warp count is written as linked literals (see the module docstring).
+    `comments` is accepted for the caller's convenience; comments are blanked here in any case."""
+    text = _blank_comments(text)
     out = []
     kernels = list(_KERNEL.finditer(text))
     names = [m.group("name") for m in kernels]
     for m in kernels:
         threads = int(m.group("n"))
-        if (threads % WARP or threads // WARP < 2 or names.count(m.group("name")) > 1  # overloads: which launch?
-                or any(a <= m.start() < b for a, b in comments)):
+        if threads % WARP or threads // WARP < 2 or names.count(m.group("name")) > 1:  # overloads: which launch?
             continue
         body = _body(text, m.end() - 1)
         if not body:
             continue
-        w = str(threads // WARP)
-        row_base = [body[0] + f.start("w") for f in re.finditer(_ROW_BASE.format(w=w), text[body[0]:body[1]])]
-        launches = _block_literals(text, m.group("name"), threads, grid_warps=bool(row_base))
+        w, inside = str(threads // WARP), text[body[0]:body[1]]
+        row_base = [body[0] + f.start("w") for f in re.finditer(_ROW_BASE.format(w=w), inside)]
+        launches = _block_literals(text, m.group("name"), threads, set(names), m.start("name"),
+                                   grid_warps=bool(row_base))
         if not launches:
             continue
-        inner = [(start, start + len(w), WARP) for start in row_base]
-        for pattern in (_SHARED_DIM, _WARP_STEP):
-            for found in re.finditer(pattern.format(w=w), text[body[0]:body[1]]):
-                start = body[0] + found.start("w")
-                if not any(a <= start < b for a, b in comments):
-                    inner.append((start, start + len(w), WARP))
+        inner = {(start, start + len(w), WARP) for start in row_base}
+        for found in re.finditer(_SHARED_DIM.format(w=w), inside):  # a slot per warp: indexed by the warp
+            if re.search(rf"\b{re.escape(found.group('name'))}\s*\[\s*warp\w*\s*\]", inside):
+                inner.add((body[0] + found.start("w"), body[0] + found.end("w"), WARP))
+        for found in re.finditer(_WARP_STEP.format(w=w), inside):
+            inner.add((body[0] + found.start("w"), body[0] + found.end("w"), WARP))
         if not inner:
             continue
-        links = tuple(launches + sorted(set(inner)))
+        grids = [a for a, _, d in launches if d == WARP]
         where = (", ".join(f"launch at L{_line(text, a)}" for a, _, d in launches if d == 1)
-                 + f", {len(inner)} warp-count literal(s) at " + ", ".join(f"L{_line(text, a)}" for a, _, _ in sorted(set(inner))))
-        out.append(WarpGeometry(m.group("name"), m.start("n"), m.end("n"), threads, links, where))
+                 + (" (its grid's div_ceil too)" if grids else "")
+                 + f", {len(inner)} warp-count literal(s) at " + ", ".join(f"L{_line(text, a)}" for a, _, _ in sorted(inner)))
+        out.append(WarpGeometry(m.group("name"), m.start("n"), m.end("n"), threads, tuple(launches + sorted(inner)), where))
     return out

@@ -118,3 +118,22 @@ def test_a_small_token_win_is_dispatched_with_the_original_above(tmp_path, monke
 @pytest.fixture(autouse=True)
 def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
+
+
+def test_a_winner_not_verified_on_decode_is_not_dispatched_to_it(tmp_path):
+    """A middle-only leader would run the decode shapes too, where it was never verified faster: skipped."""
+    run = RunDir.create("demo", "0.5.23", "offline", ORIGINAL)
+    n = run.add_candidate(LOW, {"name": "param:warps=256", "description": "256 threads"})
+    tokens = {"decode0": 1, "middle0": 1024, "prefill0": 16384}
+    run.save_verdict(n, _with_tokens(make_verdict({"decode": 0.95, "middle": 1.3, "prefill": 0.93}), tokens))
+    state = run.state()
+    state.history.append(HistoryEntry(n=n, round=1, name="param:warps=256", status="correct", score=1.0,
+                                      accepted=False, why="slower on 2 shapes"))
+    run.save(state)
+    spec = SimpleNamespace(raw={"shapes": {"token_dim": "tokens"}, "arguments": [{"name": "x", "shape": ["tokens", "hidden"]}],
+                                "build": {"wrappers": [{"export": "scale", "entry": "scale_rows<float, 64>"}]}},
+                           kernel_file="scale.cuh")
+    judged, lines = [], []
+    assert try_band_dispatch(run, spec, SimpleNamespace(csrc_dir=tmp_path, include_dir=_tvm_includes()[0]),
+                             lambda source, label: judged.append(label), lines.append) is None
+    assert judged == [] and "not verified faster on decode" in lines[-1]

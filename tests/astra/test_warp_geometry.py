@@ -30,9 +30,10 @@ __global__ __launch_bounds__(128) void heads_kernel(const float* x, float* y, in
 // one warp per row: the grid divides the rows by the warp count
 __global__
 __launch_bounds__(256) void rows_kernel(const float* x, float* y, int n) {
-  const int row = blockIdx.x * 8 + threadIdx.x / kWarpThreads;
+  const int warp = threadIdx.x / kWarpThreads;
+  const int row = blockIdx.x * 8 + warp;
   __shared__ float slot[8];
-  if (row < n && threadIdx.x % kWarpThreads == 0) { slot[threadIdx.x / kWarpThreads] = x[row]; y[row] = slot[threadIdx.x / kWarpThreads]; }
+  if (row < n && threadIdx.x % kWarpThreads == 0) { slot[warp] = x[row]; y[row] = slot[warp]; }
 }
 
 // launched with a block size computed at run time: not a geometry to move
@@ -76,6 +77,38 @@ def test_a_row_per_warp_kernel_moves_its_grid_with_its_warp_count():
     moved = param_space.render(text, params, {warps.name: 512})
     assert "blockIdx.x * 16 +" in moved and "slot[16]" in moved and "rows_kernel<<<div_ceil(n, 16), 512>>>" in moved
     assert "__launch_bounds__(512) void rows_kernel" in moved
+
+
+def test_what_only_looks_like_a_warp_count_is_not_linked():
+    """A comment or a ternary that names another kernel, a loop that starts at `warp * 4` (a stride of its
+    own), a shared buffer not indexed by the warp, a nested div_ceil: each is left alone, or the kernel is."""
+    fixed = ROWS.replace("rows_kernel<<<(n + 7) / 8, 256>>>", "rows_kernel<<<div_ceil(n, 8), 256>>>")
+    commented = fixed.replace("  heads_kernel<<<tokens, 128>>>", "  // heads_kernel must run before rows_kernel\n  heads_kernel<<<tokens, 128>>>")
+    assert {g.kernel for g in warp_geometry.find(commented)} == {"heads_kernel", "rows_kernel"}
+    assert next(g for g in warp_geometry.find(commented) if g.kernel == "rows_kernel").links[0][0] > commented.index("rows_kernel<<<")
+    either = fixed.replace("heads_kernel<<<tokens, 128>>>(x, y, heads);", "LaunchKernel(tokens, 128)(heads > 8 ? heads_kernel : dynamic_kernel, x, y, heads);")
+    assert "heads_kernel" not in {g.kernel for g in warp_geometry.find(either)}
+    strided = ROWS.replace("for (int h = warp; h < heads; h += 4)", "for (int h = warp * 4; h < heads; h += 4)")
+    params = param_space.find_params(strided)
+    heads = next(p for p in params if p.kind == "warps" and "heads_kernel" in p.note)
+    moved = param_space.render(strided, params, {heads.name: 256})
+    assert "rows[8][32]" in moved and "h = warp * 4; h < heads; h += 4)" in moved  # the loop's own stride kept
+    buffered = ROWS.replace("__shared__ float rows[4][32];", "__shared__ float rows[4][32];\n  __shared__ float stage[4];")
+    heads = next(g for g in warp_geometry.find(buffered) if g.kernel == "heads_kernel")
+    assert buffered.index("stage[4]") + 6 not in {a for a, _, _ in heads.links}  # never indexed by the warp
+    nested = fixed.replace("div_ceil(n, 8)", "div_ceil(div_ceil(n, 8), 8)")
+    rows = next(g for g in warp_geometry.find(nested) if g.kernel == "rows_kernel")
+    grid = [a for a, _, d in rows.links if a > nested.index("rows_kernel<<<") and d == 32]
+    assert grid == [nested.index("), 8), 256>>>") + 3]  # the outer div_ceil's divisor, not the inner one's
+
+
+def test_a_floor_is_a_thread_count_only():
+    text = """void launch(int n) {
+  const int num_thread = std::max(n, 128);
+  const int smem_per_block = std::max(n * 4, 256);
+}"""
+    floors = [p for p in param_space.find_params(text) if p.kind == "floor"]
+    assert [text[p.start:p.end] for p in floors] == ["128"]
 
 
 def test_overloaded_kernels_are_left_alone():
