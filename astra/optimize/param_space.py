@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from astra.optimize import warp_geometry
+from astra.optimize import cpp_args, warp_geometry
 
 _ALIGNED = re.compile(r"\bAlignedVector\s*<\s*[\w:]+(?:\s*<[^<>]*>)?\s*,\s*(?P<value>\d+)\s*>")
 _BYTES = re.compile(r"(?P<value>\d+)(?=\s*/\s*\(?\s*sizeof\s*\()")  # 16 / sizeof(T), 16 / (sizeof(T) * 2)
@@ -46,11 +46,10 @@ _NOT_TUNABLE = re.compile(r"(?i)(warp_?size|warp_?threads|max|min|per_?sm)")
 _MIN = re.compile(r"\bstd::min\s*(?:<[^<>();]*>)?\s*\(")
 _MAX = re.compile(r"\bstd::max\s*(?:<[^<>();]*>)?\s*\(")
 _LAUNCH = re.compile(r"\bLaunchKernel\s*\(|<<<")
-_LITERAL = re.compile(r"\s*(?:dim3\s*\(\s*)?(?P<value>\d+)[uUlL]*\s*\)?\s*")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ABOUT_THREADS = re.compile(r"(?i)thread|block|dim3|tpb|cta")
 _FLOOR_OF = re.compile(r"(?i)thread|tpb|cta_?size")
-MAX_THREADS = 1024
+MAX_THREADS = cpp_args.MAX_THREADS
 ORDER = ("vec", "const", "warps", "cap", "floor", "launch", "bounds", "minblocks", "unroll")  # single moves, best bets first
 
 
@@ -136,37 +135,6 @@ def find_params(text: str) -> list[Param]:
     return params
 
 
-def _arguments(text: str, open_paren: int, close: str = ")") -> list[tuple[int, int]]:
-    """The spans of a call's top-level arguments; `open_paren` is just past the opening bracket."""
-    spans, depth, start, i = [], 0, open_paren, open_paren
-    while i < len(text):
-        ch = text[i]
-        if depth == 0 and text.startswith(close, i):
-            spans.append((start, i))
-            return spans
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth < 0:
-                return []
-        elif ch == ";":
-            return []
-        elif ch == "," and depth == 0:
-            spans.append((start, i))
-            start = i + 1
-        i += 1
-    return []
-
-
-def _literal(text: str, span: tuple[int, int], low: int = 32) -> tuple[int, int, int] | None:
-    m = _LITERAL.fullmatch(text, span[0], span[1])
-    if not m:
-        return None
-    value = int(m.group("value"))
-    return (m.start("value"), m.end("value"), value) if low <= value <= MAX_THREADS else None
-
-
 def _thread_caps(text: str, call: re.Pattern = _MIN, about: re.Pattern = None) -> list[tuple[int, int, int]]:
     """The literal bound of each `std::min(a, N)` (or `std::max`) in a statement that sets threads or blocks
     (`about`: what the statement must name; a floor must be a thread count, not a block's shared bytes)."""
@@ -176,8 +144,8 @@ def _thread_caps(text: str, call: re.Pattern = _MIN, about: re.Pattern = None) -
                              text.rfind("}", 0, m.start())) + 1: m.start()]
         if not (about or _ABOUT_THREADS).search(statement):
             continue
-        for span in _arguments(text, m.end())[:2]:
-            found = _literal(text, span)
+        for span in cpp_args.arguments(text, m.end())[:2]:
+            found = cpp_args.literal(text, span)
             if found:
                 caps.append(found)
     return caps
@@ -187,8 +155,8 @@ def _launch_blocks(text: str) -> list[tuple[int, int, int]]:
     """A literal block size: the second argument of `LaunchKernel(...)` or of `<<<...>>>`."""
     blocks = []
     for m in _LAUNCH.finditer(text):
-        spans = _arguments(text, m.end(), ">>>" if m.group(0) == "<<<" else ")")
-        found = _literal(text, spans[1]) if len(spans) >= 2 else None
+        spans = cpp_args.arguments(text, m.end(), ">>>" if m.group(0) == "<<<" else ")")
+        found = cpp_args.literal(text, spans[1]) if len(spans) >= 2 else None
         if found:
             blocks.append(found)
     return blocks

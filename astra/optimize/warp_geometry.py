@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from astra.optimize import cpp_args
+
 WARP = 32
 MAX_THREADS = 1024
 
@@ -78,10 +80,8 @@ def _blank_comments(text: str) -> str:
 
 def _grid_divisor(text: str, span: tuple[int, int], warps: int) -> tuple[int, int] | None:
     """The span of the literal `warps` as the last argument of the grid's outermost `div_ceil(...)`."""
-    from astra.optimize.param_space import _arguments
-
     m = _DIV_CEIL.search(text, span[0], span[1])
-    args = _arguments(text, m.end()) if m else []
+    args = cpp_args.arguments(text, m.end()) if m else []
     if len(args) != 2:
         return None
     last = re.fullmatch(r"\s*(?P<w>\d+)\s*", text[args[1][0]:args[1][1]])
@@ -98,8 +98,6 @@ def _block_literals(text: str, kernel: str, threads: int, kernels: set[str], def
     `cudaLaunchKernelEx`: a launch this cannot follow), or when there is no launch. `grid_warps`: the
     kernel takes a row per warp from `blockIdx.x * W`, so each launch's grid must divide by the warp
     count as a literal (`div_ceil(rows, W)`), which is linked too."""
-    from astra.optimize.param_space import _arguments, _literal
-
     spans, statements = [], []
     others = [k for k in kernels if k != kernel]
     for m in _LAUNCH.finditer(text):
@@ -110,8 +108,8 @@ def _block_literals(text: str, kernel: str, threads: int, kernels: set[str], def
             continue
         if any(re.search(rf"\b{re.escape(k)}\b", statement) for k in others):
             return None  # `LaunchKernel(...)(flag ? a : b, ...)`: whose block is it?
-        args = _arguments(text, m.end(), ">>>" if m.group(0) == "<<<" else ")")
-        found = _literal(text, args[1]) if len(args) >= 2 else None
+        args = cpp_args.arguments(text, m.end(), ">>>" if m.group(0) == "<<<" else ")")
+        found = cpp_args.literal(text, args[1]) if len(args) >= 2 else None
         if not found or found[2] != threads:
             return None
         spans.append((found[0], found[1], 1))
