@@ -94,7 +94,7 @@ def find_params(text: str) -> list[Param]:
         params.append(Param(name if count == 0 else f"{name}@L{_line(text, start)}", kind, start, end, value,
                             choices, insert, links, note))
 
-    for g in warp_geometry.find(text, comments):  # first: its linked literals are not moved alone
+    for g in warp_geometry.find(text):  # first: its linked literals are not moved alone
         add(f"warps@L{_line(text, g.start)}", "warps", g.start, g.end, g.threads, g.choices(), links=g.links,
             note=f"{g.kernel}: {g.where}")
 

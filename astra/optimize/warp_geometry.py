@@ -125,9 +125,8 @@ def _block_literals(text: str, kernel: str, threads: int, kernels: set[str], def
     return spans or None
 
 
-def find(text: str, comments: list[tuple[int, int]] = ()) -> list[WarpGeometry]:
-    """Every kernel of `text` whose warp count is written as linked literals (see the module docstring).
-    `comments` is accepted for the caller's convenience; comments are blanked here in any case."""
+def find(text: str) -> list[WarpGeometry]:
+    """Every kernel of `text` whose warp count is written as linked literals (see the module docstring)."""
     text = _blank_comments(text)
     out = []
     kernels = list(_KERNEL.finditer(text))

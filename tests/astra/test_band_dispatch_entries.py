@@ -84,20 +84,29 @@ def _with_tokens(verdict, tokens: dict[str, int]):
     return verdict
 
 
-def test_a_small_token_win_is_dispatched_with_the_original_above(tmp_path, monkeypatch):
-    """No candidate is the run's best (the 256-thread one is slower on large token counts), so the original
-    takes the large ones: the split is after the bands the winner won (decode: 64 tokens), not after middle."""
+SPEC = SimpleNamespace(raw={"shapes": {"token_dim": "tokens"}, "arguments": [{"name": "x", "shape": ["tokens", "hidden"]}],
+                            "build": {"wrappers": [{"export": "scale", "entry": "scale_rows<float, 64>"}]}},
+                       kernel_file="scale.cuh")
+
+
+def _run_with_candidate(speedups: dict, tokens: dict[str, int]) -> tuple[RunDir, int]:
+    """A run of ORIGINAL whose one candidate (LOW) was verified correct with these per-band speedups and
+    not accepted (slower somewhere): what band dispatch starts from."""
     run = RunDir.create("demo", "0.5.23", "offline", ORIGINAL)
     n = run.add_candidate(LOW, {"name": "param:warps=256", "description": "256 threads"})
-    tokens = {"decode0": 1, "decode1": 64, "middle0": 1024, "prefill0": 16384}
-    run.save_verdict(n, _with_tokens(make_verdict({"decode": [1.5, 1.4], "middle": 1.0, "prefill": 0.93}), tokens))
+    run.save_verdict(n, _with_tokens(make_verdict(speedups), tokens))
     state = run.state()
-    state.history.append(HistoryEntry(n=n, round=1, name="param:warps=256", status="correct", score=1.2,
-                                      accepted=False, why="slower on 1 shape"))
+    state.history.append(HistoryEntry(n=n, round=1, name="param:warps=256", status="correct", score=1.0,
+                                      accepted=False, why="slower on some shape"))
     run.save(state)
-    spec = SimpleNamespace(raw={"shapes": {"token_dim": "tokens"}, "arguments": [{"name": "x", "shape": ["tokens", "hidden"]}],
-                                "build": {"wrappers": [{"export": "scale", "entry": "scale_rows<float, 64>"}]}},
-                           kernel_file="scale.cuh")
+    return run, n
+
+
+def test_a_small_token_win_is_dispatched_with_the_original_above(tmp_path):
+    """No candidate is the run's best (the 256-thread one is slower on large token counts), so the original
+    takes the large ones: the split is after the bands the winner won (decode: 64 tokens), not after middle."""
+    tokens = {"decode0": 1, "decode1": 64, "middle0": 1024, "prefill0": 16384}
+    run, n = _run_with_candidate({"decode": [1.5, 1.4], "middle": 1.0, "prefill": 0.93}, tokens)
     tree = SimpleNamespace(csrc_dir=tmp_path, include_dir=_tvm_includes()[0])
     judged: list = []
 
@@ -106,7 +115,7 @@ def test_a_small_token_win_is_dispatched_with_the_original_above(tmp_path, monke
         return _with_tokens(make_verdict({"decode": [1.5, 1.4], "middle": 1.0, "prefill": 1.0}), tokens)
 
     lines: list = []
-    best = try_band_dispatch(run, spec, tree, evaluate, lines.append)
+    best = try_band_dispatch(run, SPEC, tree, evaluate, lines.append)
     assert best == n + 1 and run.state().best == n + 1
     source, label = judged[0]
     assert label == "band-dispatch:#001<= 64<original" and "if (x.size(0) <= 64)" in source
@@ -122,18 +131,9 @@ def _home(tmp_path, monkeypatch):
 
 def test_a_winner_not_verified_on_decode_is_not_dispatched_to_it(tmp_path):
     """A middle-only leader would run the decode shapes too, where it was never verified faster: skipped."""
-    run = RunDir.create("demo", "0.5.23", "offline", ORIGINAL)
-    n = run.add_candidate(LOW, {"name": "param:warps=256", "description": "256 threads"})
-    tokens = {"decode0": 1, "middle0": 1024, "prefill0": 16384}
-    run.save_verdict(n, _with_tokens(make_verdict({"decode": 0.95, "middle": 1.3, "prefill": 0.93}), tokens))
-    state = run.state()
-    state.history.append(HistoryEntry(n=n, round=1, name="param:warps=256", status="correct", score=1.0,
-                                      accepted=False, why="slower on 2 shapes"))
-    run.save(state)
-    spec = SimpleNamespace(raw={"shapes": {"token_dim": "tokens"}, "arguments": [{"name": "x", "shape": ["tokens", "hidden"]}],
-                                "build": {"wrappers": [{"export": "scale", "entry": "scale_rows<float, 64>"}]}},
-                           kernel_file="scale.cuh")
+    run, _ = _run_with_candidate({"decode": 0.95, "middle": 1.3, "prefill": 0.93},
+                                 {"decode0": 1, "middle0": 1024, "prefill0": 16384})
     judged, lines = [], []
-    assert try_band_dispatch(run, spec, SimpleNamespace(csrc_dir=tmp_path, include_dir=_tvm_includes()[0]),
+    assert try_band_dispatch(run, SPEC, SimpleNamespace(csrc_dir=tmp_path, include_dir=_tvm_includes()[0]),
                              lambda source, label: judged.append(label), lines.append) is None
     assert judged == [] and "not verified faster on decode" in lines[-1]
