@@ -2,13 +2,20 @@
 
 A search often finds a change that wins on small token counts and another (or the original) that wins
 on large ones; neither alone is verified faster everywhere, so neither is a patch. `combine` writes
-one kernel file holding both, readable C++:
+one kernel file holding both, readable C++, in the smallest form that holds them:
 
-    <the low-band winner, its entry renamed X_astra_low>
-    <the high-band winner, every name it declares at namespace scope suffixed _astra_high>
-    // Astra band dispatch ...
-    template <...> struct X { static void run(...) { if (tokens <= T) X_astra_low<...>::run(...);
-                                                     else X_astra_high<...>::run(...); } };
+- small (`minimal_combine`), when both versions declare the same things in the same order
+  (astra.optimize.decl_chunks): the high-band version whole, a copy of each declaration the low-band
+  version changes (and of each that uses one, up to the entry) renamed `*_astra_low` just before its
+  original, and an early return at the top of the entry:
+
+    if (x.size(0) <= T) {  // Astra band dispatch: the version for up to T tokens
+      return X_astra_low<...>::run(...);
+    }
+
+  Against the original (the usual high side) the patch only adds lines: what the low band runs.
+- whole, otherwise: the low-band version with its entry renamed X_astra_low, the high-band version with
+  every name it declares at namespace scope suffixed _astra_high, and a new entry X that dispatches.
 
 Names come from libclang (astra.sglang.cuda_parse: the entry's class and template parameters, its
 `run` parameters, the names the file declares at namespace scope); the token count is the size of
@@ -23,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from astra.errors import AstraError
+from astra.optimize import decl_chunks
 from astra.optimize.loop import band_leaders, band_wins
 from astra.optimize.rundir import HistoryEntry, RunDir
 from harness import Verdict, improves_on, score
@@ -75,55 +83,165 @@ def _template_head(params) -> str:
     return f"template <{', '.join(parts)}>\n" if parts else ""
 
 
+class _Entry:
+    """The spec's host entry as the low-band source declares it: what a dispatch forwards to."""
+
+    def __init__(self, low: str, entry: str, token_arg: tuple[str, int], kernel_file: str, parse_dir: Path,
+                 include_dirs: list[str]):
+        parsed = _parse(low, kernel_file, parse_dir, include_dirs)
+        base = re.sub(r"<.*", "", entry.rsplit("::run", 1)[0] if entry.endswith("::run") else entry)
+        self.owner = base.rsplit("::", 1)[-1]
+        self.namespace = base.rsplit("::", 1)[0] if "::" in base else ""
+        host = next((h for h in parsed.host_entries if (h.class_name or h.name) == self.owner
+                     and (h.name == "run" or h.class_name is None)), None)
+        if host is None:
+            raise CannotCombine(f"no host entry {self.owner} in the low-band source")
+        if host.class_name and host.template_params:
+            raise CannotCombine(f"{self.owner}: a templated run() cannot be forwarded")
+        self.host, self.names = host, [p.name for p in host.params]
+        arg, self.dim = token_arg
+        if arg not in self.names:
+            raise CannotCombine(f"{self.owner}: no parameter {arg} to read the token count from "
+                                f"(parameters: {self.names})")
+        self.arg = arg
+        self.targs = ", ".join(p.name for p in (host.class_template_params if host.class_name
+                                                else host.template_params))
+        if not self.namespace:  # the spec names the entry as the export sees it (inside `namespace sglang`)
+            parts = [p for p in host.qualified_name.split("::")[: -2 if host.class_name else -1] if p]
+            outer = [p for p in parts if not re.search(rf"\bnamespace\s+{re.escape(p)}\b", low)]
+            if outer:
+                raise CannotCombine(f"{self.owner} is nested in {'::'.join(outer)}, not a namespace: name its entry "
+                                    "fully qualified in the spec (build.wrappers[].entry)")
+            self.namespace = "::".join(parts)
+
+    def use(self, suffix: str) -> str:
+        """How to call the entry renamed with `suffix` (a function template's arguments are not deduced from
+        TensorViews: they are forwarded explicitly)."""
+        if self.host.class_name:
+            return f"{self.owner}{suffix}<{self.targs}>::run" if self.targs else f"{self.owner}{suffix}::run"
+        return f"{self.owner}{suffix}<{self.targs}>" if self.targs else f"{self.owner}{suffix}"
+
+    def call(self, suffix: str) -> str:
+        return f"{self.use(suffix)}({', '.join(self.names)})"
+
+    def condition(self, threshold: int) -> str:
+        return f"{self.arg}.size({self.dim}) <= {threshold}"
+
+
 def combine(low: str, high: str, *, entry: str, token_arg: tuple[str, int], threshold: int, kernel_file: str,
             parse_dir: Path, include_dirs: list[str], note: str = "") -> str:
     """One file: `low`'s entry for token counts <= `threshold`, `high`'s above. `entry` is the spec's
     C++ entry ("ns::Class<args>::run" or "ns::function"); `token_arg` (C++ parameter name, dim index)
-    says where the token count is. Raises CannotCombine with the reason."""
-    parsed_low = _parse(low, kernel_file, parse_dir, include_dirs)
+    says where the token count is. The smallest form that holds both: `minimal_combine` when the two
+    differ in a few declarations, else both files whole. Raises CannotCombine with the reason."""
+    ent = _Entry(low, entry, token_arg, kernel_file, parse_dir, include_dirs)
+    try:
+        return minimal_combine(low, high, ent, threshold, note)
+    except CannotCombine:
+        pass
     parsed_high = _parse(high, kernel_file, parse_dir, include_dirs)
-    base = re.sub(r"<.*", "", entry.rsplit("::run", 1)[0] if entry.endswith("::run") else entry)
-    owner = base.rsplit("::", 1)[-1]
-    namespace = base.rsplit("::", 1)[0] if "::" in base else ""
-    host = next((h for h in parsed_low.host_entries if (h.class_name or h.name) == owner
-                 and (h.name == "run" or h.class_name is None)), None)
-    if host is None:
-        raise CannotCombine(f"no host entry {owner} in the low-band source")
-    if host.class_name and host.template_params:
-        raise CannotCombine(f"{owner}: a templated run() cannot be forwarded")
-    names = [p.name for p in host.params]
-    arg, dim = token_arg
-    if arg not in names:
-        raise CannotCombine(f"{owner}: no parameter {arg} to read the token count from (parameters: {names})")
+    owner, host = ent.owner, ent.host
     renamed_high = _rename(high, parsed_high.scope_names, SUFFIX_HIGH)
     renamed_low = _rename(low, [owner], SUFFIX_LOW)
-    targs = ", ".join(p.name for p in (host.class_template_params if host.class_name else host.template_params))
-    if host.class_name:
-        use = lambda side: f"{owner}{side}<{targs}>::run"  # noqa: E731
-    else:  # a function template's arguments are not deduced from TensorViews: forwarded explicitly
-        use = lambda side: f"{owner}{side}<{targs}>" if targs else f"{owner}{side}"  # noqa: E731
     signature = ", ".join(f"{p.type} {p.name}" for p in host.params)
-    call = ", ".join(names)
-    body = (f"    if ({arg}.size({dim}) <= {threshold}) {{\n      {use(SUFFIX_LOW)}({call});\n    }} else {{\n"
-            f"      {use(SUFFIX_HIGH)}({call});\n    }}\n")
+    body = (f"    if ({ent.condition(threshold)}) {{\n      {ent.call(SUFFIX_LOW)};\n    }} else {{\n"
+            f"      {ent.call(SUFFIX_HIGH)};\n    }}\n")
     if host.class_name:
         dispatcher = (f"{_template_head(host.class_template_params)}struct {owner} {{\n"
                       f"  static void run({signature}) {{\n{body}  }}\n}};\n")
     else:
         dispatcher = f"{_template_head(host.template_params)}inline void {owner}({signature}) {{\n{body}}}\n"
-    if not namespace:  # the spec names the entry as the export sees it (inside `namespace sglang`): the parse knows
-        parts = [p for p in host.qualified_name.split("::")[: -2 if host.class_name else -1] if p]
-        outer = [p for p in parts if not re.search(rf"\bnamespace\s+{re.escape(p)}\b", low)]
-        if outer:
-            raise CannotCombine(f"{owner} is nested in {'::'.join(outer)}, not a namespace: name its entry fully "
-                                "qualified in the spec (build.wrappers[].entry)")
-        namespace = "::".join(parts)
-    if namespace:
-        dispatcher = f"namespace {namespace} {{\n\n{dispatcher}\n}}  // namespace {namespace}\n"
-    header = (f"// Astra band dispatch: {owner} runs the first version ({owner}{SUFFIX_LOW}) for {arg}.size({dim}) "
-              f"<= {threshold} tokens and the second ({owner}{SUFFIX_HIGH}) above.{(' ' + note) if note else ''}\n")
+    if ent.namespace:
+        dispatcher = f"namespace {ent.namespace} {{\n\n{dispatcher}\n}}  // namespace {ent.namespace}\n"
+    header = (f"// Astra band dispatch: {owner} runs the first version ({owner}{SUFFIX_LOW}) for "
+              f"{ent.arg}.size({ent.dim}) <= {threshold} tokens and the second ({owner}{SUFFIX_HIGH}) above."
+              f"{(' ' + note) if note else ''}\n")
     return (f"{renamed_low.rstrip()}\n\n// ---- Astra: the high-band version (its names end in {SUFFIX_HIGH}) ----\n"
             f"{renamed_high.replace('#pragma once', '').rstrip()}\n\n{header}{dispatcher}")
+
+
+def minimal_combine(low: str, high: str, ent: _Entry, threshold: int, note: str = "") -> str:
+    """`high` whole, with a copy of each namespace-scope declaration that `low` changes (and of those that
+    use them, up to the entry) renamed `*_astra_low` beside its original, and the entry returning early
+    into its low copy for small token counts: the patch shows only what the low band runs differently.
+    Raises CannotCombine when the two versions do not declare the same things in the same order."""
+    lows, highs = decl_chunks.chunks(low), decl_chunks.chunks(high)
+    if [c.name for c in lows] != [c.name for c in highs]:
+        raise CannotCombine("the two versions do not declare the same things in the same order")
+    changed = {c.name for c, h in zip(lows, highs) if low[c.start:c.end] != high[h.start:h.end]}
+    if "" in changed:
+        raise CannotCombine("a declaration whose name the scan cannot tell differs")
+    copied = changed | {ent.owner}
+    while True:  # whatever uses a copied declaration is copied too, so the low copies call each other
+        grown = copied | {c.name for c in lows if c.name and decl_chunks.references(low[c.start:c.end], copied)}
+        if grown == copied:
+            break
+        copied = grown
+    owner_chunk = next((h for h in highs if h.name == ent.owner and _body_start(high, h, ent) is not None), None)
+    if owner_chunk is None:
+        raise CannotCombine(f"no definition of {ent.owner} in the high-band source")
+    at = _body_start(high, owner_chunk, ent)
+    indent = (re.match(r"\n*([ \t]*)", high[at:]).group(1) or "  ")
+    early = (f"\n{indent}if ({ent.condition(threshold)}) {{  // Astra band dispatch: the version for up to "
+             f"{threshold} tokens\n{_wrapped(f'return {ent.call(SUFFIX_LOW)};', indent + '  ')}\n{indent}}}")
+    edits = [(at, early)]
+    why = f"Astra band dispatch: the version of this declaration that runs for up to {threshold} tokens" + (
+        f" ({note.rstrip('.')})" if note else "")
+    code = decl_chunks.blank_code(high)
+    for c, h in zip(lows, highs):  # each copy goes before its original (and its comment): the entry calls it
+        if c.name in copied:
+            edits.append((_comment_start(high, code, h.start),
+                          f"// {why}.\n{_rename(low[c.start:c.end], sorted(copied), SUFFIX_LOW)}\n\n"))
+    out, pos = [], 0
+    for at, text in sorted(edits):
+        out.append(high[pos:at] + text)
+        pos = at
+    return "".join(out) + high[pos:]
+
+
+def _comment_start(text: str, code: str, start: int) -> int:
+    """Where the comment lines just above the declaration at `start` begin (`code`: `text` with comments
+    blanked)."""
+    p = start
+    while p > 0 and code[p - 1].isspace():
+        p -= 1
+    newline = text.find("\n", p, start)
+    if newline == -1:
+        return start
+    at = newline + 1
+    while at < start and text[at] == "\n":
+        at += 1
+    return at
+
+
+def _wrapped(statement: str, indent: str, width: int = 120) -> str:
+    """`statement` (a call ending in `);`) at `indent`, its arguments continued on lines of at most `width`
+    columns (clang-format's limit in SGLang) when it is longer."""
+    if len(indent) + len(statement) <= width:
+        return indent + statement
+    open_ = statement.rindex("(")  # the arguments are parameter names: no parentheses inside
+    lines, line = [indent + statement[: open_ + 1]], ""
+    for arg in statement[open_ + 1:-2].split(", "):
+        if line and len(indent) + 4 + len(line) + len(arg) + 2 > width:
+            lines.append(indent + "    " + line + ",")
+            line = ""
+        line += (", " if line else "") + arg
+    return "\n".join(lines + [indent + "    " + line + ");"])
+
+
+def _body_start(text: str, chunk, ent: _Entry) -> int | None:
+    """Just after the `{` that opens the entry function's body within `chunk`."""
+    code = decl_chunks.blank_code(text)
+    name = "run" if ent.host.class_name else ent.owner
+    for m in re.finditer(rf"\b{re.escape(name)}\s*\(", code[chunk.start:chunk.end]):
+        i, depth = chunk.start + m.end(), 1
+        while i < chunk.end and depth:
+            depth += {"(": 1, ")": -1}.get(code[i], 0)
+            i += 1
+        rest = re.match(r"[\s\w:&*<>,-]*\{", code[i:chunk.end])  # const, noexcept, -> type
+        if rest and ";" not in rest.group():
+            return i + rest.end()
+    return None
 
 
 def token_argument(spec) -> tuple[str, int] | None:

@@ -57,13 +57,26 @@ def _combined(tmp_path, low=LOW, high=ORIGINAL) -> str:
 
 def test_a_function_template_entry_is_forwarded_with_its_template_arguments(tmp_path):
     text = _combined(tmp_path)
+    # the small form: the original whole, each declaration LOW changes copied before it, renamed
+    assert text.count("namespace demo {") == 1 and SUFFIX_HIGH not in text
+    assert f"__launch_bounds__(256) void scale_kernel{SUFFIX_LOW}(const ScaleParams params)" in text
+    assert f"scale_kernel{SUFFIX_LOW}<T, kThreads><<<(params.n + 127) / 256, 256>>>" in text
+    assert "scale_kernel<T, kThreads><<<(params.n + 127) / 128, 128>>>" in text
+    assert text.count("struct ScaleParams {") == 1  # unchanged: not copied
+    entry = text[text.index("void scale_rows(tvm::ffi::TensorView x, double factor) {"):]
+    assert entry.startswith("void scale_rows(tvm::ffi::TensorView x, double factor) {\n  if (x.size(0) <= 64) {")
+    assert f"return scale_rows{SUFFIX_LOW}<T, kThreads>(x, factor);" in entry
+    assert text.index(f"void scale_rows{SUFFIX_LOW}(") < text.index("void scale_rows(")  # declared before its use
+
+
+def test_a_function_template_entry_is_forwarded_whole_when_the_versions_differ_in_what_they_declare(tmp_path):
+    text = _combined(tmp_path, low=LOW.replace("struct ScaleParams {", "constexpr int kSpare = 1;\n\nstruct ScaleParams {"))
     dispatcher = text[text.index("// Astra band dispatch"):]
     assert "namespace demo {" in dispatcher  # the entry is named as the export sees it; the parse knows where
     assert "template <typename T, int kThreads>\ninline void scale_rows(tvm::ffi::TensorView x, double factor)" in dispatcher
     assert f"scale_rows{SUFFIX_LOW}<T, kThreads>(x, factor);" in dispatcher
     assert f"scale_rows{SUFFIX_HIGH}<T, kThreads>(x, factor);" in dispatcher
     assert f"scale_kernel{SUFFIX_HIGH}<T, kThreads><<<(params.n + 127) / 128, 128>>>" in text
-    assert "scale_kernel<T, kThreads><<<(params.n + 127) / 256, 256>>>" in text
 
 
 @needs_nvcc
@@ -75,7 +88,7 @@ def test_the_combined_function_template_builds(tmp_path):
                           capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-1500:]
     cubin = (tmp_path / "k.cubin").read_bytes()
-    assert f"scale_kernel{SUFFIX_HIGH}".encode() in cubin and b"12scale_kernel" in cubin  # both versions built
+    assert f"scale_kernel{SUFFIX_LOW}".encode() in cubin and b"12scale_kernel" in cubin  # both versions built
 
 
 def _with_tokens(verdict, tokens: dict[str, int]):
@@ -119,7 +132,8 @@ def test_a_small_token_win_is_dispatched_with_the_original_above(tmp_path):
     assert best == n + 1 and run.state().best == n + 1
     source, label = judged[0]
     assert label == "band-dispatch:#001<= 64<original" and "if (x.size(0) <= 64)" in source
-    assert f"scale_kernel{SUFFIX_HIGH}<T, kThreads><<<(params.n + 127) / 128, 128>>>" in source  # the original above
+    assert "scale_kernel<T, kThreads><<<(params.n + 127) / 128, 128>>>" in source  # the original above
+    assert f"scale_kernel{SUFFIX_LOW}<T, kThreads><<<(params.n + 127) / 256, 256>>>" in source
     assert run.candidate(best)[1]["description"] == "#001 up to 64 tokens, the original above"
     assert "ACCEPTED" in lines[-1]
 
