@@ -14,7 +14,7 @@ from astra.patches import recheck, versions
 from astra.patches.emit import emit_patch
 from astra.report import recheck_md
 from astra.sglang import tree as sglang_tree
-from astra.spec import model as spec_mod
+from astra.spec.resolve import resolve
 from harness import Verdict
 
 
@@ -36,13 +36,13 @@ def read_verdict(path: Path) -> Verdict:
 
 
 def cmd_patch(args) -> int:
-    spec = spec_mod.load(args.name)
+    spec = resolve(args.name)  # a reviewed spec, or a probed draft (as check and optimize take them)
     candidate = Path(args.candidate)
     if not candidate.is_file():
         raise AstraError(f"--candidate {candidate}: no such file")
     source = read_source(candidate, "--candidate")
     verdict = read_verdict(Path(args.verdict))
-    result = emit_patch(spec, tree_for_spec(args, spec.name), source, verdict, Path(args.out),
+    result = emit_patch(spec, tree_for_spec(args, str(spec.path)), source, verdict, Path(args.out),
                         slowdown_threshold=args.threshold, why=args.why, sanitizer_required=not args.no_sanitizer)
     if result.refused:
         print(f"no patch: {result.refused}")
@@ -69,7 +69,7 @@ def cmd_recheck(args) -> int:
 
 
 def cmd_diff_versions(args) -> int:
-    spec = spec_mod.load(args.name)
+    spec = resolve(args.name)
     old, new = sglang_tree.from_wheel(args.from_version), sglang_tree.from_wheel(args.to_version)
     result = versions.diff_versions(spec, old, new)
     write_text(args.json, json.dumps(result, indent=1))
