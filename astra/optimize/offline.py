@@ -10,6 +10,7 @@ proposal is made once per base."""
 
 from __future__ import annotations
 
+import difflib
 import tempfile
 import time
 from pathlib import Path
@@ -20,8 +21,8 @@ from astra.optimize.transforms import Proposal, catalog
 from harness import Verdict
 
 # Which transformation families to try first, by where the gap is.
-_ORDER_LATENCY = ["launch", "bounds", "unroll", "restrict", "fastmath"]  # small shapes: launch shape first
-_ORDER_BANDWIDTH = ["restrict", "unroll", "launch", "bounds", "fastmath"]  # large shapes: memory path first
+_ORDER_LATENCY = ["pdl", "launch", "bounds", "unroll", "restrict", "fastmath"]  # small shapes: launch first
+_ORDER_BANDWIDTH = ["restrict", "unroll", "pdl", "launch", "bounds", "fastmath"]  # large shapes: memory path first
 
 
 def band_gaps(verdict: Verdict | None, mode: str = "graph") -> dict[str, float]:
@@ -76,7 +77,7 @@ class OfflineAgent:
                 self.tried.add((base, entry.name))
         order, self.rationale = plan(ctx.base_verdict)
         searched = self._search(ctx, base)
-        proposals = catalog(ctx.base_source, self._kernels(ctx.base_source))
+        proposals = self._reached(ctx.base_source, catalog(ctx.base_source, self._kernels(ctx.base_source)))
         if self.screen is not None:  # the space covers launch constants and unroll factors: the catalog the rest
             proposals = [p for p in proposals if p.family not in ("launch", "bounds")]
         proposals.sort(key=lambda p: order.index(p.family) if p.family in order else len(order))
@@ -104,6 +105,14 @@ class OfflineAgent:
                          f"{p.reason} (screened x{p.score:.3f} on {len(search.rungs[len(p.scores) - 1])} shapes)", p.source)
                 for p in survivors]
 
+    def _reached(self, source: str, proposals: list[Proposal]) -> list[Proposal]:
+        """The proposals that change a line the spec's entries reach (an edit of a kernel they never launch
+        times x1.000 and only adds noise to a patch)."""
+        if not self.entries:
+            return proposals
+        foreign = reach.foreign_lines(self._parsed(source), self.entries, source)
+        return [p for p in proposals if not foreign or not _changed_lines(source, p.source) <= foreign]
+
     def _kernels(self, source: str) -> list:
         parsed = self._parsed(source)
         return parsed.kernels if parsed is not None else []
@@ -128,3 +137,13 @@ class OfflineAgent:
                 return cuda_parse.parse_source(path, [str(original.parent), *self.include_dirs, str(self.source_root)])
             except ToolMissing:
                 return None
+
+
+def _changed_lines(before: str, after: str) -> set[int]:
+    """Lines (1-based) of `before` that `after` replaces, deletes or inserts next to."""
+    matcher = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines(), autojunk=False)
+    lines: set[int] = set()
+    for op, i1, i2, _, _ in matcher.get_opcodes():
+        if op != "equal":
+            lines.update(range(i1 + 1, max(i2, i1 + 1) + 1))
+    return lines

@@ -4,7 +4,8 @@ Each transformation proposes whole-file variants (`Proposal`s) of the kernel sou
 to help or even to be correct: every proposal is built and verified by the harness like any other
 candidate. The catalog covers the knobs that decide memory-bound kernels on Hopper: launch shape
 (threads, vector width, tile constants), `__launch_bounds__`, unrolling, `__restrict__` aliasing
-information, and fast-math intrinsics where the spec's tolerance allows.
+information, fast-math intrinsics where the spec's tolerance allows, and an earlier PDL trigger where
+the kernel already uses programmatic dependent launch.
 
 Locations come from libclang's view of the file (the `__global__` kernels and their parameters,
 through astra.cuda_parse) where the edit depends on C++ structure, and from token-level patterns
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 @dataclass
 class Proposal:
     name: str  # stable id, e.g. "const:kNumThreads=512"
-    family: str  # launch | bounds | unroll | restrict | fastmath
+    family: str  # launch | bounds | unroll | restrict | fastmath | pdl
     description: str
     source: str  # the whole new file
 
@@ -115,10 +116,57 @@ def fast_math(text: str) -> list[Proposal]:
     return out
 
 
+_PDL_WAIT = re.compile(r"^[ \t]*(?:[\w:]+::)?(?:PDLWaitPrimary\s*<[^<>;]*>\s*\(\s*\)|"
+                       r"cudaGridDependencySynchronize\s*\(\s*\))\s*;[ \t]*\n", re.M)
+_PDL_TRIGGER = re.compile(r"^[ \t]*(?P<call>(?:[\w:]+::)?(?:PDLTriggerSecondary\s*<[^<>;]*>\s*\(\s*\)|"
+                          r"cudaTriggerProgrammaticLaunchCompletion\s*\(\s*\)))\s*;[ \t]*\n", re.M)
+
+
+def early_pdl_trigger(text: str) -> list[Proposal]:
+    """In each `__global__` kernel that already waits for its primary (PDLWaitPrimary /
+    cudaGridDependencySynchronize) and triggers its dependents later, trigger right after the wait
+    instead (one proposal per kernel). The trigger only lets the next kernel in the stream launch; its
+    own wait still orders memory on our completion, so the move is safe (SGLang's utils.cuh says as
+    much) and buys the dependent a head start: launch latency hidden on small, decode-sized grids."""
+    from astra.optimize import decl_chunks
+
+    code = decl_chunks.blank_code(text)
+    out = []
+    for chunk in decl_chunks.chunks(text):
+        body = code[chunk.start:chunk.end]
+        wait = _PDL_WAIT.search(body)
+        triggers = list(_PDL_TRIGGER.finditer(body))
+        if "__global__" not in body or wait is None or not triggers or triggers[0].start() < wait.end():
+            continue
+        if not all(_statement_starts(body, m.start()) for m in [wait, *triggers]):
+            continue  # `if (x)` on the line before: removing or moving the call would change what it guards
+        if body[wait.end():triggers[0].start()].strip() == "":
+            continue  # already right after the wait
+        at = chunk.start + wait.end()
+        indent = re.match(r"[ \t]*", text[chunk.start + wait.start():]).group()
+        call = re.sub(r"\s+", "", triggers[0].group("call"))
+        edits = [(chunk.start + m.start(), chunk.start + m.end(), "") for m in triggers]
+        edits.append((at, at, f"{indent}{call};  // trigger the dependent launch early: its wait orders memory\n"))
+        source = text
+        for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+            source = source[:start] + new + source[end:]
+        line = text.count("\n", 0, chunk.start) + 1
+        out.append(Proposal(f"pdl:early-trigger:{chunk.name}", "pdl",
+                            f"{chunk.name} (line {line}): PDL trigger moved up to just after its wait "
+                            f"({len(triggers)} later trigger(s) removed)", source))
+    return out
+
+
+def _statement_starts(code: str, pos: int) -> bool:
+    """Whether a statement starts at `pos` (the code before it ends one: `;`, `{` or `}`)."""
+    before = code[:pos].rstrip()
+    return not before or before[-1] in ";{}"
+
+
 def catalog(text: str, kernels: list) -> list[Proposal]:
     """Every proposal for this source, in a fixed order (largest expected effect first)."""
-    proposals = (tunable_constants(text) + restrict_pointers(text, kernels) + launch_bounds(text, kernels)
-                 + unroll_loops(text) + fast_math(text))
+    proposals = (tunable_constants(text) + early_pdl_trigger(text) + restrict_pointers(text, kernels)
+                 + launch_bounds(text, kernels) + unroll_loops(text) + fast_math(text))
     seen, unique = set(), []
     for p in proposals:
         if p.source != text and p.source not in seen:
