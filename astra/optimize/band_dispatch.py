@@ -37,7 +37,6 @@ from harness import Verdict, improves_on, score
 
 LOW_BANDS = ("decode", "middle")
 SUFFIX_LOW, SUFFIX_HIGH = "_astra_low", "_astra_high"
-_NOT_CODE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
 
 
 class CannotCombine(AstraError):
@@ -58,11 +57,10 @@ def _rename(text: str, names: list[str], suffix: str) -> str:
         return text
     pattern = re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
                          + r")\b")
-    skipped = [(m.start(), m.end()) for m in _NOT_CODE.finditer(text)]  # comments and string literals
     out, pos = [], 0
-    for m in pattern.finditer(text):
+    for m in pattern.finditer(decl_chunks.blank_code(text)):  # comments and string literals left as they are
         before = text[max(0, m.start() - 9):m.start()]
-        if before.endswith(("#include ", "->")) or any(a <= m.start() < b for a, b in skipped):
+        if before.endswith(("#include ", "->")):
             continue
         out.append(text[pos:m.end()] + suffix)
         pos = m.end()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from astra.optimize import cpp_args
+from astra.optimize import cpp_args, decl_chunks
 
 WARP = 32
 MAX_THREADS = 1024
@@ -36,7 +36,6 @@ _WARP_STEP = (r"\bfor\s*\([^;=]*=\s*(?:static_cast\s*<[^<>]*>\s*\(\s*)?warp\w*\s
               r"[^)]*\+=\s*(?P<w>{w})\s*\)")
 _ROW_BASE = r"\bblockIdx\.x\s*\*\s*(?P<w>{w})\b"  # a CTA's first row when each warp takes one
 _DIV_CEIL = re.compile(r"\bdiv_ceil\s*\(")
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
 @dataclass(frozen=True)
@@ -71,11 +70,6 @@ def _body(text: str, open_paren: int) -> tuple[int, int] | None:
             if depth == 0:
                 return brace, i
     return None
-
-
-def _blank_comments(text: str) -> str:
-    """`text` with every comment turned into spaces (offsets kept)."""
-    return _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
 
 
 def _grid_divisor(text: str, span: tuple[int, int], warps: int) -> tuple[int, int] | None:
@@ -127,7 +121,7 @@ def _block_literals(text: str, kernel: str, threads: int, kernels: set[str], def
 
 def find(text: str) -> list[WarpGeometry]:
     """Every kernel of `text` whose warp count is written as linked literals (see the module docstring)."""
-    text = _blank_comments(text)
+    text = decl_chunks.blank_code(text)
     out = []
     kernels = list(_KERNEL.finditer(text))
     names = [m.group("name") for m in kernels]
