@@ -147,11 +147,20 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def spec_label(record: dict) -> str:
+    """The spec column: "reviewed", or "draft (N guesses)" when the record counted its TODO(review) markers."""
+    kind = str(record.get("kind") or "?")
+    guesses = record.get("guesses")
+    if kind == "draft" and isinstance(guesses, int) and guesses > 0:
+        return f"draft ({guesses} guess{'es' if guesses != 1 else ''})"
+    return kind
+
+
 def rank_kernel(record: dict, view: str, mix: Mix) -> KernelRank:
     """One kernel's row (see the module docstring)."""
     name = str(record["name"])
     reach = record.get("reach") or reach_mod.unknown("no reach recorded")
-    row = KernelRank(name=name, kind=str(record.get("kind") or "?"), status="failed", reach=reach,
+    row = KernelRank(name=name, kind=spec_label(record), status="failed", reach=reach,
                      gates=reach_mod.label(reach), factor=reach_mod.factor(reach), gpu=record.get("gpu"),
                      sglang_version=record.get("sglang_version"))
     verdict = record.get("verdict")

@@ -134,7 +134,7 @@ def survey(targets: list[Target], store: Store, *, sglang_version: str | None = 
             name=target.name, kind=target.kind, spec_file=str(spec.path), spec_sha256=spec_sha256(spec.path),
             module=spec.module, token_dim=str(spec.raw["shapes"].get("token_dim", "tokens")),
             sglang_version=bench_mod.tree_version(spec, sglang_version, sglang_src), gpu=gpu, wall_s=wall,
-            verdict=result.verdict, error=result.error, reach=reach)
+            verdict=result.verdict, error=result.error, reach=reach, guesses=review_markers(spec.path))
         store.write(record)
         if result.verdict is None:
             outcome.failed.append(target.name)
@@ -144,6 +144,14 @@ def survey(targets: list[Target], store: Store, *, sglang_version: str | None = 
             took = f" in {wall:.0f} s" if wall is not None else ""
             say(f"{target.name}: {result.verdict.get('status')}{took} -> {store.path(target.name)}")
     return outcome
+
+
+def review_markers(path: Path | str) -> int | None:
+    """How many `TODO(review)` markers the spec file holds (None when it cannot be read)."""
+    try:
+        return Path(path).read_text().count("TODO(review)")
+    except OSError:
+        return None
 
 
 def _reach(spec: KernelSpec, version: str | None, src: str | None, reach_of: reach_mod.ReachOf,

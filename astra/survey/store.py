@@ -10,6 +10,7 @@ A record (`RECORD_FORMAT`):
      "wall_s": 41.2, "finished_at": "2026-11-22T10:31:02+00:00",
      "reach": {"status": "warm" | "gated" | "cold" | "unknown", "verdict": "...", "gates": [...], ...},
      "verdict": {<harness Verdict.to_dict() of `astra bench`>} | null,
+     "guesses": <TODO(review) markers in the spec when benched> | null (records before session 15),
      "error": null | "<one line: why the bench did not give a verdict>"}
 
 Records are written atomically (a temporary file, then a rename), so a survey killed halfway leaves
@@ -116,15 +117,16 @@ def _read(path: Path) -> dict | None:
 
 def make_record(*, name: str, kind: str, spec_file: str, spec_sha256: str, module: str, token_dim: str,
                 sglang_version: str, gpu: str | None, wall_s: float | None, verdict: dict | None,
-                error: str | None, reach: dict | None) -> dict:
-    """A record in RECORD_FORMAT; the GPU is the verdict's (where it ran) when there is one."""
+                error: str | None, reach: dict | None, guesses: int | None = None) -> dict:
+    """A record in RECORD_FORMAT; the GPU is the verdict's (where it ran) when there is one. `guesses`: the
+    spec's `TODO(review)` markers when benched (a draft ranks on values `astra extract` guessed)."""
     env_gpu = ((verdict or {}).get("env") or {}).get("gpu")
     return {"format": RECORD_FORMAT, "name": name, "kind": kind, "spec_file": spec_file,
             "spec_sha256": spec_sha256, "module": module, "token_dim": token_dim,
             "sglang_version": sglang_version, "gpu": env_gpu or gpu,
             "wall_s": None if wall_s is None else round(float(wall_s), 3),
             "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "reach": reach, "verdict": verdict, "error": error}
+            "reach": reach, "verdict": verdict, "error": error, "guesses": guesses}
 
 
 def stale_reason(record: dict | None, *, spec_sha256: str, sglang_version: str | None,

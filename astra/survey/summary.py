@@ -71,7 +71,10 @@ def markdown(ranking: Ranking, store: Path | str | None = None, top: int | None 
     lines = ["# Survey: time above the practical floor, ranked", "",
              *[f"- {line}" for line in header_lines(ranking, info)],
              "- Each (model shape, dtype) family of a kernel's suite counts once (arithmetic mean of us at each "
-             "token count); the mix weights token counts (moved to the nearest count of the suite).", "",
+             "token count); the mix weights token counts (moved to the nearest count of the suite).",
+             "- A draft is timed on what `astra extract` guessed (its `TODO(review)` markers: dims, template "
+             "arguments, scalars); review a draft near the top before trusting its rank (`astra spec-check NAME` "
+             "lists the guesses).", "",
              "| # | kernel | spec | recoverable us/step | score | geomean x practical | worst case | gates |",
              "|---:|---|---|---:|---:|---:|---|---|"]
     for i, r in enumerate(x for x in rows if x.status == "ranked"):

@@ -182,3 +182,23 @@ def test_cold_and_gated_kernels_sink():
     assert "cold: no call site in sglang/srt" in text and "gated: can_use_fused_inplace_qknorm" in text
 
 
+
+
+def test_a_drafts_guesses_show_in_the_spec_column(tmp_path):
+    """A draft ranks on what `astra extract` guessed: the record counts the spec's TODO(review) markers when
+    benched, and the table says how many; reviewed specs and records from before the count say only the kind."""
+    from astra.survey.run import review_markers
+
+    draft = tmp_path / "kernel.yaml"
+    draft.write_text("# TODO(review): dim `seqlen`: meaning unknown, given 128\n"
+                     "description: 'TODO(review): what it computes'\nname: k\n")
+    assert review_markers(draft) == 2 and review_markers(tmp_path / "missing.yaml") is None
+    guessed = {**record("rmsnorm", decode_heavy), "kind": "draft", "guesses": review_markers(draft)}
+    assert rank.rank_kernel(guessed, "graph", load_mix("decode")).kind == "draft (2 guesses)"
+    one = {**guessed, "guesses": 1}
+    assert rank.spec_label(one) == "draft (1 guess)"
+    older = {**guessed}
+    older.pop("guesses")
+    assert rank.spec_label(older) == "draft" and rank.spec_label(record("rmsnorm", near)) == "reviewed"
+    table = summary.markdown(rank.rank({"rmsnorm": guessed}, "graph", load_mix("decode")))
+    assert "| rmsnorm | draft (2 guesses) |" in table and "review a draft near the top" in table
