@@ -29,7 +29,7 @@ from astra.sglang.tree import SglangTree, ensure_srt
 from astra.sglang.wrapper_facts import EntryPoint, entry_points
 from astra.sglang.wrapper_scan import dotted, import_source, kernel_texts, parse
 
-INDEX_VERSION = 5
+INDEX_VERSION = 6
 _KERNEL_PACKAGES = ("sglang.kernels", "sglang.jit_kernel")
 _GATE = re.compile(
     r"head|_dim\b|\bdim\b|hidden|expert|topk|top_k|rotary|rope|tp_size|tp_rank|attn_tp|world_size|dtype|config"
@@ -167,10 +167,57 @@ def _target(written: str, names: dict[str, tuple[str, ast.AST]]) -> tuple[str | 
     return None, None
 
 
+def _parse(text: str) -> ast.Module:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return ast.Module(body=[], type_ignores=[])
+
+
+def _registered(texts: dict[str, str]) -> dict[str, str]:
+    """op -> "module:name" from SGLang's kernel registry (`register_kernel(KernelSpec(op="mamba.x", backend=
+    KernelBackend.JIT, target="sglang.kernels.ops.mamba.x:f"))`); of an op's backends, the JIT one."""
+    out: dict[str, tuple[bool, str]] = {}
+    for text in texts.values():
+        if "target=" not in text or "op=" not in text:
+            continue
+        for node in ast.walk(_parse(text)):
+            if not isinstance(node, ast.Call):
+                continue
+            kw = {k.arg: k.value for k in node.keywords if k.arg}
+            op, target = kw.get("op"), kw.get("target")
+            if not (isinstance(op, ast.Constant) and isinstance(op.value, str) and isinstance(target, ast.Constant)
+                    and isinstance(target.value, str) and ":" in target.value):
+                continue
+            jit = "JIT" in ast.unparse(kw["backend"]) if "backend" in kw else False
+            if op.value not in out or (jit and not out[op.value][0]):
+                out[op.value] = (jit, target.value)
+    return {op: target for op, (_, target) in out.items()}
+
+
+def _dispatchers(module: ast.Module, pkg: str, ops: dict[str, str]) -> dict[str, str]:
+    """"pkg:f" -> the registered target of the op that a module-level `def f` returns `get_kernel("op", ...)(...)` of."""
+    out = {}
+    for node in module.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for call in ast.walk(node):
+            if (isinstance(call, ast.Call) and _dotted_name(call.func) in ("get_kernel", "selector.get_kernel")
+                    and call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value in ops):
+                out[f"{pkg}:{node.name}"] = ops[call.args[0].value]
+                break
+    return out
+
+
 def _reexports(tree: SglangTree) -> dict[str, str]:
-    """"package:name" -> "module:name" for names a kernels package re-exports (imports or lazy `_EXPORTS`)."""
+    """"package:name" -> "module:name" for names a kernels package re-exports (imports or lazy `_EXPORTS`),
+    and for a package's functions that dispatch through SGLang's kernel registry (`get_kernel("op")`)."""
     out: dict[str, str] = {}
-    for rel, text in kernel_texts(str(tree.root)).items():
+    texts = kernel_texts(str(tree.root))
+    ops = _registered(texts)
+    for rel, text in texts.items():
+        if ops and "get_kernel(" in text:
+            out.update(_dispatchers(_parse(text), dotted(rel), ops))
         if not rel.endswith("__init__.py") or "import" not in text:
             continue
         module, pkg = ast.parse(text), dotted(rel)

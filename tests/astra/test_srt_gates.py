@@ -130,6 +130,41 @@ def test_index_is_cached_and_follows_edits(tmp_path, home):
     assert len(list((home / "srt-index").glob("*.json"))) == 2
 
 
+REGISTRY_PACKAGE = '''
+from sglang.kernels.registry import register_kernel
+from sglang.kernels.selector import get_kernel
+from sglang.kernels.spec import KernelBackend, KernelSpec
+
+register_kernel(KernelSpec(op="demo.scale", backend=KernelBackend.TRITON, target="sglang.kernels.ops.demo.tri:scale"))
+register_kernel(KernelSpec(op="demo.scale", backend=KernelBackend.JIT, target="sglang.kernels.ops.demo.scale:scale"))
+
+
+def scale_any(x, out, alpha=1.0):
+    """The package's entry: the registry picks a backend."""
+    return get_kernel("demo.scale", KernelBackend.JIT)(x, out, alpha)
+
+
+def not_a_dispatcher(x):
+    return x
+'''
+
+
+def test_a_package_function_dispatching_through_the_kernel_registry_reaches_the_jit_target(tmp_path, home):
+    """SGLang 0.5.23's packages wrap kernels in functions that call `get_kernel("op")`, with the op's backends
+    registered as `KernelSpec(op=..., target="module:function")` (kernels/ops/mamba/__init__.py): a runtime
+    call of the package function, under any alias, is a site of the JIT target's module."""
+    tree = _checkout(tmp_path / "repo")
+    (tree.root / "sglang" / "kernels" / "ops" / "demo" / "__init__.py").write_text(REGISTRY_PACKAGE)
+    (tree.srt_dir / "layers" / "demo.py").write_text(
+        "from sglang.kernels.ops.demo import scale_any as scale_kernel, not_a_dispatcher\n\n\n"
+        "def decode(x, out):\n    if x.dim() == 2:\n        scale_kernel(x, out)\n    return not_a_dispatcher(x)\n")
+    reach = srt_gates.why(tree, "scale")
+    (site,) = reach.sites
+    assert (site.line, site.name, site.kind, site.function) == (6, "scale_kernel", "call", "decode")
+    assert site.target == "sglang.kernels.ops.demo.scale:scale" and site.chain == ["x.dim() == 2"]
+    assert reach.reached
+
+
 def test_no_runtime_tree_and_no_site(tmp_path, home):
     tree = _checkout(tmp_path / "bare", runtime=False)
     assert tree.srt_dir is None and ensure_srt(tree) is None
