@@ -24,12 +24,20 @@ def _write(tmp_path, raw, name="rmsnorm"):
     return folder / "kernel.yaml"
 
 
+# General-purpose kernels SGLang calls at every batch size: their suites time all three bands. Specs reviewed
+# from drafts time only the token counts at which SGLang dispatches to the kernel (inkling_rel_proj: t <= 32).
+EVERY_BAND = ("silu_and_mul", "fused_add_rmsnorm", "rmsnorm", "qknorm", "per_token_group_quant", "store_cache")
+
+
 def test_committed_specs_validate():
     for name in spec.available():
         loaded = spec.load(name)
         case_list, variants = jobs.cases(loaded)
         assert case_list and variants
-        assert {c.band for c in case_list if c.timed} == {"decode", "middle", "prefill"}
+        bands = {c.band for c in case_list if c.timed}
+        assert bands and bands <= {"decode", "middle", "prefill"}, name
+        if name in EVERY_BAND:
+            assert bands == {"decode", "middle", "prefill"}, name
 
 
 def test_every_mistake_gets_its_own_message(tmp_path, rmsnorm_raw):
