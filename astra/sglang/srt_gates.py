@@ -167,21 +167,12 @@ def _target(written: str, names: dict[str, tuple[str, ast.AST]]) -> tuple[str | 
     return None, None
 
 
-def _parse(text: str) -> ast.Module:
-    try:
-        return ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError):
-        return ast.Module(body=[], type_ignores=[])
-
-
-def _registered(texts: dict[str, str]) -> dict[str, str]:
+def _registered(modules: list[ast.Module]) -> dict[str, str]:
     """op -> "module:name" from SGLang's kernel registry (`register_kernel(KernelSpec(op="mamba.x", backend=
     KernelBackend.JIT, target="sglang.kernels.ops.mamba.x:f"))`); of an op's backends, the JIT one."""
     out: dict[str, tuple[bool, str]] = {}
-    for text in texts.values():
-        if "target=" not in text or "op=" not in text:
-            continue
-        for node in ast.walk(_parse(text)):
+    for module in modules:
+        for node in ast.walk(module):
             if not isinstance(node, ast.Call):
                 continue
             kw = {k.arg: k.value for k in node.keywords if k.arg}
@@ -214,13 +205,17 @@ def _reexports(tree: SglangTree) -> dict[str, str]:
     and for a package's functions that dispatch through SGLang's kernel registry (`get_kernel("op")`)."""
     out: dict[str, str] = {}
     texts = kernel_texts(str(tree.root))
-    ops = _registered(texts)
+    empty = ast.Module(body=[], type_ignores=[])
+    trees = {rel: parse(tree.root / rel) or empty for rel, text in texts.items()
+             if "get_kernel(" in text or ("target=" in text and "op=" in text)
+             or (rel.endswith("__init__.py") and "import" in text)}
+    ops = _registered([trees[rel] for rel, text in texts.items() if "target=" in text and "op=" in text])
     for rel, text in texts.items():
         if ops and "get_kernel(" in text:
-            out.update(_dispatchers(_parse(text), dotted(rel), ops))
+            out.update(_dispatchers(trees[rel], dotted(rel), ops))
         if not rel.endswith("__init__.py") or "import" not in text:
             continue
-        module, pkg = ast.parse(text), dotted(rel)
+        module, pkg = trees[rel], dotted(rel)
         lazy = any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in module.body)
         for node in module.body:
             if isinstance(node, ast.ImportFrom):

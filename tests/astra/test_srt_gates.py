@@ -137,6 +137,7 @@ from sglang.kernels.spec import KernelBackend, KernelSpec
 
 register_kernel(KernelSpec(op="demo.scale", backend=KernelBackend.TRITON, target="sglang.kernels.ops.demo.tri:scale"))
 register_kernel(KernelSpec(op="demo.scale", backend=KernelBackend.JIT, target="sglang.kernels.ops.demo.scale:scale"))
+register_kernel(KernelSpec(op="demo.scale", backend=KernelBackend.AOT, target="sgl_kernel:scale"))
 
 
 def scale_any(x, out, alpha=1.0):
@@ -152,7 +153,8 @@ def not_a_dispatcher(x):
 def test_a_package_function_dispatching_through_the_kernel_registry_reaches_the_jit_target(tmp_path, home):
     """SGLang 0.5.23's packages wrap kernels in functions that call `get_kernel("op")`, with the op's backends
     registered as `KernelSpec(op=..., target="module:function")` (kernels/ops/mamba/__init__.py): a runtime
-    call of the package function, under any alias, is a site of the JIT target's module."""
+    call of the package function, under any alias, is a site of the JIT target's module (registered between
+    two other backends, so neither "first wins" nor "last wins" passes)."""
     tree = _checkout(tmp_path / "repo")
     (tree.root / "sglang" / "kernels" / "ops" / "demo" / "__init__.py").write_text(REGISTRY_PACKAGE)
     (tree.srt_dir / "layers" / "demo.py").write_text(
