@@ -71,6 +71,7 @@ class Search:
     foreign_lines: set[int] = field(default_factory=set)  # code the entry does not reach (astra.optimize.reach)
     on_line: Callable[[str], None] | None = None  # each log line as it is written (the run's search.log)
     screened: int = 0  # points screened so far (each a worker run)
+    entries: list[str] = field(default_factory=list)  # the spec's wrapper entries: their literal template arguments
 
     def note(self, line: str) -> None:
         self.log.append(line)
@@ -78,7 +79,7 @@ class Search:
             self.on_line(line)
 
     def run(self, survivors: int = 3) -> list[Point]:
-        params = param_space.find_params(self.base_source)
+        params = param_space.find_params(self.base_source, self.entries)
         elsewhere = [p for p in params if param_space.line_of(self.base_source, p) in self.foreign_lines]
         if elsewhere:
             self.note(f"{len(elsewhere)} parameter(s) in code this entry does not reach, not screened: "

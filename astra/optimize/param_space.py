@@ -15,7 +15,10 @@ trying in its place:
 - `floor`: a thread-count floor in host code, `num_thread = std::max(num_experts, 128)`: the literal bound
   of a `std::max` in a statement about threads or blocks (a floor of 128 threads where 32 serve);
 - `warps`: a CTA's warp count written as linked literals (launch bounds, the launch's block size, the
-  body's per-warp slots and strides), moved together (astra.optimize.warp_geometry).
+  body's per-warp slots and strides), moved together (astra.optimize.warp_geometry);
+- `tmpl`: a launch-geometry template argument the spec's wrapper entry passes as a literal
+  (`dispatch_probability<{max_copies}, 256>`'s BLOCK_DIM), set inside the file instead
+  (astra.optimize.entry_templates).
 Constants are read from any `const`/`constexpr` integer declaration whose name says what it is
 (kBlockSize, TPB, WARPS_PER_TB, block_size, kNumThreads, kRowsPerBlock, ...), not only `k`-prefixed
 constexprs; a warp's size or a maximum is never one. Single moves come out in the order the kinds are
@@ -30,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from astra.optimize import cpp_args, warp_geometry
+from astra.optimize import cpp_args, entry_templates, warp_geometry
 
 _ALIGNED = re.compile(r"\bAlignedVector\s*<\s*[\w:]+(?:\s*<[^<>]*>)?\s*,\s*(?P<value>\d+)\s*>")
 _BYTES = re.compile(r"(?P<value>\d+)(?=\s*/\s*\(?\s*sizeof\s*\()")  # 16 / sizeof(T), 16 / (sizeof(T) * 2)
@@ -50,13 +53,13 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ABOUT_THREADS = re.compile(r"(?i)thread|block|dim3|tpb|cta")
 _FLOOR_OF = re.compile(r"(?i)thread|tpb|cta_?size")
 MAX_THREADS = cpp_args.MAX_THREADS
-ORDER = ("vec", "const", "warps", "cap", "floor", "launch", "bounds", "minblocks", "unroll")  # single moves, best bets first
+ORDER = ("vec", "const", "tmpl", "warps", "cap", "floor", "launch", "bounds", "minblocks", "unroll")  # single moves, best bets first
 
 
 @dataclass(frozen=True)
 class Param:
     name: str  # readable and unique: "kBlockSize", "AlignedVector@L42", "launch_bounds@L88", ...
-    kind: str  # const | vec | warps | cap | floor | launch | bounds | minblocks | unroll
+    kind: str  # const | tmpl | vec | warps | cap | floor | launch | bounds | minblocks | unroll
     start: int  # the literal's span in the source
     end: int
     value: int  # as written
@@ -64,6 +67,7 @@ class Param:
     insert: str = ""  # for a value the source does not write yet (minblocks): the text to insert at start
     links: tuple[tuple[int, int, int], ...] = ()  # (start, end, divisor): literals written as value // divisor
     note: str = ""  # what the links are, for the candidate's description
+    fixed: tuple[tuple[int, int, str], ...] = ()  # edits made whatever the value (tmpl: the parameter unnamed)
 
 
 def _line(text: str, pos: int) -> int:
@@ -76,15 +80,20 @@ def _powers(value: int, low: int, high: int, factors=(0.25, 0.5, 2, 4)) -> tuple
     return tuple(sorted({int(value * f) for f in factors if low <= value * f <= high and value * f != value}))
 
 
-def find_params(text: str) -> list[Param]:
-    """Every tunable literal of `text` (see the module docstring) outside comments, grouped by kind."""
+def _tunable(name: str) -> bool:
+    return bool(_TUNABLE_NAME.search(name)) and not _NOT_TUNABLE.search(name)
+
+
+def find_params(text: str, entries: list[str] = ()) -> list[Param]:
+    """Every tunable literal of `text` (see the module docstring) outside comments, grouped by kind;
+    `entries` (the spec's wrapper entries) add the template arguments they pass as literals."""
     params: list[Param] = []
     seen_names: dict[str, int] = {}
     taken: set[int] = set()
     comments = [(m.start(), m.end()) for m in _COMMENT.finditer(text)]
 
     def add(name: str, kind: str, start: int, end: int, value: int, choices: tuple[int, ...], insert: str = "",
-            links: tuple = (), note: str = "") -> None:
+            links: tuple = (), note: str = "", fixed: tuple = ()) -> None:
         if (not choices or (start in taken and not insert) or any(a <= start < b for a, b in comments)
                 or any(a in taken for a, _, _ in links)):
             return
@@ -92,7 +101,7 @@ def find_params(text: str) -> list[Param]:
         count = seen_names.get(name, 0)
         seen_names[name] = count + 1
         params.append(Param(name if count == 0 else f"{name}@L{_line(text, start)}", kind, start, end, value,
-                            choices, insert, links, note))
+                            choices, insert, links, note, fixed))
 
     for g in warp_geometry.find(text):  # first: its linked literals are not moved alone
         add(f"warps@L{_line(text, g.start)}", "warps", g.start, g.end, g.threads, g.choices(), links=g.links,
@@ -100,9 +109,13 @@ def find_params(text: str) -> list[Param]:
 
     for m in _DECL.finditer(text):
         name = m.group("name")
-        if _TUNABLE_NAME.search(name) and not _NOT_TUNABLE.search(name):
+        if _tunable(name):
             value = int(m.group("value"))
             add(name, "const", m.start("value"), m.end("value"), value, _powers(value, 1, MAX_THREADS))
+    for slot in entry_templates.find(text, list(entries), _tunable):
+        add(slot.name, "tmpl", slot.at, slot.at, slot.value, _powers(slot.value, 1, MAX_THREADS),
+            insert=slot.line_format, note=f"the template argument of {slot.owner}",
+            fixed=(slot.rename,))
     for start, end, value in _thread_caps(text):
         add(f"threads_cap@L{_line(text, start)}", "cap", start, end, value, _powers(value, 32, MAX_THREADS))
     for start, end, value in _thread_caps(text, _MAX, _FLOOR_OF):
@@ -173,6 +186,7 @@ def render(text: str, params: list[Param], assignment: dict[str, int]) -> str:
     for name, value in assignment.items():
         param = by_name[name]
         edits.append((param.start, param.end, param.insert.format(value) if param.insert else str(value)))
+        edits.extend(param.fixed)
         edits.extend((start, end, str(value // divisor)) for start, end, divisor in param.links)
     for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
         text = text[:start] + new + text[end:]
@@ -185,9 +199,10 @@ def describe(params: list[Param], assignment: dict[str, int]) -> str:
     parts = []
     for name, value in sorted(assignment.items()):
         param = by_name[name]
-        before = "none" if param.insert else str(param.value)
+        before = "none" if param.insert and param.kind != "tmpl" else str(param.value)
         warp = warp_geometry.WARP
         linked = f" ({param.value // warp} -> {value // warp} warps; {param.note})" if param.kind == "warps" else ""
+        linked = f" ({param.note}, set in the file)" if param.kind == "tmpl" else linked
         parts.append(f"{name} {before} -> {value}{linked}")
     return ", ".join(parts) or "no change"
 

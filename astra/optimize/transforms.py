@@ -21,7 +21,7 @@ from dataclasses import dataclass
 @dataclass
 class Proposal:
     name: str  # stable id, e.g. "const:kNumThreads=512"
-    family: str  # launch | bounds | unroll | restrict | fastmath | pdl
+    family: str  # launch | bounds | unroll | restrict | fastmath | pdl | remat
     description: str
     source: str  # the whole new file
 
@@ -163,9 +163,30 @@ def _statement_starts(code: str, pos: int) -> bool:
     return not before or before[-1] in ";{}"
 
 
+def rematerialize(text: str) -> list[Proposal]:
+    """Per-thread arrays that only copy read-only memory, read from that memory instead (astra.optimize.remat):
+    one proposal per array, and one for all of them when there are several."""
+    from astra.optimize import remat
+
+    found = remat.find(text)
+    out = [Proposal(f"remat:{r.array}", "remat", f"per-thread copy {r.array}[] (line {r.line}) dropped: its reads load "
+                    f"{r.src}[] directly (no registers or spills for the copy; only the elements read are loaded)",
+                    r.source) for r in found]
+    if len(found) > 1:
+        source = text
+        for _ in found:  # each pass removes one array; offsets change, so find again
+            again = remat.find(source)
+            if not again:
+                break
+            source = again[0].source
+        out.append(Proposal("remat:all", "remat", "per-thread copies " + ", ".join(f"{r.array}[]" for r in found)
+                            + " dropped: their reads load the source directly", source))
+    return out
+
+
 def catalog(text: str, kernels: list) -> list[Proposal]:
     """Every proposal for this source, in a fixed order (largest expected effect first)."""
-    proposals = (tunable_constants(text) + early_pdl_trigger(text) + restrict_pointers(text, kernels)
+    proposals = (rematerialize(text) + tunable_constants(text) + early_pdl_trigger(text) + restrict_pointers(text, kernels)
                  + launch_bounds(text, kernels) + unroll_loops(text) + fast_math(text))
     seen, unique = set(), []
     for p in proposals:
