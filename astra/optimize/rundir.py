@@ -172,6 +172,26 @@ class RunDir:
     def save_baseline(self, verdict: Verdict) -> None:
         (self.root / "baseline.json").write_text(verdict.to_json())
 
+    def lineage(self, n: int) -> list[tuple[int, dict]]:
+        """The accepted candidates candidate `n` was built on, oldest first, ending with `n` itself: each
+        (number, meta). A candidate's `base` in the history is the hash of the source it edited, so the
+        chain is followed back to the original (every change a patch carries is named, not only the last)."""
+        import hashlib
+
+        history = self.state().history
+        by_source: dict[str, int] = {}
+        for entry in history:
+            if entry.accepted:
+                source = self.candidate(entry.n)[0]
+                by_source.setdefault(hashlib.sha256(source.encode()).hexdigest(), entry.n)
+        bases = {entry.n: entry.base for entry in history}
+        chain, current, seen = [], n, set()
+        while current is not None and current not in seen:
+            seen.add(current)
+            chain.append((current, self.candidate(current)[1]))
+            current = by_source.get(bases.get(current) or "")
+        return list(reversed(chain))
+
     def best_source(self) -> str:
         state = self.state()
         return self.original() if state.best is None else self.candidate(state.best)[0]

@@ -361,6 +361,18 @@ def held_open(run: RunDir):
     run.save(state)
 
 
+def found_by(run: RunDir, n: int, agent: str) -> str:
+    """The patch's account of how candidate `n` was found: every accepted step from the original, in order
+    (a candidate built on an earlier winner carries that winner's change too)."""
+    chain = run.lineage(n)
+    scores = {entry.n: entry.score for entry in run.state().history}
+    if len(chain) <= 1:
+        return f"Found by `astra optimize` ({agent}): {chain[-1][1].get('description', '') if chain else ''}."
+    steps = "\n".join(f"{i}. {meta.get('description', '')}" + (f" (verified x{scores[k]:.3f} overall)" if scores.get(k) else "")
+                      for i, (k, meta) in enumerate(chain, 1))
+    return f"Found by `astra optimize` ({agent}) in {len(chain)} accepted steps, each built on the one before:\n{steps}"
+
+
 def emit_best_patch(run: RunDir, spec: KernelSpec, tree: SglangTree, *, sanitizer_required: bool = True) -> str:
     """The run's best verified candidate as patches in the run directory (the emitter refuses what
     does not meet its bar, and says why). `sanitizer_required=False` for a run with --no-sanitizer
@@ -368,12 +380,13 @@ def emit_best_patch(run: RunDir, spec: KernelSpec, tree: SglangTree, *, sanitize
     from astra.errors import NotAnAstraPatch
     from astra.patches.emit import emit_patch
 
-    source, meta, verdict = run.candidate(run.state().best)
+    state = run.state()
+    source, meta, verdict = run.candidate(state.best)
     if verdict is None:
         return "patch: not emitted: the best candidate has no verdict"
     try:
         result = emit_patch(spec, tree, source, verdict, run.root / "patches", sanitizer_required=sanitizer_required,
-                            why=f"Found by `astra optimize` ({run.state().agent}): {meta.get('description', '')}.")
+                            why=found_by(run, state.best, state.agent))
     except NotAnAstraPatch as err:
         return f"patch: not emitted: {err}"
     if result.refused:

@@ -162,3 +162,31 @@ def test_steps_after_the_loop_leave_a_killed_run_to_be_continued(sglang_0523):
     with pytest.raises(RuntimeError), held_open(run):
         raise RuntimeError("killed mid-verification")
     assert run.state().stopped is None  # run_optimize then marks it failed; eval continues it
+
+
+def test_a_patch_names_every_accepted_step_the_best_was_built_on():
+    from astra.optimize.loop import source_id
+    from astra.optimize.session import found_by
+
+    original = "a\n"
+    run = RunDir.create("rmsnorm", "0.5.23", "offline", original)
+    first = run.add_candidate("a\nfirst\n", {"description": "drop the copy"})
+    loser = run.add_candidate("a\nloser\n", {"description": "a slower idea"})
+    second = run.add_candidate("a\nfirst\nsecond\n", {"description": "BLOCK_DIM 256 -> 64"})
+    state = run.state()
+    state.best = second
+    state.history = [
+        HistoryEntry(n=first, round=0, name="remat", status="correct", score=2.4, accepted=True, why="",
+                     base=source_id(original)),
+        HistoryEntry(n=loser, round=0, name="x", status="correct", score=1.2, accepted=False, why="",
+                     base=source_id(original)),
+        HistoryEntry(n=second, round=1, name="param", status="correct", score=4.1, accepted=True, why="",
+                     base=source_id("a\nfirst\n")),
+    ]
+    run.save(state)
+    assert [n for n, _ in run.lineage(second)] == [first, second]
+    text = found_by(run, second, "offline")
+    assert "2 accepted steps" in text and "a slower idea" not in text
+    assert text.index("drop the copy (verified x2.400") < text.index("BLOCK_DIM 256 -> 64 (verified x4.100")
+    # a best found in one step reads as before
+    assert found_by(run, first, "offline") == "Found by `astra optimize` (offline): drop the copy."
