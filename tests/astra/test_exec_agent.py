@@ -33,7 +33,9 @@ from pathlib import Path
 EDITS = [  # (old, new, idea): the first that applies and has not already failed is made
     ("if (i < n) ", "", "drop the bounds check"),
     ("x[i] / s", "x[i] * (1.0f / s)", "multiply by the reciprocal of s"),
-    ("sum_of_squares / kDim + eps", "sum_of_squares * (1.0f / kDim) + eps", "multiply by the reciprocal of kDim"),
+    # bit-identical (IEEE addition commutes): the reciprocal of kDim, tried before, turned one fp16 output near
+    # the overflow edge into Inf on an extreme-magnitude trial, which the harness rightly calls a difference
+    ("sum_of_squares / kDim + eps", "eps + sum_of_squares / kDim", "add eps first"),
 ]
 mode = sys.argv[1]
 here = Path.cwd()
@@ -273,9 +275,9 @@ def test_dry_run_builds_the_agents_candidate(sglang_0523, script):
     assert proc.stdout.split(", agent ", 1)[1].split(";", 1)[0] == f"exec:{sys.executable}"
     assert state["agent"] == f"exec:{command(script, 'edit')}"
     (entry,) = state["history"]
-    assert entry["name"] == "exec:r0:multiply-by-the-reciprocal-of-kdim" and entry["status"] == "built", entry
+    assert entry["name"] == "exec:r0:add-eps-first" and entry["status"] == "built", entry
     candidate = run_dir / "candidates" / "001"
-    assert "sum_of_squares * (1.0f / kDim) + eps" in (candidate / "kernel.cuh").read_text()
+    assert "eps + sum_of_squares / kDim" in (candidate / "kernel.cuh").read_text()
     assert json.loads((candidate / "verdict.json").read_text())["status"] == "built"
     folder = run_dir / "agent" / "round-000"
     assert (folder / "sources" / "sgl_kernel" / "utils.cuh").is_file()  # the headers the kernel includes
@@ -289,7 +291,7 @@ def test_optimize_verifies_the_agents_candidate_on_a_gpu(sglang_0523, script):
     proc, state, run_dir = _optimize(script, "--wall-min", "8", timeout=540)  # one device call holds it
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: verified but not faster
     (entry,) = state["history"]
-    assert entry["name"] == "exec:r0:multiply-by-the-reciprocal-of-kdim"
+    assert entry["name"] == "exec:r0:add-eps-first"
     assert entry["status"] == "correct", (entry, proc.stdout)
     assert (run_dir / "agent" / "round-000" / "best.md").read_text().count("| ") > 10  # the baseline's shapes
 
