@@ -39,3 +39,21 @@ def literal(text: str, span: tuple[int, int], low: int = 32) -> tuple[int, int, 
         return None
     value = int(m.group("value"))
     return (m.start("value"), m.end("value"), value) if low <= value <= MAX_THREADS else None
+
+
+_CLOSERS = {"(": ")", "[": "]", "{": "}", "<": ">"}
+
+
+def closing(code: str, open_at: int, limit: int | None = None) -> int | None:
+    """The index of the bracket that closes the one at `open_at` ((, [, { or <), before `limit`; None if
+    it does not close. Give it code whose comments and literals are blanked (decl_chunks.blank_code)."""
+    opener = code[open_at]
+    closer, depth = _CLOSERS[opener], 0
+    for j in range(open_at, len(code) if limit is None else limit):
+        if code[j] == opener:
+            depth += 1
+        elif code[j] == closer:
+            depth -= 1
+            if depth == 0:
+                return j
+    return None

@@ -18,9 +18,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from astra.optimize import cpp_args, decl_chunks
+
 _ENTRY = re.compile(r"^\s*(?:[\w]+::)*(?P<name>\w+)\s*<(?P<args>.*)>\s*(?:::\s*\w+)?\s*$", re.S)
 _INT_PARAM = re.compile(r"^\s*(?:int|unsigned(?:\s+int)?|u?int(?:32|64)_t|size_t|uint)\s+(?P<name>\w+)\s*(?:=[^,]*)?$")
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
 @dataclass(frozen=True)
@@ -48,29 +49,12 @@ def split_top(text: str) -> list[str]:
     return [p.strip() for p in parts]
 
 
-def _blank_comments(text: str) -> str:
-    return _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
-
-
-def _matching(code: str, open_at: int, pair: str) -> int | None:
-    """The index of the bracket closing the one at `open_at` (pair "()", "{}" or "<>")."""
-    depth = 0
-    for i in range(open_at, len(code)):
-        if code[i] == pair[0]:
-            depth += 1
-        elif code[i] == pair[1]:
-            depth -= 1
-            if depth == 0:
-                return i
-    return None
-
-
 def _template_of(code: str, name: str) -> tuple[int, int, int, str] | None:
     """(list start, list end, body's opening brace, kind) of the template that declares `name` as a
     function or a struct/class, with a body (a definition, not a declaration)."""
     for m in re.finditer(r"\btemplate\s*<", code):
         lt = m.end() - 1
-        gt = _matching(code, lt, "<>")
+        gt = cpp_args.closing(code, lt)
         if gt is None:
             continue
         head = re.match(r"\s*(?:(?P<agg>struct|class)\s+(?P<aname>\w+)|(?P<fn>[^;{}()]*?\b(?P<fname>\w+)\s*\())",
@@ -84,7 +68,7 @@ def _template_of(code: str, name: str) -> tuple[int, int, int, str] | None:
                 return lt + 1, gt, brace, "struct"
         elif head.group("fn") and head.group("fname") == name:
             open_paren = gt + 1 + head.end() - 1
-            close = _matching(code, open_paren, "()")
+            close = cpp_args.closing(code, open_paren)
             if close is None:
                 continue
             after = re.match(r"[^;{]*\{", code[close + 1:])
@@ -97,7 +81,7 @@ def find(text: str, entries: list[str], tunable) -> list[Slot]:
     """The launch-geometry template arguments of `entries` (wrapper entry strings, placeholders allowed)
     that a template defined in `text` receives as integer literals; `tunable(name)` says whether a
     template parameter's name is one worth moving."""
-    code = _blank_comments(text)
+    code = decl_chunks.blank_code(text)
     slots: list[Slot] = []
     seen: set[tuple[str, str]] = set()
     for entry in entries:

@@ -24,13 +24,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from astra.optimize import cpp_args, decl_chunks
+
 _ARRAY = re.compile(r"^[ \t]*(?P<type>(?:const\s+)?[\w:]+)\s+(?P<name>\w+)\s*\[\s*(?P<size>\w+)\s*\]\s*;[ \t]*\n", re.M)
 _FILL = r"^[ \t]*{name}\s*\[\s*(?P<idx>\w+)\s*\]\s*=\s*(?P<src>\w+)\s*\[(?P<expr>[^\[\];]*)\]\s*;[ \t]*\n"
 _FOR = re.compile(r"for\s*\(\s*(?:int|unsigned|uint32_t|int32_t|size_t|auto)\s+(?P<var>\w+)\s*=\s*0\s*;\s*(?P=var)\s*<\s*"
                   r"(?P<bound>\w+)\s*;[^)]*\)\s*\{")
 _HAZARD = re.compile(r"__syncthreads|__syncwarp|\batomic\w*\s*\(|\basm\b|__pipeline|cp\.async|\bmemcpy\b|"
                      r"\bcuda::|__threadfence|\b__st\w*\s*\(|\bst_\w*\s*\(|\bstore\w*\s*\(|\bptx::")
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,6 @@ class Remat:
     source: str  # the new file
     line: int  # of the array's declaration
     src: str  # the pointer it was copied from
-
-
-def _blank(text: str) -> str:
-    """Comments blanked to spaces (same offsets), so patterns never match inside them."""
-    return _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
 
 
 def _enclosing_body(code: str, pos: int) -> tuple[int, int] | None:
@@ -58,7 +54,7 @@ def _enclosing_body(code: str, pos: int) -> tuple[int, int] | None:
                     best = i
             else:
                 depth -= 1
-    close = _closing(code, best) if best is not None else None
+    close = cpp_args.closing(code, best) if best is not None else None
     return (best, close) if close is not None else None
 
 
@@ -79,7 +75,7 @@ def _local_arrays(body: str) -> set[str]:
 
 def find(text: str) -> list[Remat]:
     """One rematerialization per qualifying array of `text` (see the module docstring)."""
-    code = _blank(text)
+    code = decl_chunks.blank_code(text)
     out: list[Remat] = []
     for decl in _ARRAY.finditer(code):
         name, size, elem = decl.group("name"), decl.group("size"), decl.group("type")
@@ -127,7 +123,7 @@ def _loop_around(code: str, pos: int, not_before: int):
     """The `for (int i = 0; i < N; ...) {` whose body holds `pos` (the nearest one, after `not_before`)."""
     best = None
     for m in _FOR.finditer(code, not_before, pos):
-        close = _closing(code, m.end() - 1)
+        close = cpp_args.closing(code, m.end() - 1)
         if close is not None and m.end() <= pos < close:
             best = m
     return best
@@ -141,13 +137,13 @@ def _loop_end(code: str, pos: int, not_before: int) -> int:
         if m.group().startswith("do"):
             head_end = at
         else:
-            head_end = _closing(code, at - 1)
+            head_end = cpp_args.closing(code, at - 1)
             if head_end is None:
                 continue
             head_end += 1
         rest = code[head_end:]
         brace = head_end + len(rest) - len(rest.lstrip())
-        close = _closing(code, brace) if code.startswith("{", brace) else code.find(";", head_end)
+        close = cpp_args.closing(code, brace) if code.startswith("{", brace) else code.find(";", head_end)
         if close is not None and close != -1 and head_end <= pos <= close:
             end = max(end, close)
     return end
@@ -247,7 +243,7 @@ def _rewrite(text, code, decl, fill_at, fill_end, name, src, expr, idx, elem, sr
             if start < pos:
                 continue  # inside an index already handled
             open_at = lo + m.end() - 1
-            close = _closing(code, open_at, hi)
+            close = cpp_args.closing(code, open_at, hi)
             if close is None:
                 return None
             inner = subst(open_at + 1, close)
@@ -262,20 +258,3 @@ def _rewrite(text, code, decl, fill_at, fill_end, name, src, expr, idx, elem, sr
     if rest is None:
         return None
     return text[:decl.start()] + text[decl.end():fill_at] + rest + text[body_end:]
-
-
-_PAIRS = {"(": ")", "[": "]", "{": "}"}
-
-
-def _closing(code: str, open_at: int, limit: int | None = None) -> int | None:
-    """The index of the bracket that closes the one at `open_at` ((, [ or {), before `limit`."""
-    opener = code[open_at]
-    closer, depth = _PAIRS[opener], 0
-    for j in range(open_at, len(code) if limit is None else limit):
-        if code[j] == opener:
-            depth += 1
-        elif code[j] == closer:
-            depth -= 1
-            if depth == 0:
-                return j
-    return None

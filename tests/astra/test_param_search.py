@@ -344,3 +344,36 @@ def test_a_point_that_builds_to_the_base_code_is_not_screened():
     assert len(skipped) == 1 and skipped[0] not in sources and len(sources) > 3
     assert "rung 0: kBlockSize 256 -> 128: builds to the base's machine code, not screened" in search.log[:3]
     assert search.screened == len(calls)
+
+
+HOST_ENTRY = """
+template <int N, int BLOCK_DIM>
+__global__ void fill(float* out) { out[blockIdx.x * BLOCK_DIM + threadIdx.x] = N; }
+
+template <int N, int BLOCK_DIM>
+void launch(float* out, int n) {  // host entry
+  fill<N, BLOCK_DIM><<<(n + BLOCK_DIM - 1) / BLOCK_DIM, BLOCK_DIM>>>(out);
+}
+"""
+
+
+def test_the_agent_hands_the_specs_entries_to_the_search(tmp_path):
+    """The block size the caller passes (`launch<{n}, 256>`) is only in the spec's entry: without the entries
+    the search finds nothing to move; with them it screens the tmpl parameter and proposes the winner."""
+    calls: list = []
+
+    def screen(source: str, label: str, cases: list[str]):
+        calls.append(label)
+        gain = 1.1 if "constexpr int BLOCK_DIM = 64;" in source else 1.0
+        return make_verdict({c.rstrip("0123456789"): gain for c in cases})
+
+    ctx = Context("demo", 0, HOST_ENTRY, _base_verdict(), original_source=HOST_ENTRY, wall_left_s=600.0)
+    bare = OfflineAgent("k.cuh", tmp_path, [], screen=screen, timed_dtype=None)
+    bare._parse = lambda source: None
+    assert not any(p.family == "param" for p in bare.propose(ctx)) and calls == []
+    agent = OfflineAgent("k.cuh", tmp_path, [], screen=screen, timed_dtype=None, entries=["launch<{n}, 256>"])
+    agent._parse = lambda source: None
+    proposals = agent.propose(ctx)
+    assert "param:BLOCK_DIM=64" in calls
+    assert proposals[0].name == "param:BLOCK_DIM=64" and "template argument of function launch" in proposals[0].description
+    assert "constexpr int BLOCK_DIM = 64;" in proposals[0].source
