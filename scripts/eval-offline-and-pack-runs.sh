@@ -1,26 +1,64 @@
 #!/usr/bin/env bash
-# Issue 13's `astra eval --offline` on a device machine, one call at a time (a call is at most 10 minutes;
-# eval continues a cut-off run on the next call when the runs come back with the carry).
-# Usage (repository root, on the device, carrying .astra-slim and .whl; see docs/NOTES.md):
-#   KERNELS=a,b WALL=4 [PROBE="x y"] [FRESH=1] OUT=$OUT bash scripts/device-eval.sh
-# PROBE: drafts to probe first (re-extracted ones). Writes probe.log, eval.log, eval.json and runs.tgz
-# (the runs and drafts, to unpack into the local $ASTRA_HOME) under $OUT.
+# `astra eval --offline` over the kernels named, on a GPU machine without network, bounded in time, then the
+# runs and drafts packed into one tarball to unpack into another $ASTRA_HOME. Run it again with the tarball
+# unpacked into HOME and eval continues where it stopped: finished runs are reused, a cut-off one resumed.
+#
+# Usage (repository root):
+#   scripts/eval-offline-and-pack-runs.sh --out DIR --kernels a,b [--wall-min N] [--probe "x y"] [--fresh]
+#                                         [--home DIR] [--builds DIR] [--wheels DIR] [--timeout S]
+#   --out DIR       gpu.txt, probe.log, eval.log, eval.json and runs.tgz (HOME's runs and drafts) go there
+#   --kernels a,b   the kernels to evaluate (`astra eval --kernels`)
+#   --wall-min N    each kernel's wall-time budget in minutes (default 4)
+#   --probe "x y"   drafts to probe first (re-extracted ones)
+#   --fresh         start every kernel over (`astra eval --fresh`)
+#   --home DIR      ASTRA_HOME (default: $ASTRA_HOME, else ~/.cache/astra)
+#   --builds DIR    keep HOME/builds there (a link), out of what gets packed
+#   --wheels DIR    wheels (apache-tvm-ffi, libclang-ng) installed into /tmp/site first
+#   --timeout S     time limit of the eval (default 480; the probe's is 240)
+# Exits with eval's status (3 when the wheels do not install).
 set -u -o pipefail
-out=${OUT:?set OUT}
-home=$PWD/${ASTRA_DIR:-.astra-slim}
-mkdir -p .astra-devbuilds "$home" && ln -sfn "$PWD/.astra-devbuilds" "$home/builds"
+out=
+kernels=
+wall=4
+probe=
+fresh=
+home=${ASTRA_HOME:-$HOME/.cache/astra}
+builds=
+wheels=
+limit=480
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) out=$2; shift 2 ;;
+    --kernels) kernels=$2; shift 2 ;;
+    --wall-min) wall=$2; shift 2 ;;
+    --probe) probe=$2; shift 2 ;;
+    --fresh) fresh=1; shift ;;
+    --home) home=$2; shift 2 ;;
+    --builds) builds=$2; shift 2 ;;
+    --wheels) wheels=$2; shift 2 ;;
+    --timeout) limit=$2; shift 2 ;;
+    *) echo "eval-offline-and-pack-runs: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ -n "$out" ] || { echo "eval-offline-and-pack-runs: give --out DIR" >&2; exit 2; }
+mkdir -p "$out" "$home"
+if [ -n "$builds" ]; then
+  mkdir -p "$builds" && ln -sfn "$(realpath "$builds")" "$home/builds"
+fi
 export ASTRA_HOME=$home PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-mkdir -p /tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "device-eval: the wheels in .whl did not install (carry .whl)"; exit 3; }
+if [ -n "$wheels" ]; then
+  mkdir -p /tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$wheels"/*.whl \
+    || { echo "eval-offline-and-pack-runs: the wheels in $wheels did not install"; exit 3; }
+fi
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 nvidia-smi -L | tee "$out/gpu.txt"
-if [ -n "${PROBE:-}" ]; then
-  timeout -k 20 "${PROBE_TIMEOUT:-240}" python3 -m astra.cli probe $PROBE 2>&1 | tee "$out/probe.log"
+if [ -n "$probe" ]; then
+  timeout -k 20 240 python3 -m astra.cli probe $probe 2>&1 | tee "$out/probe.log"
 fi
-if [ -n "${KERNELS:-}" ]; then
-  timeout -k 20 "${EVAL_TIMEOUT:-480}" python3 -m astra.cli eval --offline --kernels "$KERNELS" \
-    --wall-min "${WALL:-4}" ${FRESH:+--fresh} --json "$out/eval.json" 2>&1 | tee "$out/eval.log"
+if [ -n "$kernels" ]; then
+  timeout -k 20 "$limit" python3 -m astra.cli eval --offline --kernels "$kernels" \
+    --wall-min "$wall" ${fresh:+--fresh} --json "$out/eval.json" 2>&1 | tee "$out/eval.log"
   status=${PIPESTATUS[0]}
   echo "eval: exit $status"
 fi

@@ -5,7 +5,7 @@
    says where the slow samples fall.
 2. Copy floor: is `roofline.copy_floor` proportional to bytes and stable across calls in one process?
 
-Usage (GPU box, repo root): python3 scripts/timing_probe.py [--json OUT]
+Usage (GPU machine, repository root): python3 scripts/probe_graph_tails_and_copy_floor.py [--json OUT] [--copy-only]
 """
 
 from __future__ import annotations
