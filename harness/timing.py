@@ -14,7 +14,7 @@ Both modes: warm-up excluded; samples alternate in ABBA order (o c, c o, o c, ..
 neither side always follows the other or a synchronisation. Each batch starts behind a spin kernel
 sized to the host's enqueue time, with the garbage collector paused, so the GPU is busy while the host
 enqueues and a host pause cannot land between a sample's events. This is hardening: tails of
-p90 = 5-7 x median seen once on an H200 did not come back with or without it (docs/NOTES.md);
+p90 = 5-7 x median seen once on an H200 did not come back with or without it (docs/known-limitations.md);
 `info.batch_position` records where slow samples fall, should they return. The loop stops once
 every side has `min_samples` samples and each side's `stats.rel_stderr` is under the target, or when
 the budget (`budget_ms` per side) is spent. `min_samples` is honoured past the budget up to

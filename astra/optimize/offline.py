@@ -21,9 +21,9 @@ from astra.optimize.transforms import Proposal, catalog
 from harness import Verdict
 
 # Which transformation families to try first, by where the gap is.
-# An early PDL trigger comes last: on an H100 (session 14) it gained 0.8% on qsa_indexer's decode cases and lost
+# An early PDL trigger comes last: on an H100 (2026-11-24) it gained 0.8% on qsa_indexer's decode cases and lost
 # 8% on its middle ones (graph view); inkling_rel_proj's decode lost 2%.
-# A per-thread copy of read-only memory comes first everywhere: on an H100 (session 16) dropping
+# A per-thread copy of read-only memory comes first everywhere: on an H100 (2026-11-24) dropping
 # lplb_dispatch_probability's 288-column copy (255 registers, spills) measured x2.44 over its suite.
 _ORDER_LATENCY = ["remat", "launch", "bounds", "unroll", "restrict", "fastmath", "pdl"]  # small shapes: launch first
 _ORDER_BANDWIDTH = ["remat", "restrict", "unroll", "launch", "bounds", "fastmath", "pdl"]  # large: memory path first

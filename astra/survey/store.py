@@ -10,7 +10,7 @@ A record (`RECORD_FORMAT`):
      "wall_s": 41.2, "finished_at": "2026-11-22T10:31:02+00:00",
      "reach": {"status": "warm" | "gated" | "cold" | "unknown", "verdict": "...", "gates": [...], ...},
      "verdict": {<harness Verdict.to_dict() of `astra bench`>} | null,
-     "guesses": <TODO(review) markers in the spec when benched> | null (records before session 15),
+     "guesses": <TODO(review) markers in the spec when benched> | null (records from before the count, added 2026-11-24),
      "error": null | "<one line: why the bench did not give a verdict>"}
 
 Records are written atomically (a temporary file, then a rename), so a survey killed halfway leaves

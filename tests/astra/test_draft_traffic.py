@@ -1,6 +1,6 @@
 """What a drafted kernel moves (`bytes`) and which index tensors it draws distinct, on hand-made argument
 lists and on real SGLang 0.5.23 sources (downloaded at test time). Both rules came from the H100 check
-sample of session 9: rotary_embedding's original was "suspect" under a floor that counted its whole
+sample of 2026-11-23: rotary_embedding's original was "suspect" under a floor that counted its whole
 cos/sin table, and set_mla_kv_concat_q_fp8's original disagreed with itself because `loc` repeated."""
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def test_the_deadline_stops_screening():
 
 
 def test_winners_a_later_rung_could_not_screen_are_still_proposed():
-    """On the H100 (qsa_indexer, session 13) the deadline fell as the second rung began: its x1.148 winner on
+    """On an H100 (qsa_indexer, 2026-11-24) the deadline fell as the second rung began: its x1.148 winner on
     the first rung was dropped and the search proposed nothing. Such winners keep their first-rung rank."""
     calls: list = []
     wide = ["decode0", "decode1", "decode2"]

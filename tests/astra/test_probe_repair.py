@@ -42,7 +42,8 @@ from tests.astra.test_probe import HEADER, recorded_result
 from tests.astra.test_sglang_tree import _fake_checkout
 from tests.toolchain import needs_nvcc
 
-# Recorded by `astra probe` on an NVIDIA H100 with SGLang 0.5.23 (docs/probe/sglang-0.5.23-h100.md).
+# Recorded by `astra probe` on an NVIDIA H100 with SGLang 0.5.23
+# (docs/results/2026-11-23-h100/probe-sglang-0.5.23-first-drafts.md).
 KV_CANARY = ("RuntimeError: Tensor match failed for Tensor<32768, 128>[strides=<128, 1>, dtype=int64, device=cuda:0] "
              "at kv_canary/canary_verify.cuh:193 (Root cause: Size mismatch for shape#1: expected 8 but got 128)")
 MUSE = ("RuntimeError: Tensor match failed for Tensor<128, 128, 128>[strides=<16384, 128, 1>, dtype=bfloat16, "
