@@ -4,16 +4,16 @@
     python -m harness candidate request.json --work DIR --phase outputs|timing   the candidate process
     python -m harness env [--no-measure]                 GPU, driver, CUDA, torch, tvm-ffi, L2, bandwidth
     python -m harness sanitize job.json [--out report.json] [--tools memcheck,racecheck]
-    python -m harness probe job.json --out result.json  the ORIGINAL on every case (harness.probe_worker)
+    python -m harness probe job.json --out result.json  the ORIGINAL on every case (harness.probe.processes)
     python -m harness probe-cases request.json --results cases.jsonl   the probe's case runner
 
-`run` is what `harness.worker.run_job` starts in a fresh process: the judge. It reads its private
-config (HMAC key, time budget, sanitizer prefix) from stdin (harness.channel) and signs the verdict it
-writes. `candidate` is what the judge starts for candidate code (harness.candidate). Known failures of the evaluation
-(CUDA errors, a lost CUDA context, CUDA out of memory) become a "crashed" verdict written by this
-process; anything else escapes as a traceback and a non-zero exit, which the parent turns into
-"crashed" from stderr. Progress is logged to stderr (INFO), so a timeout's reason names the last step.
-The verdict file is the only result channel: nothing here prints results to stdout except `env`.
+`run` is what `harness.worker.judge_process.run_job` starts in a fresh process: the judge. It reads its
+private config (HMAC key, time budget, sanitizer prefix) from stdin (harness.worker.judge_channel) and signs
+the verdict it writes. `candidate` is what the judge starts for candidate code (harness.candidate.process).
+Known failures of the evaluation (CUDA errors, a lost CUDA context, CUDA out of memory) become a "crashed"
+verdict written by this process; anything else escapes as a traceback and a non-zero exit, which the parent
+turns into "crashed" from stderr. Progress is logged to stderr (INFO), so a timeout's reason names the last
+step. The verdict file is the only result channel: nothing here prints results to stdout except `env`.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Callable
 
-from harness.channel import read_config, sign
 from harness.job import Job
-from harness.process import EVALUATE_ENV, clip, write_json_atomic
-from harness.verdict import Verdict
+from harness.judge.verdict import Verdict
+from harness.worker.judge_channel import read_config, sign
+from harness.worker.process_group import EVALUATE_ENV, clip, write_json_atomic
 
 _CUDA_FAILURE = re.compile(r"CUDA error|CUDA driver error|cudaError|illegal memory access|illegal instruction"
                            r"|unspecified launch failure|launch timed out|misaligned address|device-side assert"
@@ -62,11 +62,11 @@ def load_hook(variable: str) -> Callable | None:
 
 
 def load_evaluate() -> Callable:
-    """`harness.evaluate.evaluate`, or the function named by $ASTRA_HARNESS_EVALUATE."""
+    """`harness.judge.evaluate.evaluate`, or the function named by $ASTRA_HARNESS_EVALUATE."""
     hook = load_hook(EVALUATE_ENV)
     if hook is not None:
         return hook
-    from harness.evaluate import evaluate
+    from harness.judge.evaluate import evaluate
 
     return evaluate
 
@@ -88,7 +88,7 @@ def known_failure(error: BaseException) -> str | None:
         import torch
     except ImportError:
         return None
-    from harness.check import ContextLost
+    from harness.judge.correctness import ContextLost
 
     message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if isinstance(error, torch.cuda.OutOfMemoryError):
@@ -125,25 +125,25 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_candidate(args: argparse.Namespace) -> int:
-    """The candidate process (harness.candidate): results into --work, nothing on stdout."""
+    """The candidate process (harness.candidate.process): results into --work, nothing on stdout."""
     faulthandler.enable()
-    from harness.candidate import main as candidate_main
+    from harness.candidate.process import main as candidate_main
 
     return candidate_main(args.request, args.work, args.phase)
 
 
 def cmd_env(args: argparse.Namespace) -> int:
     """Print the environment report as JSON."""
-    from harness.envinfo import collect_env
+    from harness.environment.report import environment_report
 
-    json.dump(collect_env(measure=not args.no_measure), sys.stdout, indent=1)
+    json.dump(environment_report(measure=not args.no_measure), sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0
 
 
 def cmd_sanitize(args: argparse.Namespace) -> int:
     """Run compute-sanitizer on a job's smallest cases; exit 1 when there are findings."""
-    from harness.sanitizer import sanitize
+    from harness.worker.sanitizer import sanitize
 
     job = Job.from_json(Path(args.job).read_text())
     report = sanitize(job, tools=tuple(t for t in args.tools.split(",") if t), timeout_s=args.timeout)
@@ -157,7 +157,7 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
 
 def cmd_ncu_launch(args: argparse.Namespace) -> int:
     """The side Nsight Compute profiles: one marked launch of the original per timed case."""
-    from harness.ncu import launch_cases
+    from harness.timing.ncu_cross_check import launch_cases
 
     launch_cases(Job.from_json(Path(args.job).read_text()), Path(args.manifest))
     return 0
@@ -167,7 +167,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     """Probe the original kernel of a job on its cases; write the result (exit 0 whenever one was written)."""
     faulthandler.enable()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    from harness.probe_worker import probe_job, write_result
+    from harness.probe.processes import probe_job, write_result
 
     job = Job.from_json(Path(args.job).read_text())
     result = probe_job(job, device=args.device, timeout_case_s=args.timeout_case, sanitizer=not args.no_sanitizer,
@@ -180,7 +180,7 @@ def cmd_probe_cases(args: argparse.Namespace) -> int:
     """(started by `probe`) the case runner: one JSON line per event into --results."""
     faulthandler.enable()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    from harness.probe_worker import PROBE_LAUNCH_ENV, run_cases
+    from harness.probe.processes import PROBE_LAUNCH_ENV, run_cases
 
     return run_cases(args.request, args.results, load_hook(PROBE_LAUNCH_ENV))
 

@@ -53,7 +53,7 @@ class Case:
     dtype: str
     dims: dict[str, int]
     variant: str  # key into Job.variants
-    bytes: int  # bytes the kernel must move, read + written (the floors of harness.roofline)
+    bytes: int  # bytes the kernel must move, read + written (the floors of harness.timing.roofline)
     args: list[ArgSpec]
     timed: bool = True  # edge cases and secondary dtypes are checked, not timed
     bytes_read: int | None = None  # of `bytes`: read and written; None: split by roles (`traffic`)

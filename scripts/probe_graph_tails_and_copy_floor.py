@@ -3,7 +3,7 @@
 1. Graph-mode upper tail: is it the first sample after each synchronisation (GPU idle while the host
    enqueues)? The same elementwise op is timed with the pre-batch spin off and on; `batch_position`
    says where the slow samples fall.
-2. Copy floor: is `roofline.copy_floor` proportional to bytes and stable across calls in one process?
+2. Copy floor: is `copy_reference.copy_floor` proportional to bytes and stable across calls in one process?
 
 Usage (GPU machine, repository root): python3 scripts/probe_graph_tails_and_copy_floor.py [--json OUT] [--copy-only]
 """
@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from harness import timing as timing_mod  # noqa: E402
-from harness.roofline import copy_floor  # noqa: E402
-from harness.timing import time_graph  # noqa: E402
+from harness.timing import modes as timing_mod  # noqa: E402
+from harness.timing.copy_reference import copy_floor  # noqa: E402
+from harness.timing.modes import time_graph  # noqa: E402
 
 CONFIGS = (("old: no spin, gc on", 0.0, False), ("no spin, gc paused", 0.0, True), ("new: auto spin, gc paused", None, True))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.toolchain import BuildFailure, nvcc_path
+from harness.building.toolchain import BuildFailure, nvcc_path
 
 
 def nvcc_missing() -> bool:

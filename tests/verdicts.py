@@ -1,10 +1,10 @@
-"""Verdicts for CPU tests, built through the harness's own aggregation (`harness.verdict.decide`), so the
+"""Verdicts for CPU tests, built through the harness's own aggregation (`harness.judge.verdict.decide`), so the
 acceptance rule sees exactly what a worker would give it. The numbers are SYNTHETIC: no GPU ran."""
 
 from __future__ import annotations
 
-from harness.stats import Stats
-from harness.verdict import CaseResult, ModeTiming, decide
+from harness.judge.verdict import CaseResult, ModeTiming, decide
+from harness.timing.stats import Stats
 
 
 def timed_case(case_id: str, band: str, speedup: float, rel_stderr: float = 0.001, mode: str = "graph",

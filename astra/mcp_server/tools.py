@@ -196,7 +196,7 @@ def bench_originals(tree: Tree, names: list[str], *, modes: list[str] | None = N
 def profile_original(tree: Tree, name: str, *, budget_ms: float | None = None) -> Answer:
     """`astra bench NAME --ncu`, cold view: the original's verdict whose `ncu` holds, per timed shape, the cold
     median against Nsight Compute's gpu__time_duration."""
-    from harness.ncu import ncu_path
+    from harness.timing.ncu_cross_check import ncu_path
 
     spec = resolve(name)
     t = tree.for_spec(spec)

@@ -9,7 +9,7 @@ Pure functions of the loop's `Context` and of model replies, so each is testable
     parse_plan(text, verdict)        the planner's JSON plan, its band checked against the verdict's bands
     parse_profile(text)              the profiling role's JSON, or its raw text with a note
 
-"x practical" is time / practical floor (harness.roofline): 1.0 is as fast as the measured bandwidth
+"x practical" is time / practical floor (harness.timing.roofline): 1.0 is as fast as the measured bandwidth
 allows; the physical floor is the time no kernel beats.
 """
 

@@ -1,7 +1,7 @@
 """The optimize loop: rounds of propose (plan + code), test, profile; keep only what verified.
 
 Every candidate is judged against the ORIGINAL kernel (never against the moving best), in its own
-worker. A candidate becomes the base for later rounds only when `harness.acceptance.improves_on` says
+worker. A candidate becomes the base for later rounds only when `harness.judge.acceptance.improves_on` says
 so: verified faster than the original (the one rule the patch emitter and recheck also use) and
 better than the current best. A failed or
 slower candidate is recorded and forgotten. The run stops on: rounds, wall time, tokens or cost,
@@ -22,7 +22,7 @@ from astra.optimize.rundir import HistoryEntry, RunDir, RunState
 from astra.optimize.transforms import Proposal
 from astra.report.safe_text import one_line
 from harness import Verdict, improves_on, score
-from harness.acceptance import BAND_GAIN
+from harness.judge.acceptance import BAND_GAIN
 
 Evaluator = Callable[..., Verdict]  # (candidate source, label) -> its Verdict against the original
 Events = Callable[[str, dict], None]  # (kind, data): progress display
@@ -298,7 +298,7 @@ def band_wins(verdict: Verdict | None, mode: str = "graph") -> dict[str, float]:
     """Bands a correct candidate speeds up beyond their noise band (and by at least BAND_GAIN) with no
     shape of that band slower in any mode: a verified improvement there even when the candidate is
     slower elsewhere (and so not the base), the evidence for dispatching on shape."""
-    from harness.acceptance import faster_bands
+    from harness.judge.acceptance import faster_bands
 
     if score(verdict, mode) == 0.0:
         return {}

@@ -19,7 +19,7 @@ import struct
 from pathlib import Path
 
 CODE_SECTIONS = (".text", ".rodata", ".data", ".nv_fatbin")
-_OVERLAY = re.compile(rb"overlays/[0-9a-f]{16}/")  # harness.build's overlay folder: same length masked
+_OVERLAY = re.compile(rb"overlays/[0-9a-f]{16}/")  # harness.building.nvcc_build's overlay folder: same length masked
 
 
 def sections(path: Path) -> dict[str, bytes]:

@@ -6,7 +6,7 @@
 
 `ncu` runs a profiled process (`python -m astra.optimize.ncu_profile JOB MANIFEST`, a scrubbed environment,
 like any process that runs candidate code) that builds the job, launches the entry once to warm up and
-once between two marker kernels, as `harness.ncu` does for `astra bench --ncu`; the kernels between the
+once between two marker kernels, as `harness.timing.ncu_cross_check` does for `astra bench --ncu`; the kernels between the
 markers are the shape's. Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy,
 weighted by each kernel's duration, the most registers per thread, local-memory (spill) instructions,
 and the top 3 warp-stall reasons (cycles per issued instruction, WarpStateStats' metrics). Without ncu,
@@ -49,7 +49,7 @@ def unavailable(why: str) -> dict:
 
 def unavailable_reason() -> str | None:
     """Why no profile can be taken here (no ncu, no GPU), or None."""
-    from harness.ncu import ncu_path
+    from harness.timing.ncu_cross_check import ncu_path
 
     if ncu_path() is None:
         return "ncu (Nsight Compute) not found on PATH or in $CUDA_HOME/bin"
@@ -179,8 +179,8 @@ class Profiler:
         return result
 
     def _run(self, job: Job) -> dict:
-        from harness.ncu import ncu_path, split_by_markers
-        from harness.process import run_isolated, scrub_env
+        from harness.timing.ncu_cross_check import ncu_path, split_by_markers
+        from harness.worker.process_group import run_isolated, scrub_env
 
         with tempfile.TemporaryDirectory(prefix="astra-ncu-profile-") as tmp:
             job_path, manifest, log = Path(tmp) / "job.json", Path(tmp) / "done.json", Path(tmp) / "ncu.csv"
@@ -203,9 +203,9 @@ def launch(job: Job, manifest: Path) -> None:
     """The profiled side: the job's one case, launched once to warm up, then once between two markers."""
     import torch
 
-    from harness.evaluate import _launch, build_all, default_cache_dir
-    from harness.inputs import clone_inputs, make_inputs, poison_outputs, to_call_args
-    from harness.modules import load_module
+    from harness.building.module_loading import load_module
+    from harness.judge.evaluate import _launch, build_all, default_cache_dir
+    from harness.judge.inputs import clone_inputs, make_inputs, poison_outputs, to_call_args
 
     paths, _, failure = build_all(job, default_cache_dir(job))
     if failure is not None:
@@ -220,7 +220,7 @@ def launch(job: Job, manifest: Path) -> None:
     torch.cuda.synchronize()
     call = args()
     torch.cuda.synchronize()
-    torch.cuda._sleep(1)  # the marker kernel (harness.ncu.MARKER)
+    torch.cuda._sleep(1)  # the marker kernel (harness.timing.ncu_cross_check.MARKER)
     run(call)
     torch.cuda._sleep(1)
     torch.cuda.synchronize()

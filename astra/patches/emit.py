@@ -9,7 +9,7 @@ Both are made by the real git CLI in a throw-away repository. The message (astra
 the per-shape evidence and the trailers `astra apply` and `astra recheck` read.
 
 A patch is refused (no files, a one-line reason) unless the verdict shows the candidate verified faster
-by the one acceptance rule (`harness.acceptance.verified_faster`: correct, sanitizer clean, no shape
+by the one acceptance rule (`harness.judge.acceptance.verified_faster`: correct, sanitizer clean, no shape
 slower beyond noise, a band faster beyond its noise band), the candidate differs from the original, the
 verdict names this kernel, and compute-sanitizer ran cleanly (some tool ran, nothing skipped, no
 findings) — unless the caller passes `sanitizer_required=False` (`astra patch --no-sanitizer`, or an optimize
@@ -37,7 +37,7 @@ from astra.patches.patchfile import git_exe
 from astra.sglang.tree import SglangTree, sha256_file
 from astra.spec.model import KernelSpec
 from harness import Verdict, verified_faster
-from harness.acceptance import SLOWDOWN_THRESHOLD
+from harness.judge.acceptance import SLOWDOWN_THRESHOLD
 
 _GIT_CONFIG = ["-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null", "-c", "core.autocrlf=false"]
 
@@ -52,7 +52,7 @@ class PatchResult:
 def refusal(verdict: Verdict, *, spec_name: str | None = None, slowdown_threshold: float = SLOWDOWN_THRESHOLD,
             sanitizer_required: bool = True) -> str | None:
     """Why this verdict does not support a patch (one line), or None: the one acceptance rule
-    (`harness.acceptance.verified_faster`), plus that the verdict names this kernel and that
+    (`harness.judge.acceptance.verified_faster`), plus that the verdict names this kernel and that
     compute-sanitizer ran cleanly (unless `sanitizer_required` is False)."""
     if spec_name and verdict.name and verdict.name != spec_name:
         return f"the verdict is for kernel {verdict.name!r}, not {spec_name!r}"

@@ -2,7 +2,7 @@
 kernel's time against its two floors over tokens (written by hand: no plotting dependency on a GPU box).
 
 Every number names its view (`graph`: back-to-back in a CUDA graph over rotating inputs; `cold`: one
-launch between events after an L2 flush). The floors come from harness.roofline: `physical` (bytes that
+launch between events after an L2 flush). The floors come from harness.timing.roofline: `physical` (bytes that
 must cross DRAM at the device's peak, or an empty launch: nothing legitimate is faster) and `practical`
 (bytes read and written at the measured read and write bandwidths); "x pract" is time / practical."""
 

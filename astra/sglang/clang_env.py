@@ -139,8 +139,8 @@ def _wheel_resource_dir() -> Path | None:
 
 
 def find_cuda_home() -> Path:
-    """The CUDA toolkit whose headers the parse uses (the build's rule, `harness.toolchain.cuda_home`)."""
-    from harness.toolchain import cuda_home
+    """The CUDA toolkit whose headers the parse uses (the build's rule, `harness.building.toolchain.cuda_home`)."""
+    from harness.building.toolchain import cuda_home
 
     found = cuda_home()
     home = Path(found or "/usr/local/cuda").expanduser()

@@ -29,8 +29,8 @@ from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec.model import KernelSpec
 from harness import Options, build_requests
-from harness.build import BuildRequest, plan_build, trim_errors
-from harness.toolchain import BuildFailure, nvcc_path, tool_version, tvm_ffi_version
+from harness.building.nvcc_build import BuildRequest, plan_build, trim_errors
+from harness.building.toolchain import BuildFailure, nvcc_path, tool_version, tvm_ffi_version
 
 CHECK_VERSION = "astra-template-check-1"
 CHECK_TIMEOUT_S = 300.0

@@ -60,7 +60,7 @@ from astra.spec.template_check import (
     nvcc_available,
     spec_requests,
 )
-from harness.build import BuildRequest
+from harness.building.nvcc_build import BuildRequest
 
 __all__ = ["DEFAULT_BUDGET", "CheckResult", "Settlement", "check_request", "check_variants", "nvcc_available",
            "settle"]

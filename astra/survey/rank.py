@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from astra.survey import reach as reach_mod
 from astra.survey.mixes import Mix, suite_weights
-from harness import roofline
+from harness.timing import roofline
 
 VIEWS = ("graph", "cold")
 FORMULA = ("recoverable_us = sum_t w(t) * mean_families max(0, time - practical_floor); "
@@ -50,7 +50,7 @@ class Point:
     x: float  # time / practical
     excess_us: float
     weight: float = 0.0  # w(t) of its token count
-    under_floor: bool = False  # under the physical floor by the bench's own margins (harness.roofline.suspect)
+    under_floor: bool = False  # under the physical floor by the bench's own margins (harness.timing.roofline.suspect)
 
 
 @dataclass
@@ -135,7 +135,7 @@ def points(record: dict, view: str) -> tuple[list[Point], list[str]]:
 
 
 def _under_floor(time_us: float, floors: dict) -> bool:
-    """The bench's own test for a time it cannot believe (harness.roofline.suspect, margins included); a
+    """The bench's own test for a time it cannot believe (harness.timing.roofline.suspect, margins included); a
     record from before floors kept their DRAM and launch parts: under its physical floor."""
     if floors.get("dram_us") is None and floors.get("launch_us") is None:
         return bool(floors.get("physical_us")) and time_us < floors["physical_us"]

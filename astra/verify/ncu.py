@@ -8,7 +8,7 @@ from harness import Job, Verdict
 def ncu_comparison(job: Job, verdict: Verdict) -> dict:
     """Per timed shape: cold median, ncu time, their ratio, and the ratio net of the fixed cost that
     CUDA events add (the cold empty launch minus ncu's empty launch)."""
-    from harness.ncu import cross_check
+    from harness.timing.ncu_cross_check import cross_check
 
     result = cross_check(job)
     cold_empty = verdict.env.get("cold_launch_floor_us")

@@ -2,7 +2,7 @@
 
 A draft's roles and shapes are guesses; a probed spec is one whose original kernel was seen, on a GPU,
 to accept its cases, write what the roles say, be deterministic and finite, and run clean under
-compute-sanitizer memcheck (harness.probe holds that rule, harness.probe_worker the processes).
+compute-sanitizer memcheck (harness.probe.observation holds that rule, harness.probe.processes the processes).
 
 `probe_modules` does, for the selected targets (`select`):
 1. skip every module whose record already matches its spec's bytes (unless `force`): resumable;
@@ -35,8 +35,8 @@ from astra.spec.model import KernelSpec
 from astra.spec.resolve import PROBE_FILE, draft_path, read_record, spec_sha256
 from astra.verify.probe_record import ModuleProbe, finish, summary, write_record
 from harness import Job, Options, build_many, build_requests, default_arch
-from harness.probe_worker import default_timeout, probe_isolated
-from harness.process import Isolated, kill_group
+from harness.probe.processes import default_timeout, probe_isolated
+from harness.worker.process_group import Isolated, kill_group
 
 Say = Callable[[str], None]
 

@@ -150,8 +150,8 @@ def proposed_changes(path: Path, roles: dict[str, str], excluded: list[dict]) ->
 
 
 def observed_roles(cases: list[dict]) -> dict[str, str]:
-    """Each tensor's role merged over the kept cases (harness.probe.merge_roles)."""
-    from harness.probe import merge_roles
+    """Each tensor's role merged over the kept cases (harness.probe.observation.merge_roles)."""
+    from harness.probe.observation import merge_roles
 
     return merge_roles([case for case in cases if case["status"] == "kept"])[0]
 

@@ -1,5 +1,5 @@
 """GPU half of the adversarial suite: every candidate in kernels/candidates/ goes through the real worker
-(`harness.worker.run_job`: a judge process per job, which runs the candidate only in a candidate process
+(`harness.worker.judge_process.run_job`: a judge process per job, which runs the candidate only in a candidate process
 of its own) and must get the status its `Expectation` names, with a reason; the sanitizer cases (f, g)
 go through `verify_job` (compute-sanitizer over the candidate process) and must show the tool's finding.
 (h, i, j are decided before any kernel runs; test_candidates_compile.py checks them on the CPU too.)
@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
 
 from rowscale_job import CANDIDATES, Expectation, rowscale_cases, rowscale_job  # noqa: E402
 
-from harness.sanitizer import sanitize, sanitizer_path  # noqa: E402
-from harness.worker import run_job, verify_job  # noqa: E402
+from harness.worker.judge_process import run_job, verify_job  # noqa: E402
+from harness.worker.sanitizer import sanitize, sanitizer_path  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 JOB_TIMEOUT_S = 300.0
@@ -31,7 +31,7 @@ BY_NAME = {expect.name: expect for expect in CANDIDATES}
 def adversarial_job(name: str | None):
     """Both dtypes, tokens 1, 1025 (past b's 1024 rows) and 4096, every width; two seeds (e needs a
     second call per shape); both timing modes on short budgets. c_side_stream is caught by the
-    stream-ordered correctness check (harness.check.call, run by the candidate process on its side),
+    stream-ordered correctness check (harness.judge.correctness.call, run by the candidate process on its side),
     before any timing."""
     cases = rowscale_cases(tokens=(1, 1025, 4096))
     return rowscale_job(name, cases=cases, seeds=[0, 1], modes=["graph", "cold"], budget_ms_per_case=20.0,
@@ -43,9 +43,9 @@ def prebuilt():
     """Build the original and every candidate up front, one nvcc per core, into the content-hashed cache
     the workers read: each test then times its worker, not a serial compile (minutes saved). Failures
     here are not asserted: j must fail, and each test's worker reports its own build."""
-    from harness.build import build_many
-    from harness.evaluate import default_cache_dir
-    from harness.plan import build_requests
+    from harness.building.job_requests import build_requests
+    from harness.building.nvcc_build import build_many
+    from harness.judge.evaluate import default_cache_dir
 
     jobs = [adversarial_job(None)] + [adversarial_job(e.name) for e in CANDIDATES]
     unique = {(r.name, repr(sorted(r.overrides.items()))): r for job in jobs for _, _, r in build_requests(job)}

@@ -15,7 +15,8 @@ import pytest
 from rowscale_job import BASE_ROOT, CPP_TYPE, KERNEL_FILE, rowscale_cases, rowscale_job, tvm_ffi_include_dirs
 
 from astra.optimize.band_dispatch import SUFFIX_HIGH, SUFFIX_LOW, CannotCombine, combine
-from harness.build import BuildRequest, build_many, export_signatures, load_module
+from harness.building.module_loading import export_signatures, load_module
+from harness.building.nvcc_build import BuildRequest, build_many
 from tests.toolchain import needs_nvcc
 
 ORIGINAL = (BASE_ROOT / KERNEL_FILE).read_text()
@@ -104,7 +105,7 @@ def test_the_judge_finds_the_dispatching_candidate_correct(stored):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from harness.worker import run_job
+    from harness.worker.judge_process import run_job
 
     job = rowscale_job(None, cases=rowscale_cases(tokens=(1, 127, 1025, 4096)), seeds=[0], modes=["graph"],
                        budget_ms_per_case=10.0, case_timeout_s=30.0)

@@ -1,6 +1,6 @@
 """CPU half of the adversarial suite: every candidate compiles with nvcc (except the one that must not),
 and the drop-in checks that need no GPU (build_failed, missing_export, signature_mismatch) give the
-expected status through `harness.evaluate.evaluate` on the CPU."""
+expected status through `harness.judge.evaluate.evaluate` on the CPU."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ from rowscale_job import (
     tvm_ffi_include_dirs,
 )
 
-from harness.build import BuildRequest, build_many, export_signatures, load_module
-from harness.scan import elf_tools_available, scan_candidate, scan_shared_object
+from harness.building.module_loading import export_signatures, load_module
+from harness.building.nvcc_build import BuildRequest, build_many
+from harness.scan.elf_scan import elf_tools_available, scan_shared_object
+from harness.scan.source_scan import scan_candidate
 from tests.toolchain import needs_nvcc
 
 pytestmark = needs_nvcc
@@ -84,7 +86,7 @@ def test_renamed_export_lacks_the_expected_name(builds):
 @pytest.mark.parametrize("name", ["h_extra_param", "i_renamed_export", "j_compile_error"])
 def test_drop_in_failures_are_verdicts_without_a_gpu(name):
     """These are decided before any kernel runs, so `evaluate` reaches them on the CPU too."""
-    from harness.evaluate import evaluate
+    from harness.judge.evaluate import evaluate
 
     job = rowscale_job(name, cases=rowscale_cases(tokens=(1,), widths=(256,), dtypes=("bfloat16",)))
     verdict = evaluate(job, device="cpu")
@@ -132,7 +134,7 @@ def test_scan_evading_candidate_takes_over_any_python_process_that_loads_it(buil
     """Why the judge must never load candidate code: loading the module (no kernel launched, no GPU needed)
     runs its payload, which patches json.dumps in the loading process to report "correct". Run in a
     throwaway subprocess."""
-    probe = ("import json, sys\nfrom harness.modules import load_module\nload_module(sys.argv[1])\n"
+    probe = ("import json, sys\nfrom harness.building.module_loading import load_module\nload_module(sys.argv[1])\n"
              "print(json.dumps({'status': 'incorrect'}))")
     done = subprocess.run([sys.executable, "-c", probe, builds[name].so_path], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).resolve().parents[2])

@@ -1,8 +1,8 @@
 """Shared by the patch / apply / recheck tests: a real candidate (SGLang 0.5.23's fused_add_rmsnorm.cuh with a
 small real edit), a SYNTHETIC verdict for it, and git repositories built from the wheel's sources.
 
-The verdict is synthetic because CI has no GPU: it is built with harness.verdict's own classes over the
-spec's real case list, so it has exactly the shape `harness.worker.verify_job` returns, but its numbers
+The verdict is synthetic because CI has no GPU: it is built with harness.judge.verdict's own classes over the
+spec's real case list, so it has exactly the shape `harness.worker.judge_process.verify_job` returns, but its numbers
 were not measured. Such patches exist only in the tests' temporary directories.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec import model as spec_mod
-from harness.acceptance import slower_shapes
-from harness.stats import Stats
-from harness.verdict import CaseResult, ModeTiming, Verdict, band_speedups
+from harness.judge.acceptance import slower_shapes
+from harness.judge.verdict import CaseResult, ModeTiming, Verdict, band_speedups
+from harness.timing.stats import Stats
 
 KERNEL_REL = "elementwise/fused_add_rmsnorm.cuh"
 REPO_PATH = "python/sglang/kernels/jit/csrc/elementwise/fused_add_rmsnorm.cuh"

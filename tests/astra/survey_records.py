@@ -5,8 +5,8 @@ numbers are SYNTHETIC: no GPU ran."""
 from __future__ import annotations
 
 from astra.survey.store import make_record
-from harness.stats import Stats
-from harness.verdict import CaseResult, ModeTiming, Verdict
+from harness.judge.verdict import CaseResult, ModeTiming, Verdict
+from harness.timing.stats import Stats
 
 GPU = "NVIDIA H100 80GB HBM3"
 TOKENS = [1, 8, 32, 128, 256, 1024, 4096, 16384]

@@ -11,7 +11,7 @@ import pytest
 
 from astra.optimize.band_dispatch import SUFFIX_HIGH, SUFFIX_LOW, combine, try_band_dispatch
 from astra.optimize.rundir import HistoryEntry, RunDir
-from harness.toolchain import nvcc_path
+from harness.building.toolchain import nvcc_path
 from tests.toolchain import needs_nvcc
 from tests.verdicts import make_verdict
 

@@ -5,10 +5,10 @@ import json
 from astra.report import baseline as report
 from astra.report import text as check_cmd
 from astra.verify.ncu import ncu_comparison
-from harness.perf_model import PerfModel
-from harness.roofline import floor_entry, floors, roofline_entry
-from harness.stats import Stats
-from harness.verdict import CaseResult, ModeTiming, Verdict
+from harness.judge.verdict import CaseResult, ModeTiming, Verdict
+from harness.timing.perf_model import PerfModel
+from harness.timing.roofline import floor_entry, floors, roofline_entry
+from harness.timing.stats import Stats
 
 MODEL = PerfModel(read_Bps=4.4e12, write_Bps=4.3e12, copy_Bps=4.2e12, launch_graph_us=0.8, launch_cold_us=3.0,
                   peak_dram_Bps=4.8e12, peak_source="test", l2_bytes=50 << 20)
@@ -97,10 +97,10 @@ def test_ncu_table_counts_agreement_over_10us():
 
 
 def test_ncu_net_ratio_takes_out_the_measured_launch_overhead(monkeypatch):
-    import harness.ncu
+    import harness.timing.ncu_cross_check
 
     # the profiled worker is GPU-only; what is tested here is the arithmetic on its figures
-    monkeypatch.setattr(harness.ncu, "cross_check",
+    monkeypatch.setattr(harness.timing.ncu_cross_check, "cross_check",
                         lambda job: {"skipped": None, "cases": {"a": 20.0, "b": 200.0}, "empty_us": 1.0})
     cases = []
     for case_id, us in (("a", 22.0), ("b", 206.0)):

@@ -18,7 +18,7 @@ from astra.optimize.llm_context import parse_plan, parse_profile
 from astra.optimize.loop import Budget, run_loop
 from astra.optimize.rundir import RunDir
 from astra.spec import model as spec_mod
-from harness.verdict import decide
+from harness.judge.verdict import decide
 from tests.llm_server import KEY, MODEL, reply
 from tests.verdicts import make_verdict, timed_case
 
@@ -30,7 +30,7 @@ FAST_ROW = "decode0 | decode | graph | 10.00 | 8.00 | 1.250 | 3.20 | 4.00 | 2.50
 
 
 def _floors(verdict):
-    """The floors a worker records per case and view (harness.roofline.floor_entry), from PRACTICAL."""
+    """The floors a worker records per case and view (harness.timing.roofline.floor_entry), from PRACTICAL."""
     for case in verdict.cases:
         for view, timing in case.timings.items():
             p, orig, cand = PRACTICAL[case.band], timing.orig.median_us, timing.cand.median_us
@@ -214,15 +214,15 @@ def test_profiles_are_parsed_or_passed_raw_with_a_note():
 
 
 def test_no_ncu_or_no_gpu_is_a_reason_not_a_profile(monkeypatch):
-    import harness.ncu
+    import harness.timing.ncu_cross_check
 
     profiler = ncu_profile.Profiler(spec_mod.load("rmsnorm"), SimpleNamespace(version="0.5.23"))
-    monkeypatch.setattr(harness.ncu, "ncu_path", lambda: None)
+    monkeypatch.setattr(harness.timing.ncu_cross_check, "ncu_path", lambda: None)
     result = profiler(None, "decode0", [])
     assert result == {"available": False, "why": "ncu (Nsight Compute) not found on PATH or in $CUDA_HOME/bin"}
     assert ncu_profile.text(result, "original") == ("original: no Nsight Compute profile: ncu (Nsight Compute) "
                                                     "not found on PATH or in $CUDA_HOME/bin")
-    monkeypatch.setattr(harness.ncu, "ncu_path", lambda: "/opt/ncu")
+    monkeypatch.setattr(harness.timing.ncu_cross_check, "ncu_path", lambda: "/opt/ncu")
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert profiler(None, "decode0", []) == {"available": False, "why": "no GPU: nvidia-smi not found"}
     assert profiler(None, None, [])["why"].startswith("no timed shape to profile")
@@ -230,7 +230,7 @@ def test_no_ncu_or_no_gpu_is_a_reason_not_a_profile(monkeypatch):
 
 
 def test_ncu_csv_becomes_one_profile_per_marked_shape():
-    from harness.ncu import split_by_markers
+    from harness.timing.ncu_cross_check import split_by_markers
 
     def rows(kid, name, metrics):
         return [f'"{kid}","1","python","h","{name}","1","7","(128, 1, 1)","(4, 1, 1)","0","9.0","s","{m}","u","{v}"'
@@ -261,7 +261,7 @@ def test_ncu_csv_becomes_one_profile_per_marked_shape():
 @pytest.mark.gpu
 @pytest.mark.network
 def test_ncu_profiles_a_real_shape(sglang_0523):
-    from harness.ncu import ncu_path
+    from harness.timing.ncu_cross_check import ncu_path
 
     if ncu_path() is None:
         pytest.skip("needs ncu (Nsight Compute)")

@@ -14,7 +14,7 @@ from astra.optimize import param_space
 from astra.optimize.loop import Context
 from astra.optimize.offline import OfflineAgent
 from astra.optimize.param_search import Search, representative_cases
-from harness.toolchain import nvcc_path
+from harness.building.toolchain import nvcc_path
 from tests.toolchain import needs_nvcc
 from tests.verdicts import make_verdict
 
@@ -256,7 +256,7 @@ def test_a_thread_cap_move_on_a_real_kernel_still_compiles(sglang_0523, tmp_path
     cap = next(p for p in params if p.kind == "cap")
     source = tmp_path / "pos_enc.cu"
     source.write_text(param_space.render(rope, params, {cap.name: 1024}))
-    from harness.toolchain import arch_flags, tvm_ffi_paths
+    from harness.building.toolchain import arch_flags, tvm_ffi_paths
     includes = [f"-I{sglang_0523.include_dir}", *(f"-I{d}" for d in tvm_ffi_paths()[0])]
     done = subprocess.run([nvcc_path(), *arch_flags("90a"), "-std=c++20", "--expt-relaxed-constexpr", *includes, "--cubin",
                            str(source), "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True, timeout=400)

@@ -7,7 +7,7 @@ import subprocess
 
 from astra.optimize.offline import _changed_lines
 from astra.optimize.transforms import early_pdl_trigger
-from harness.toolchain import nvcc_path
+from harness.building.toolchain import nvcc_path
 from tests.toolchain import needs_nvcc
 
 KERNELS = """#include <cuda_runtime.h>

@@ -46,7 +46,7 @@ def write_draft(name: str, *, out_role: str = "in", reference: bool = False) -> 
 
 
 def recorded_result(cases: list[dict], status: str = "probed", reason: str = "1/1 cases kept; writes out (out)") -> dict:
-    """What `python -m harness probe` returns (harness.probe_worker.probe_job), as recorded on a GPU."""
+    """What `python -m harness probe` returns (harness.probe.processes.probe_job), as recorded on a GPU."""
     return {"name": "x", "status": status, "reason": reason, "cases": cases, "wall_s": 12.5,
             "sanitizer": {"findings": [], "ok": True, "skipped": None, "unavailable": None, "case": cases[0]["id"]},
             "env": {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "torch": "2.11.0", "torch_cuda": "13.0",

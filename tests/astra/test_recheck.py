@@ -286,7 +286,7 @@ def test_loop_emitter_and_recheck_agree_at_the_noise_edge(patch, sglang_0523, sp
     from astra.optimize.transforms import Proposal
     from astra.patches.emit import refusal
     from astra.verify import runner
-    from harness.acceptance import SIGNIFICANCE, band_noise
+    from harness.judge.acceptance import SIGNIFICANCE, band_noise
 
     timed = sum(c.timed for c in h.synthetic_verdict().cases)
     rel_stderr = 0.02 * timed ** 0.5 / SIGNIFICANCE

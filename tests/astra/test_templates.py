@@ -73,7 +73,7 @@ def test_coding_template_example_is_a_valid_edit():
 
 
 def test_the_system_prompt_states_the_acceptance_rule_from_its_constants():
-    from harness.acceptance import MIN_GAIN, SIGNIFICANCE, SLOWDOWN_THRESHOLD, policy_text
+    from harness.judge.acceptance import MIN_GAIN, SIGNIFICANCE, SLOWDOWN_THRESHOLD, policy_text
 
     text = render("system", acceptance=policy_text())
     assert f"more than {100 * SLOWDOWN_THRESHOLD:g}% slower" in text

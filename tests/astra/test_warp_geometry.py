@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 
 from astra.optimize import param_space, warp_geometry
-from harness.toolchain import nvcc_path
+from harness.building.toolchain import nvcc_path
 from tests.toolchain import needs_nvcc
 
 ROWS = """
@@ -144,7 +144,7 @@ def test_a_warp_count_move_on_a_real_kernel_still_compiles(sglang_0523, tmp_path
     instantiate = "".join(f"\nstatic auto* use_{i} = &sglang::{entry}<sglang::bf16_t, sglang::fp8_e4m3_t, 128, false, true>;"
                           for i, entry in enumerate(("qsa_index_q_prep", "qsa_index_k_compress")))
     source.write_text(param_space.render(qsa, params, moves) + instantiate)  # the templates, built for real
-    from harness.toolchain import arch_flags, tvm_ffi_paths
+    from harness.building.toolchain import arch_flags, tvm_ffi_paths
     includes = [f"-I{sglang_0523.include_dir}", f"-I{sglang_0523.csrc_dir / 'attention'}",
                 *(f"-I{d}" for d in tvm_ffi_paths()[0])]
     done = subprocess.run([nvcc_path(), *arch_flags("90a"), "-std=c++20", "--expt-relaxed-constexpr", *includes,

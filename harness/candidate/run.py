@@ -1,0 +1,144 @@
+"""The judge's handle on one candidate process (harness.candidate.process): start it isolated, watch it, end it.
+
+`CandidateRun(job, phase, ...)` writes the request file, makes the candidate's own temporary directory
+(its cwd, HOME and TMPDIR) and the work directory it writes results into (harness.candidate.exchange), and starts
+
+    [wrap...] python -m harness candidate request.json --work WORK --phase PHASE
+
+with `harness.worker.process_group.Isolated`: a new process group, a scrubbed environment (`scrub_env`: no keys,
+tokens or secrets, nothing of ASTRA_ but the timing diagnostics), stdin /dev/null, SIGKILL when the
+judge dies. `wrap` is the compute-sanitizer prefix when the judge runs under `harness.worker.sanitizer`
+(from the judge's private config, harness.worker.judge_channel). Never given: the HMAC key, the judge's verdict path.
+
+`failure()` turns an ended or stuck process into (status, reason): "timeout" when it made no progress
+in time (its group is killed), "crashed" when it died (the most telling line of its stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.candidate.exchange import wait_for
+from harness.job import Job
+from harness.worker.judge_channel import current
+from harness.worker.process_group import Isolated, ProcessOutcome, describe_exit, scrub_env, telling_line
+
+MARGIN_S = 10.0  # the judge keeps this much of its own budget to write a verdict after killing a candidate
+SANITIZER_SLOWDOWN = 50.0  # sanitized runs are 10-100x slower
+
+
+class CandidateRun:
+    """One candidate process of one phase; use as a context manager (the group is killed on exit)."""
+
+    def __init__(self, job: Job, phase: str, *, device: str, cand_so: dict[str, str], deadline: float,
+                 orig_so: dict[str, str] | None = None, exports: dict[str, list[str]] | None = None,
+                 trials: list[list[tuple[str, int]]] | None = None, timed: list[str] | None = None,
+                 python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+        self.job, self.phase, self.deadline = job, phase, deadline
+        self.root = Path(tempfile.mkdtemp(prefix=f"astra-cand-{phase}-", dir=exchange_base()))
+        self.home, self.work = self.root / "home", self.root / "work"
+        self.home.mkdir()
+        self.work.mkdir()
+        request = {"job": json.loads(job.to_json()), "device": device, "cand_so": cand_so,
+                   "orig_so": orig_so or {}, "exports": exports or {}, "trials": trials or [], "timed": timed or []}
+        request_path = self.root / "request.json"
+        request_path.write_text(json.dumps(request))
+        config = current()
+        self.wrapped = bool(config.wrap)
+        self.wrap_exitcode = config.wrap_exitcode
+        command = [*config.wrap, python, "-m", "harness", "candidate", str(request_path), "--work", str(self.work),
+                   "--phase", phase]
+        self.process = Isolated(command, env=scrub_env(dict(os.environ if env is None else env), self.home),
+                                cwd=self.home, logs=self.root, die_with_parent=True)
+        self.outcome: ProcessOutcome | None = None
+        self.stalled = False
+
+    def __enter__(self) -> "CandidateRun":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def alive(self) -> bool:
+        return self.outcome is None and not self.process.poll()
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def wait_for(self, path: Path, timeout_s: float) -> bool:
+        """Wait for `path` (a result of the candidate); on no progress in time the group is killed."""
+        if wait_for(path, self.alive, min(timeout_s, self.remaining())):
+            return True
+        if self.alive():
+            self.stalled = True
+            self.outcome = self.process.kill()
+        return False
+
+    def finish(self, timeout_s: float | None = None) -> ProcessOutcome:
+        """Wait for the process to exit (at most `timeout_s`, or what is left of the budget)."""
+        if self.outcome is None:
+            limit = self.remaining() if timeout_s is None else min(timeout_s, self.remaining())
+            self.outcome = self.process.finish(limit)
+            self.stalled = self.outcome.timed_out
+        return self.outcome
+
+    def clean_exit(self) -> bool:
+        """Whether it exited 0 (or with the sanitizer's error exit code, under the sanitizer)."""
+        outcome = self.finish()
+        return outcome.returncode == 0 or (self.wrapped and outcome.returncode == self.wrap_exitcode)
+
+    def failure(self, waiting_for: str) -> tuple[str, str]:
+        """(status, reason) for a candidate process that did not deliver `waiting_for`."""
+        outcome = self.finish(5.0)
+        line = telling_line(outcome.stderr)
+        if self.stalled or outcome.timed_out:
+            return "timeout", (f"candidate process ({self.phase}) gave no {waiting_for} in time; its process group "
+                               f"was killed" + (f" (last output: {line})" if line else ""))
+        if outcome.returncode == 0:
+            return "crashed", f"candidate process ({self.phase}) exited without {waiting_for}"
+        return "crashed", f"candidate process {describe_exit(outcome.returncode)}" + (f": {line}" if line else "")
+
+    def close(self) -> None:
+        if self.outcome is None:
+            self.outcome = self.process.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+SHM_MIN_FREE = 8 << 30  # /dev/shm holds the exchange when it has this much room (memory, not disk)
+
+
+def exchange_base() -> str | None:
+    """Where candidate directories (and their raw outputs) go: /dev/shm when it is a writable tmpfs with
+    room for the backlog of large cases, else the default temporary directory (disk)."""
+    shm = "/dev/shm"
+    try:
+        stats = os.statvfs(shm)
+    except OSError:
+        return None
+    room = stats.f_bavail * stats.f_frsize
+    return shm if room >= SHM_MIN_FREE and os.access(shm, os.W_OK) else None
+
+
+def judge_deadline(start: float, job: Job) -> float:
+    """When the judge must stop waiting for candidates: its own budget (from the orchestrator's config)
+    less a margin, else generous bounds from the job's per-case timeout."""
+    config = current()
+    budget = config.timeout_s
+    if budget is None:
+        budget = job.options.case_timeout_s * (len(job.cases) + 4) * 2
+    else:
+        start = config.received_at or start
+    return start + max(1.0, budget - min(MARGIN_S, 0.1 * budget))
+
+
+def progress_timeout(seconds: float) -> float:
+    """How long the judge waits for the candidate's next result: `seconds`, times `SANITIZER_SLOWDOWN`
+    when the candidate runs under compute-sanitizer (always bounded by the judge's own deadline)."""
+    return seconds * (SANITIZER_SLOWDOWN if current().wrap else 1.0)

@@ -1,0 +1,363 @@
+"""Correctness of one case: the candidate against the original (and a float64 reference when given).
+
+Split in two so the sides can live in different processes: `run_side` runs ONE side on one trial
+(fresh inputs from `trial_inputs`, `out` tensors poisoned, one stream-ordered call); `judge_trial`
+compares both sides' post-call tensors for one trial. The judge (harness.judge.evaluate) runs the original
+itself and reads the candidate's outputs from the candidate process; `check_case` runs both sides in
+one process (CPU tests, trusted code only).
+
+Trials (`trials_for`): every seed of the job, plus, on fresh seeds, a `large`, a `small` and an
+`extreme` trial where the case has random float tensors (harness.judge.inputs). Per trial:
+
+- every `out`/`inout` tensor is compared (compare.compare_outputs with the output's tolerance), an
+  `unordered` one after its rows are sorted (`canonical`);
+  `scratch` tensors (workspaces) are never compared, and an absent optional tensor (None) is skipped;
+- every `in` tensor must still hold its exact bytes on the candidate's side (where the original also
+  writes it, the spec's role is wrong: it is noted and compared as an output instead);
+- a strided view (`row_stride`) must leave the storage between its rows unchanged (compare.gaps_unchanged);
+- with a reference, float outputs are judged by the reference rule (plus the NaN/Inf-position rule);
+  the tolerance check against the original is still recorded; integer outputs are always exact.
+
+Determinism (two runs of each side on identical inputs, bitwise) is recorded, never decisive.
+A candidate launch that raises fails the case. Fail closed: the original raising raises
+`OriginalFailed`, a reference.py that raises raises `ReferenceFailed` (the judge turns them into the
+"original_failed" and "reference_error" verdicts). If the CUDA context is no longer usable after a
+launch, `ContextLost` propagates so the worker reports the job as crashed.
+Works on the CPU with Python callables as launches, which is how the CPU tests drive it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+from typing import Any, Callable, Sequence
+
+import torch
+
+from harness.job import Case, Job
+from harness.judge.compare import (
+    OutputCheck,
+    compare_outputs,
+    error_vs_reference,
+    gaps_unchanged,
+    reference_verdict,
+    sort_rows_together,
+    tolerance_for,
+    unchanged,
+)
+from harness.judge.inputs import (
+    clone_inputs,
+    has_extreme_trial,
+    has_large_trial,
+    has_small_trial,
+    make_inputs,
+    poison_outputs,
+    to_call_args,
+)
+from harness.judge.verdict import CaseResult
+
+log = logging.getLogger(__name__)
+Launch = Callable[[Sequence[Any]], Any]
+Reference = Callable[[dict, dict], dict]
+Trial = tuple[str, int]  # (kind: harness.judge.inputs.TRIALS, seed)
+LARGE_SEED_OFFSET = 1000  # the large trial's seed: max(seeds) + this
+SMALL_SEED_OFFSET = 2000
+EXTREME_SEED_OFFSET = 3000
+
+
+class ContextLost(RuntimeError):
+    """A launch left the CUDA context unusable (sticky error): evaluation cannot go on in-process."""
+
+
+class OriginalFailed(RuntimeError):
+    """The ORIGINAL raised on a case: there is nothing to compare the candidate with."""
+
+
+class ReferenceFailed(RuntimeError):
+    """The spec's reference.py raised (or does not load): the spec is broken, not the candidate."""
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device (no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def ensure_usable(device: torch.device, error: BaseException, where: str) -> None:
+    """Raise ContextLost if the CUDA context no longer works after `error` happened at `where`."""
+    if device.type != "cuda":
+        return
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except RuntimeError as sticky:
+        raise ContextLost(f"{where}: {error} (context unusable: {sticky})") from error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+# Cycles the checking stream sleeps before (re)writing the outputs and launching: ~0.5 ms on Hopper.
+_DELAY_CYCLES = 1_000_000
+_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def _check_stream(device: torch.device) -> "torch.cuda.Stream":
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _streams:
+        _streams[index] = torch.cuda.Stream(device=device)
+    return _streams[index]
+
+
+def call(launch: Launch, args: dict[str, Any], case: Case, device: torch.device, where: str) -> str | None:
+    """Run one launch and synchronise; the error's first line if it raised (context checked).
+
+    On a GPU the call is stream-ordered against cheating: on a dedicated stream the harness sleeps,
+    then (re)writes every `out` (poison) and `inout`/`scratch` (pristine input) tensor, launches, and
+    snapshots every tensor argument on that same stream. Work that a candidate hides on a stream of its own
+    runs while the checking stream sleeps, so its writes are overwritten and the snapshot shows that
+    nothing was computed in stream order (what a caller on the current stream would observe).
+    """
+    try:
+        if device.type == "cuda":
+            _ordered_call(launch, args, case, device)
+        else:
+            launch(to_call_args(args, case.args))
+        synchronize(device)
+    except Exception as error:  # the kernel's own failure is a result, not a crash of the harness
+        ensure_usable(device, error, where)
+        return _first_line(error)
+    return None
+
+
+def _ordered_call(launch: Launch, args: dict[str, Any], case: Case, device: torch.device) -> None:
+    tensors = case.tensors()
+    pristine = {a.name: args[a.name].clone() for a in tensors if a.role in ("inout", "scratch")}
+    stream = _check_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(_DELAY_CYCLES)
+        poison_outputs(args, case.args)
+        for name, value in pristine.items():
+            args[name].copy_(value)
+        launch(to_call_args(args, case.args))
+        snapshot = clone_inputs({a.name: args[a.name] for a in tensors})
+    synchronize(device)
+    args.update(snapshot)
+
+
+def load_reference(path: str) -> Reference:
+    """`reference(args, dims)` from a reference.py, imported by path (raises if it does not load)."""
+    spec = importlib.util.spec_from_file_location(f"astra_reference_{abs(hash(path))}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "reference", None)):
+        raise ImportError(f"{path} defines no reference(args, dims)")
+    return module.reference
+
+
+def reference_args(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Float64 copies of float tensors; integer/bool tensors cloned in their dtype (they index)."""
+    return {k: (v.to(torch.float64) if v.is_floating_point() else v.clone()) if isinstance(v, torch.Tensor) else v
+            for k, v in inputs.items()}
+
+
+def trials_for(case: Case, seeds: list[int], extra: bool = True) -> list[Trial]:
+    """The judge's trial list for `case`: every seed, then (`extra`) large, small and extreme where they
+    apply. Without `extra`, the seeds alone (`astra bench`: the original against itself)."""
+    trials: list[Trial] = [("seed", seed) for seed in seeds]
+    if not extra:
+        return trials
+    top = max(seeds, default=0)
+    if has_large_trial(case):
+        trials.append(("large", top + LARGE_SEED_OFFSET))
+    if has_small_trial(case):
+        trials.append(("small", top + SMALL_SEED_OFFSET))
+    if has_extreme_trial(case):
+        trials.append(("extreme", top + EXTREME_SEED_OFFSET))
+    return trials
+
+
+def describe(trial: Trial) -> str:
+    """ "seed 0", "seed 1002 (large)", ...: how reasons name a trial."""
+    kind, seed = trial
+    return f"seed {seed}" + ("" if kind == "seed" else f" ({kind})")
+
+
+def trial_inputs(case: Case, trial: Trial, device: torch.device) -> dict[str, Any]:
+    """The inputs of one trial; every process that calls this gets the same data."""
+    return make_inputs(case, trial[1], device, trial=trial[0])
+
+
+def run_side(launch: Launch, inputs: dict[str, Any], case: Case, device: torch.device,
+             where: str) -> tuple[dict[str, Any], str | None]:
+    """One side on one trial: a poisoned clone of `inputs`, one stream-ordered call. Returns the clone
+    (every tensor argument after the call) and the launch's error line (None if it did not raise)."""
+    args = poison_outputs(clone_inputs(inputs), case.args)
+    return args, call(launch, args, case, device, where)
+
+
+def new_result(case: Case) -> CaseResult:
+    """An empty (correct so far) CaseResult for `case`."""
+    return CaseResult(id=case.id, band=case.band, label=case.label, dtype=case.dtype, dims=dict(case.dims),
+                      timed=case.timed, bytes=case.bytes)
+
+
+def _merge_check(result: CaseResult, name: str, check: OutputCheck) -> None:
+    old = result.checks.get(name)
+    merged = check if old is None else OutputCheck(**old).merge(check)
+    result.checks[name] = merged.to_dict()
+
+
+def _judge_reference(result: CaseResult, name: str, orig: torch.Tensor, cand: torch.Tensor, ref: torch.Tensor,
+                     floor: float, where: str) -> None:
+    err_o, err_c = error_vs_reference(orig, ref), error_vs_reference(cand, ref)
+    ok, why = reference_verdict(err_c["rel_l2"], err_o["rel_l2"], floor)
+    old = result.reference.get(name, {})
+    result.reference[name] = {
+        "orig": max(err_o["rel_l2"], old.get("orig", 0.0)), "cand": max(err_c["rel_l2"], old.get("cand", 0.0)),
+        "orig_max_abs": max(err_o["max_abs"], old.get("orig_max_abs", 0.0)),
+        "cand_max_abs": max(err_c["max_abs"], old.get("cand_max_abs", 0.0)), "floor": floor}
+    if not ok:
+        result.fail(f"{where}: {name}: {why}")
+
+
+def _judge_gaps(result: CaseResult, tensors: list, inputs: dict[str, Any], orig: dict[str, Any],
+                cand: dict[str, Any], where: str) -> None:
+    """A strided view's gaps (storage between its rows: other tensors in the caller) stay untouched."""
+    for arg in tensors:
+        if arg.row_stride is None or arg.role in ("alias", "scratch"):
+            continue
+        if not gaps_unchanged(inputs[arg.name], orig[arg.name]):
+            note = f"the original writes between the rows of strided {arg.name}; its gaps are not judged"
+            if note not in result.notes:
+                result.notes.append(note)
+        elif not gaps_unchanged(inputs[arg.name], cand[arg.name]):
+            result.fail(f"{where}: candidate wrote outside the view of {arg.name} (between its rows of "
+                        f"row_stride {arg.row_stride}: memory of other tensors in the caller)")
+
+
+def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: dict[str, Any],
+                orig: dict[str, Any], cand: dict[str, Any] | None, cand_error: str | None,
+                reference: Reference | None) -> None:
+    """Judge one trial into `result`: `inputs` as generated, `orig`/`cand` every tensor argument after each
+    side's call (`cand` None when the candidate raised `cand_error`). The original must not have raised."""
+    where = describe(trial)
+    result.trials += 1
+    if cand_error is not None or cand is None:
+        result.fail(f"{where}: candidate raised {cand_error or 'an error'}")
+        return
+    tensors = case.tensors()
+    compared = [a for a in tensors if a.role in ("out", "inout")]
+    for arg in (a for a in tensors if a.role == "in"):
+        if not unchanged(inputs[arg.name], orig[arg.name]):
+            result.notes.append(f"{where}: original writes read-only {arg.name}; compared as an output")
+            compared.append(arg)
+        elif not unchanged(inputs[arg.name], cand[arg.name]):
+            result.fail(f"{where}: candidate wrote read-only argument {arg.name}")
+    _judge_gaps(result, tensors, inputs, orig, cand, where)
+    sorted_orig = canonical(case, orig)  # unordered outputs: order is not the result
+    unordered = {n for n in sorted_orig if sorted_orig[n] is not orig[n]}  # judged against the original only
+    orig, cand = sorted_orig, canonical(case, cand)
+    ref_out: dict[str, Any] = {}
+    if reference is not None:
+        try:
+            ref_out = reference(reference_args(inputs), dict(case.dims))
+        except Exception as error:  # fail closed: the spec's reference is broken, not the candidate
+            raise ReferenceFailed(f"{case.id}: {where}: reference.py raised {_first_line(error)}") from error
+    aliases = {a.alias: a.name for a in case.args if a.role == "alias" and a.alias}
+    for arg in compared:
+        if arg.name in aliases and arg.name not in ref_out and aliases[arg.name] in ref_out:
+            ref_out[arg.name] = ref_out[aliases[arg.name]]  # the reference names the in-place output
+        tol = tolerance_for(job.tolerance, arg.dtype, case.dtype)
+        check = compare_outputs(orig[arg.name], cand[arg.name], tol)
+        _merge_check(result, arg.name, check)
+        ref = ref_out.get(arg.name)
+        if ref_out and ref is None and result.trials == 1:
+            result.notes.append(f"reference gives no {arg.name}: compared with the original's tolerances")
+        if ref is not None and orig[arg.name].is_floating_point() and arg.name not in unordered:
+            if check.nonfinite_mismatches:
+                result.fail(f"{where}: {arg.name}: {check.reason}")
+            _judge_reference(result, arg.name, orig[arg.name], cand[arg.name], ref, tol["floor"], where)
+        elif not check.ok:
+            result.fail(f"{where}: {arg.name}: {check.reason}")
+
+
+def original_outputs(launch: Launch, case: Case, trial: Trial, device: torch.device) -> tuple[dict, dict]:
+    """(inputs, the original's post-call tensors) of one trial; raises OriginalFailed if it raised."""
+    inputs = trial_inputs(case, trial, device)
+    orig, error = run_side(launch, inputs, case, device, f"{case.id}: orig {describe(trial)}")
+    if error is not None:
+        raise OriginalFailed(f"{case.id}: {describe(trial)}: the original raised {error}")
+    return inputs, orig
+
+
+def check_case(case: Case, launches: dict[str, Launch], job: Job, device: torch.device | str,
+               reference: Reference | None = None) -> CaseResult:
+    """Correctness of `case` with both sides in this process (see the module docstring); `launches` has
+    "orig" and "cand". Only for trusted code (CPU tests): the judge never runs a candidate itself."""
+    device = torch.device(device)
+    result = new_result(case)
+    for trial in trials_for(case, job.options.seeds, job.options.extra_trials):
+        inputs, orig = original_outputs(launches["orig"], case, trial, device)
+        cand, error = run_side(launches["cand"], inputs, case, device, f"{case.id}: cand {describe(trial)}")
+        judge_trial(result, case, job, trial, inputs, orig, None if error else cand, error, reference)
+    seed = job.options.seeds[0] if job.options.seeds else 0
+    result.deterministic_orig = deterministic(launches["orig"], case, seed, device)
+    result.deterministic_cand = deterministic(launches["cand"], case, seed, device)
+    return result
+
+
+def canonical(case: Case, tensors: dict[str, Any]) -> dict[str, Any]:
+    """`tensors` with the case's unordered outputs row-sorted together with every output of their shape
+    (compare.sort_rows_together); every other entry as it is. What every comparison and digest looks at."""
+    outputs = [a for a in case.tensors() if a.role in ("out", "inout") and tensors.get(a.name) is not None]
+    marked = {tuple(tensors[a.name].shape) for a in outputs if a.unordered}
+    if not marked:
+        return tensors
+    groups: dict[tuple, list[str]] = {}
+    for a in outputs:  # every output of a marked one's shape: pairs are kept whether or not each is marked
+        if tuple(tensors[a.name].shape) in marked:
+            groups.setdefault(tuple(tensors[a.name].shape), []).append(a.name)
+    out = dict(tensors)
+    for names in groups.values():
+        for name, t in zip(names, sort_rows_together([tensors[n] for n in names])):
+            out[name] = t
+    return out
+
+
+def output_digest(case: Case, args: dict[str, Any]) -> str:
+    """sha256 over the case's outputs after one call (unordered outputs canonical)."""
+    args = canonical(case, args)
+    hasher = hashlib.sha256()
+    for name in output_names(case):
+        hasher.update(args[name].contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return hasher.hexdigest()
+
+
+def output_names(case: Case) -> list[str]:
+    """The `out` and `inout` tensor arguments (present ones; never `scratch`): what determinism compares."""
+    return [a.name for a in case.tensors() if a.role in ("out", "inout")]
+
+
+def determinism_digests(launch: Launch, case: Case, seed: int, device: torch.device) -> list[str] | None:
+    """sha256 of the outputs of two runs on identical inputs (None if a run raised)."""
+    inputs = make_inputs(case, seed, device)
+    digests = []
+    for _ in range(2):
+        args = poison_outputs(clone_inputs(inputs), case.args)
+        if call(launch, args, case, device, f"{case.id}: determinism") is not None:
+            return None
+        digests.append(output_digest(case, args))
+    return digests
+
+
+def deterministic(launch: Launch, case: Case, seed: int, device: torch.device) -> bool | None:
+    """Two runs on identical inputs give bit-identical outputs (None if a run raised)."""
+    digests = determinism_digests(launch, case, seed, device)
+    return None if digests is None else digests[0] == digests[1]

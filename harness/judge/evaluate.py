@@ -1,0 +1,373 @@
+"""`evaluate(job) -> Verdict`: the JUDGE. It decides a candidate's verdict without ever running its code.
+
+Runs in the process `harness.worker.judge_process.run_job` starts (`python -m harness run`). Steps:
+
+1. static scan of the candidate's source against the original file (harness.scan): "rejected_source";
+2. build the original and the candidate (nvcc only: building is not executing) through the build cache;
+   a full disk is "environment_error", an original that fails to build is "original_failed";
+3. load the ORIGINAL modules only (never the candidate's), load the reference ("reference_error" if
+   it does not load), measure the environment (the GPU's performance model, cached per GPU beside the
+   builds; harness.environment.measured, harness.timing.perf_model);
+4. start the candidate process, phase `outputs` (harness.candidate.run): compare its reported export
+   signatures with the original's ("missing_export", "signature_mismatch"), then per case compute the
+   original's outputs on identical inputs here, read the candidate's raw outputs (harness.candidate.exchange:
+   validated against the job, deleted once judged) and judge every trial (harness.judge.correctness);
+5. when every case is correct, phase `timing` in a new candidate process: its numbers are untrusted,
+   validated, and speedups, floors and suspect flags are computed here (harness.judge.timings); one call
+   per mode made the way it is timed must give the checked call's outputs (harness.judge.timed_outputs).
+
+Fail closed: the original raising is "original_failed", reference.py raising "reference_error", a timing
+mode that could not be measured "incomplete", a candidate process that dies "crashed", one that stalls
+"timeout". A sticky CUDA error in this process raises `correctness.ContextLost` ("crashed" by the worker).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.building.job_requests import build_requests, variants_used
+from harness.building.module_loading import export_signatures, load_module
+from harness.building.nvcc_build import BuildResult, build_many
+from harness.candidate.exchange import (
+    SIGNATURES,
+    Malformed,
+    case_dir,
+    read_manifest,
+    read_signatures,
+    read_trial,
+    trial_error,
+)
+from harness.candidate.run import CandidateRun, judge_deadline, progress_timeout
+from harness.environment.measured import measured_environment
+from harness.job import Job
+from harness.judge import timed_outputs
+from harness.judge.correctness import (
+    OriginalFailed,
+    ReferenceFailed,
+    deterministic,
+    judge_trial,
+    load_reference,
+    new_result,
+    original_outputs,
+    trials_for,
+)
+from harness.judge.timings import apply_timings
+from harness.judge.verdict import CaseResult, Verdict, decide
+
+__all__ = ["evaluate", "default_cache_dir"]
+log = logging.getLogger(__name__)
+STARTUP_S = 180.0  # torch import and module load in the candidate process, before its signatures
+FIRST_CASE_EXTRA_S = 30.0  # the first case also pays for the candidate's CUDA context
+UNCHECKED_NOTE = "outputs not compared: the original timed against itself"
+_DISK_FULL = ("No space left on device", "ENOSPC", "Disk quota exceeded")
+
+
+def default_cache_dir(job: Job) -> Path:
+    """`job.options.cache_dir`, else $ASTRA_HOME/builds (ASTRA_HOME defaults to ~/.cache/astra)."""
+    if job.options.cache_dir:
+        return Path(job.options.cache_dir).expanduser()
+    root = os.environ.get("ASTRA_HOME")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "astra") / "builds"
+
+
+def _build_summary(side: str, variant: str, result: BuildResult) -> dict[str, Any]:
+    return {"side": side, "variant": variant, "ok": result.ok, "seconds": result.seconds,
+            "cache_hit": result.cache_hit, "key": result.key, "error": result.error,
+            "resources": [asdict(r) for r in result.resources]}
+
+
+def _one_line(text: str | None, limit: int = 300) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    line = lines[0] if lines else "no output"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _failure(job: Job, status: str, reason: str, **extra: Any) -> Verdict:
+    return Verdict(status=status, reason=reason, correct=False, faster=False, name=job.name,
+                   candidate_label=job.candidate_label, **extra)
+
+
+def _exports(job: Job, variant: str) -> list[str]:
+    wrappers = job.variants[variant].cuda_wrappers + job.variants[variant].cpp_wrappers
+    return list(dict.fromkeys([w[0] for w in wrappers] + [job.entry]))
+
+
+def original_source(job: Job) -> str:
+    """The text of the file the candidate replaces ("" when it cannot be found: a new file)."""
+    roots = [job.build.source_root, *job.build.include_dirs]
+    for path in ([job.kernel_file] if os.path.isabs(job.kernel_file) else [os.path.join(r, job.kernel_file) for r in roots]):
+        if os.path.isfile(path):
+            return Path(path).read_text(errors="replace")
+    return ""
+
+
+def scan(job: Job) -> str | None:
+    """The static scan's reason to reject the candidate's source, or None."""
+    if job.candidate_source is None:
+        return None
+    from harness.scan.source_scan import scan_candidate
+
+    return scan_candidate(original_source(job), job.candidate_source)
+
+
+def disk_full(text: str | None) -> bool:
+    return any(marker in (text or "") for marker in _DISK_FULL)
+
+
+def build_all(job: Job, cache_dir: Path) -> tuple[dict[tuple[str, str], str], list[dict], Verdict | None]:
+    """Build every module (never loading one): {(side, variant): .so path}, summaries, or a failure."""
+    requests = build_requests(job)
+    try:
+        results = build_many([r for _, _, r in requests], cache_dir)
+    except OSError as error:
+        why = "the disk is full" if error.errno == errno.ENOSPC else "the build infrastructure failed"
+        return {}, [], _failure(job, "environment_error", f"{why}: {error}")
+    builds = [_build_summary(side, key, res) for (side, key, _), res in zip(requests, results)]
+    order = sorted(zip(requests, results), key=lambda item: item[0][0] != "orig")  # the original's failures first
+    for (side, key, _), res in order:
+        if res.ok:
+            continue
+        if disk_full(res.error):
+            return {}, builds, _failure(job, "environment_error", f"building {key} failed because the disk is full: "
+                                        f"{_one_line(res.error)}", builds=builds)
+        status = "build_failed" if side == "cand" else "original_failed"
+        who = "candidate" if side == "cand" else "original"
+        return {}, builds, _failure(job, status, f"{who} failed to build ({key}): {_one_line(res.error)}",
+                                    builds=builds)
+    paths = {(side, key): str(res.so_path) for (side, key, _), res in zip(requests, results)}
+    if job.candidate_source is None:  # a self-check: the "candidate" process runs the original's module
+        paths.update({("cand", key): paths[("orig", key)] for key in variants_used(job)})
+    return paths, builds, None
+
+
+def _load_all(job: Job, cache_dir: Path) -> tuple[dict, list[dict], Verdict | None]:
+    """Build everything and load the ORIGINAL modules only: {("orig", variant): module}."""
+    paths, builds, failure = build_all(job, cache_dir)
+    modules: dict[tuple[str, str], Any] = {}
+    if failure is not None:
+        return modules, builds, failure
+    for key in variants_used(job):
+        try:
+            modules[("orig", key)] = load_module(paths[("orig", key)])
+        except Exception as error:  # an unloadable original: nothing to compare with
+            return modules, builds, _failure(job, "original_failed", f"original module failed to load ({key}): "
+                                             f"{_one_line(str(error))}", builds=builds)
+    return modules, builds, None
+
+
+def _launch(module: Any, entry: str):
+    function = module.get_function(entry)
+    return lambda args: function(*args)
+
+
+def drop_in(job: Job, orig: dict[str, dict], cand: dict[str, dict]) -> tuple[dict, str | None, str]:
+    """Signatures per variant and export, and (status, reason) of the first drop-in failure."""
+    signatures: dict[str, dict] = {}
+    for key in variants_used(job):
+        names = _exports(job, key)
+        theirs = cand.get(key) or {}
+        signatures[key] = {name: {"orig": orig[key][name], "cand": theirs.get(name)} for name in names}
+        for name in names:
+            if orig[key][name] is None:
+                return signatures, "original_failed", f"the original module of {key} lacks export {name}"
+            if theirs.get(name) is None:
+                return signatures, "missing_export", f"candidate does not export {name} (variant {key})"
+            if theirs[name] != orig[key][name]:
+                return signatures, "signature_mismatch", f"{name}: candidate {theirs[name]} != original {orig[key][name]}"
+    return signatures, None, ""
+
+
+def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, device: torch.device,
+               reference, checked: dict[str, str | None]) -> CaseResult | None:
+    """The verdict on one case from the candidate's streamed results (None: they never came); the digest
+    of its first determinism run goes into `checked` (harness.judge.timed_outputs compares timed calls with it)."""
+    case = job.cases[index]
+    directory = case_dir(run.work, index)
+    if not run.wait_for(directory, progress_timeout(job.options.case_timeout_s + (FIRST_CASE_EXTRA_S if index == 0 else 0.0))):
+        return None
+    result = new_result(case)
+    try:
+        manifest = read_manifest(directory, case, trials)
+        for t, trial in enumerate(trials):
+            entry = manifest["trials"][t]
+            error = trial_error(entry)
+            inputs, orig = original_outputs(launch, case, trial, device)
+            cand = None if error else read_trial(directory, t, entry, case, device)
+            judge_trial(result, case, job, trial, inputs, orig, cand, error, reference)
+            del inputs, orig, cand
+        digests = manifest["determinism"]
+        result.deterministic_cand = None if digests is None else digests[0] == digests[1]
+        checked[case.id] = digests[0] if digests else None
+    except Malformed as error:
+        result.fail(f"the candidate process's results are malformed: {error}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    seed = job.options.seeds[0] if job.options.seeds else 0
+    result.deterministic_orig = deterministic(launch, case, seed, device)
+    return result
+
+
+def _device(device: torch.device | str | None) -> torch.device:
+    device = torch.device(device or "cuda")
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    return device
+
+
+def evaluate(job: Job, device: torch.device | str | None = None) -> Verdict:
+    """The verdict on `job.candidate_source` against the original (see the module docstring)."""
+    start = time.monotonic()
+    try:
+        return _evaluate(job, _device(device), start)
+    except OriginalFailed as error:
+        return _failure(job, "original_failed", str(error))
+    except ReferenceFailed as error:
+        return _failure(job, "reference_error", str(error))
+    except OSError as error:  # the judge's own infrastructure (disk, process table, ...), not the candidate
+        why = "the disk is full" if error.errno == errno.ENOSPC else "the judge's infrastructure failed"
+        return _failure(job, "environment_error", f"{why}: {error}")
+
+
+def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
+    deadline = judge_deadline(start, job)
+    if not job.options.outputs_checked and job.candidate_source is not None:
+        raise ValueError("a candidate is never timed without its outputs checked (outputs_checked: false is for "
+                         "the original against itself: `astra survey`, `astra bench --time-only`)")
+    why = scan(job)
+    if why:
+        return _failure(job, "rejected_source", why)
+    phases: dict[str, float] = {}
+    log.info("building %d module(s) (original and candidate)", len(build_requests(job)))
+    paths, builds, failure = build_all(job, default_cache_dir(job))
+    phases["build_s"] = time.monotonic() - start
+    log.info("built in %.1f s", phases["build_s"])
+
+    def done(verdict: Verdict) -> Verdict:
+        verdict.builds, verdict.phases = verdict.builds or builds, {**phases, "total_s": time.monotonic() - start}
+        return verdict
+
+    if failure is not None:
+        return done(failure)
+    keys = variants_used(job)
+    if job.candidate_source is not None:  # the backstop: what the built .so imports and runs at load time
+        from harness.scan.elf_scan import scan_shared_object
+
+        for key in keys:
+            why = scan_shared_object(paths[("orig", key)], paths[("cand", key)])
+            if why:
+                return done(_failure(job, "rejected_source", f"{key}: {why}"))
+    try:
+        modules = {key: load_module(paths[("orig", key)]) for key in keys}
+    except Exception as error:  # an unloadable original: nothing to compare with
+        return done(_failure(job, "original_failed", f"original module failed to load: {_one_line(str(error))}"))
+    orig_signatures = {key: export_signatures(modules[key], _exports(job, key)) for key in keys}
+    reference = None
+    if job.reference:
+        try:
+            reference = load_reference(job.reference)
+        except Exception as error:  # fail closed: a broken spec is not a pass with looser checks
+            return done(_failure(job, "reference_error", f"reference.py does not load: {_one_line(str(error))}"))
+    mark = time.monotonic()
+    env = measured_environment(device, default_cache_dir(job)) if device.type == "cuda" else {}  # model cached per GPU
+    phases["env_s"] = time.monotonic() - mark
+    mark = time.monotonic()
+    cand_so = {key: paths[("cand", key)] for key in keys}
+    if not job.options.outputs_checked:
+        results, checked, signatures = _unchecked(job), {}, {}
+    else:
+        outcome = _outputs_phase(job, device, deadline, keys, cand_so, modules, orig_signatures, reference, env)
+        if isinstance(outcome, Verdict):
+            return done(outcome)
+        results, checked, signatures = outcome
+    phases["check_s"] = time.monotonic() - mark
+    return done(_timing_phase(job, device, deadline, keys, paths, cand_so, results, checked, signatures, env, phases))
+
+
+def _unchecked(job: Job) -> list[CaseResult]:
+    """Results with no outputs compared: the original timed against itself (Options.outputs_checked)."""
+    results = []
+    for case in job.cases:
+        result = new_result(case)
+        result.notes.append(UNCHECKED_NOTE)
+        results.append(result)
+    return results
+
+
+def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[str], cand_so: dict,
+                   modules: dict, orig_signatures: dict, reference, env: dict):
+    """The candidate's outputs judged case by case: (results, checked digests, signatures), or a failure."""
+    trials = [trials_for(case, job.options.seeds, job.options.extra_trials) for case in job.cases]
+    launches = {key: _launch(modules[key], job.entry) for key in keys}
+    results: list[CaseResult] = []
+    checked: dict[str, str | None] = {}
+    with CandidateRun(job, "outputs", device=str(device), cand_so=cand_so, deadline=deadline,
+                      exports={key: _exports(job, key) for key in keys}, trials=trials) as run:
+        if not run.wait_for(run.work / SIGNATURES, progress_timeout(STARTUP_S)):
+            status, reason = run.failure("export signatures")
+            if status == "crashed" and run.outcome is not None and run.outcome.returncode == 1:
+                status, reason = "build_failed", f"candidate module failed to load: {reason}"
+            return _failure(job, status, reason)
+        try:
+            cand_signatures = read_signatures(run.work)
+        except Malformed as error:
+            return _failure(job, "crashed", f"candidate process: {error}")
+        signatures, status, reason = drop_in(job, orig_signatures, cand_signatures)
+        if status:
+            return _failure(job, status, reason, signatures=signatures)
+        for index, case in enumerate(job.cases):
+            log.info("judging case %d/%d %s", index + 1, len(job.cases), case.id)
+            result = judge_case(index, run, job, trials[index], launches[case.variant], device, reference, checked)
+            if result is None:
+                status, reason = run.failure(f"results for {case.id}")
+                return _failure(job, status, reason, signatures=signatures, env=env)
+            results.append(result)
+        if not run.clean_exit():
+            status, reason = run.failure("a clean exit")
+            return _failure(job, status, f"{reason} (after its results)", signatures=signatures, env=env)
+    return results, checked, signatures
+
+
+def _timing_phase(job: Job, device: torch.device, deadline: float, keys: list[str], paths: dict, cand_so: dict,
+                  results: list[CaseResult], checked: dict, signatures: dict, env: dict, phases: dict) -> Verdict:
+    """Both sides timed in one candidate process, then the verdict (see the module docstring)."""
+    mark = time.monotonic()
+    notes: list[str] = []
+    incomplete: list[str] = []
+    timed = [case.id for case, result in zip(job.cases, results) if case.timed and result.timed]
+    if not all(r.correct for r in results):
+        notes.append("timing skipped: the candidate is incorrect")
+    elif timed and job.options.modes and device.type == "cuda":
+        orig_so = {key: paths[("orig", key)] for key in keys}
+        log.info("timing %d case(s), %s, original and candidate", len(timed), " and ".join(job.options.modes))
+        with CandidateRun(job, "timing", device=str(device), cand_so=cand_so, orig_so=orig_so, timed=timed,
+                          deadline=deadline) as run:
+            outcome = run.finish()
+            if outcome.timed_out or not run.clean_exit():
+                status, reason = run.failure("timings")
+                return _failure(job, status, reason, signatures=signatures, env=env)
+            incomplete = apply_timings(run.work, job, results, env, device)
+            if job.options.outputs_checked:  # a timed call must compute the checked result
+                timed_outputs.judge(run.work, job, results, checked)
+    phases["time_s"] = time.monotonic() - mark
+    verdict = decide(results, list(job.options.modes), job.options.slowdown_threshold)
+    if verdict.status == "correct" and incomplete:
+        more = f" (+{len(incomplete) - 1} more)" if len(incomplete) > 1 else ""
+        verdict.status, verdict.faster, verdict.reason = "incomplete", False, incomplete[0] + more
+    if verdict.status == "correct" and not job.options.outputs_checked:
+        verdict.status, verdict.correct, verdict.faster = "timed", False, None  # correctness not established
+        verdict.reason = verdict.reason.replace("correct on", "timed on", 1) + f" ({UNCHECKED_NOTE})"
+        notes.append(UNCHECKED_NOTE)
+    verdict.name, verdict.candidate_label = job.name, job.candidate_label
+    verdict.env, verdict.signatures, verdict.notes = env, signatures, notes + incomplete
+    return verdict

@@ -1,0 +1,118 @@
+"""Stand-in evaluations for the worker tests, selected with ASTRA_HARNESS_EVALUATE=<this file>:dispatch.
+
+`dispatch(job)` behaves as `job.name` says: "succeed", "segfault", "abort", "hang" (spawns a grandchild
+first), "raise", "cuda_error", "exit_after_verdict", "forge" (writes a passing verdict itself and exits
+0, as a candidate that reached the verdict file would), "silent_exit", "hang_under_tool" (succeeds,
+but hangs when run under a sanitizer). Each records its pid (and a grandchild's) in $ASTRA_TEST_PIDFILE
+when set, so tests can check that nothing survives. Under a sanitizer (the judge's private config has a
+`wrap` prefix) each also runs a stand-in candidate process through that prefix, as the real judge does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from harness.job import Job
+from harness.judge.verdict import Verdict
+from harness.worker.judge_channel import current
+
+
+def _record(**pids: int) -> None:
+    path = os.environ.get("ASTRA_TEST_PIDFILE")
+    if path:
+        with open(path, "w") as handle:
+            json.dump({"worker": os.getpid(), "pgid": os.getpgid(0), **pids}, handle)
+    wrap = current().wrap
+    if wrap:  # the stand-in candidate process, under the sanitizer prefix
+        subprocess.call([*wrap, sys.executable, "-c", "pass"])
+
+
+def succeed(job: Job) -> Verdict:
+    _record()
+    return Verdict(status="correct", reason=f"{job.name}: all fine", correct=True, faster=True, name=job.name,
+                   candidate_label=job.candidate_label, band_speedups={"graph": {"decode": 1.25, "all": 1.25}},
+                   notes=["from fake_evals"])
+
+
+def segfault(job: Job) -> Verdict:
+    _record()
+    os.kill(os.getpid(), signal.SIGSEGV)
+    raise AssertionError("unreachable")
+
+
+def abort(job: Job) -> Verdict:
+    _record()
+    os.abort()
+
+
+def hang(job: Job) -> Verdict:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    _record(grandchild=child.pid)
+    sys.stderr.write("evaluating case rowscale/bfloat16/tokens=1\n")
+    sys.stderr.flush()
+    time.sleep(600)
+    raise AssertionError("unreachable")
+
+
+def raise_error(job: Job) -> Verdict:
+    _record()
+    raise ValueError("the fake evaluation failed: bad tolerance table")
+
+
+def cuda_error(job: Job) -> Verdict:
+    _record()
+    raise RuntimeError("CUDA error: an illegal memory access was encountered\n"
+                       "CUDA kernel errors might be asynchronously reported at some other API call")
+
+
+def exit_after_verdict(job: Job) -> Verdict:
+    """Writes its (passing) verdict itself, then dies before the worker could: must read as crashed."""
+    out = sys.argv[sys.argv.index("--out") + 1]
+    with open(out, "w") as handle:
+        json.dump(succeed(job).to_dict(), handle)
+    sys.stderr.write("terminate called after throwing an instance of 'std::runtime_error'\n")
+    sys.stderr.flush()
+    os._exit(3)
+
+
+def forge(job: Job) -> Verdict:
+    """A passing verdict written by someone without the key, then a clean exit: must read as crashed."""
+    out = sys.argv[sys.argv.index("--out") + 1]
+    with open(out, "w") as handle:
+        json.dump(succeed(job).to_dict(), handle)
+    os._exit(0)
+
+
+def hang_under_tool(job: Job) -> Verdict:
+    if current().wrap:
+        time.sleep(600)
+    return succeed(job)
+
+
+def secrets(job: Job) -> Verdict:
+    """Reports whether this judge got the HMAC key on stdin and none in its argv or environment."""
+    key = current().key
+    leaked = key is not None and (key.hex() in " ".join(sys.argv) or any(key.hex() in v for v in os.environ.values()))
+    return Verdict(status="correct", reason=f"key={'yes' if key else 'no'} leaked={leaked}", correct=True,
+                   name=job.name, candidate_label=job.candidate_label)
+
+
+def silent_exit(job: Job) -> Verdict:
+    _record()
+    os._exit(0)
+
+
+BEHAVIOURS = {
+    "succeed": succeed, "segfault": segfault, "abort": abort, "hang": hang, "raise": raise_error,
+    "cuda_error": cuda_error, "exit_after_verdict": exit_after_verdict, "silent_exit": silent_exit,
+    "forge": forge, "hang_under_tool": hang_under_tool, "secrets": secrets,
+}
+
+
+def dispatch(job: Job) -> Verdict:
+    return BEHAVIOURS[job.name](job)
