@@ -86,8 +86,8 @@ def list_modules(tree: Tree, *, buildable: bool = False, why: str | None = None)
     """`astra list --json` (plus the specs there are), or `astra list --why NAME --json`."""
     t = tree.any()
     if why:
-        from astra.report.why import format_reach
         from astra.sglang import srt_gates
+        from astra.sglang.srt_gates_text import format_reach
 
         reach = srt_gates.why(t, why)
         return Answer(_json(asdict(reach)), format_reach(reach))

@@ -29,7 +29,7 @@ from astra.optimize import exec_context
 from astra.optimize.exec_context import CANDIDATE, IDEA, LOG, USAGE
 from astra.optimize.loop import Context
 from astra.optimize.transforms import Proposal
-from astra.report.safe_text import one_line, printable
+from astra.text import one_line, printable
 
 PREFIX = "exec:"
 DEFAULT_TIMEOUT_S = 900.0

@@ -316,7 +316,7 @@ class Client:
         return data
 
     def _bad(self, what: str, body: str) -> None:
-        from astra.report.safe_text import one_line
+        from astra.text import one_line
 
         snippet = one_line(self.redact(body), 80)
         raise LLMBadReply(f"the LLM endpoint at {self.cfg.url} answered {what}: {snippet!r}; check --base-url "

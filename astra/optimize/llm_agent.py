@@ -27,7 +27,7 @@ from astra.optimize.edits import apply_reply
 from astra.optimize.llm_context import Plan, json_block
 from astra.optimize.loop import Context, source_id
 from astra.optimize.transforms import Proposal
-from astra.report.safe_text import one_line
+from astra.text import one_line
 from harness import Verdict, policy_text
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 from astra.errors import AstraError, BudgetSpent
 from astra.optimize.rundir import HistoryEntry, RunDir, RunState
 from astra.optimize.transforms import Proposal
-from astra.report.safe_text import one_line
+from astra.text import one_line
 from harness import Verdict, improves_on, score
 from harness.acceptance import BAND_GAIN
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from astra import paths
 from astra.errors import AstraError, RunStateError
-from astra.report.safe_text import printable
+from astra.text import printable
 from harness import Verdict
 
 

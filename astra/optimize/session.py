@@ -294,7 +294,7 @@ def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, e
         mark_stopped(run, "interrupted (Ctrl-C)")
         raise
     except BaseException as err:
-        from astra.report.safe_text import one_line
+        from astra.text import one_line
 
         mark_stopped(run, f"failed: {one_line(err, 300) or type(err).__name__}")
         raise

@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING
 
 from astra.errors import AstraError, SpecError
 from astra.optimize import templates
-from astra.report.safe_text import one_line
-from astra.report.why import format_reach
 from astra.sglang import registry, srt_gates, wrapper_facts
 from astra.sglang.cxx_facts import entry_parts
+from astra.sglang.srt_gates_text import format_reach
 from astra.sglang.tree import SglangTree
 from astra.spec import checks
 from astra.spec import model as spec_mod
 from astra.spec.expr import DTYPE_BYTES
 from astra.spec.extract import DRAFT_HEADER, dump_yaml
 from astra.spec.resolve import draft_path
+from astra.text import one_line
 
 if TYPE_CHECKING:
     from astra.optimize.llm import Client

@@ -28,7 +28,6 @@ from typing import Callable, Iterable, Protocol
 import yaml
 
 from astra.errors import AstraError, NoGpu, SpecError, UnknownKernel
-from astra.report.safe_text import one_line
 from astra.sglang import cxx_facts
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
@@ -36,6 +35,7 @@ from astra.spec import model as spec_mod
 from astra.spec.expr import CPP_DTYPES, DTYPE_BYTES, ExprError
 from astra.spec.extract import DRAFT_HEADER, dump_yaml
 from astra.spec.resolve import read_record, spec_sha256
+from astra.text import one_line
 from astra.verify import probe
 from astra.verify.probe_record import PROBED_MARK, ModuleProbe, write_record
 

@@ -49,8 +49,8 @@ def test_survey_targets_rank_by_recoverable_time(tmp_path):
     import pytest
 
     from astra.errors import BadInput
-    from astra.optimize.evaluation import survey_targets
     from astra.survey.store import Store, make_record
+    from astra.survey.targets import survey_targets
 
     store = Store(tmp_path / "survey")
     for name, scale in (("small_gap", 1.0), ("big_gap", 40.0)):

@@ -14,8 +14,8 @@ from astra.optimize.llm_agent import LLMAgent
 from astra.optimize.loop import Budget, run_loop
 from astra.optimize.ncu_profile import unavailable
 from astra.optimize.rundir import RunDir
-from astra.report.safe_text import one_line, printable
 from astra.spec import model as spec_mod
+from astra.text import one_line, printable
 from tests.llm_server import KEY, MODEL, Step, completion, echo_key, raw, reply
 from tests.verdicts import make_verdict
 
