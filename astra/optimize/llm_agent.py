@@ -22,7 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from astra.errors import AstraError
-from astra.optimize import llm, llm_context, ncu_profile, templates
+from astra.llm import templates
+from astra.llm.client import Client, LLMError
+from astra.optimize import llm_context, ncu_profile
 from astra.optimize.edits import apply_reply
 from astra.optimize.llm_context import Plan, json_block
 from astra.optimize.loop import Context, source_id
@@ -32,7 +34,7 @@ from harness import Verdict, policy_text
 
 
 class LLMAgent:
-    def __init__(self, client: llm.Client, spec, tree, edit_attempts: int = 3, samples: int = 1, profiler=None):
+    def __init__(self, client: Client, spec, tree, edit_attempts: int = 3, samples: int = 1, profiler=None):
         if samples < 1:
             raise AstraError(f"samples must be at least 1, not {samples}")
         self.client, self.spec, self.tree = client, spec, tree
@@ -104,7 +106,7 @@ class LLMAgent:
         for future in futures:
             try:
                 results.append(future.result())
-            except llm.LLMError as err:
+            except LLMError as err:
                 errors.append(err)
         if errors and not any(source for source, _ in results):
             raise errors[0]

@@ -82,8 +82,8 @@ class OptimizeOptions:
 
 
 def llm_config(opts: OptimizeOptions):
-    """The LLM settings from flags > $ASTRA_HOME/config.yaml > environment (astra.optimize.llm)."""
-    from astra.optimize import llm
+    """The LLM settings from flags > $ASTRA_HOME/config.yaml > environment (astra.llm.client)."""
+    from astra.llm import client as llm
 
     flags = {"base_url": opts.base_url, "model": opts.model, "budget_tokens": opts.budget_tokens,
              "budget_usd": opts.budget_usd}
@@ -110,7 +110,7 @@ def make_agent(opts: OptimizeOptions, spec: KernelSpec, tree: SglangTree, run: R
     if agent_kind(opts) == "offline":
         return OfflineAgent(spec.kernel_file, tree.csrc_dir, [str(tree.include_dir)],
                             entries=[w["entry"] for w in spec.raw["build"].get("wrappers", []) if "entry" in w])
-    from astra.optimize import llm
+    from astra.llm import client as llm
     from astra.optimize.llm_agent import LLMAgent
 
     return LLMAgent(llm.Client(llm_config(opts), transcript=run.transcript), spec, tree, samples=opts.samples)

@@ -5,7 +5,7 @@
 
 The model sees the kernel source trimmed to the entry and what it uses (`kernel_excerpt`), the Python
 wrapper (`wrapper_excerpt`), the runtime's call sites and gates (`astra list --why`), the draft and its
-TODO(review) notes and, to repair, what the probe saw (`probe_findings`). Prompts: astra/optimize/prompts/
+TODO(review) notes and, to repair, what the probe saw (`probe_findings`). Prompts: astra/llm/prompts/
 testing_*.md. A reply holds the whole spec in one fenced yaml block; it is refused when unreadable, when it
 changes what was read from the tree (`PROTECTED`), adds `shapes.exclude` entries (the probe's), repeats the
 draft it repairs, or fails validation. A refusal goes back once with its problems; a second gives up with
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from astra.errors import AstraError, SpecError
-from astra.optimize import templates
+from astra.llm import templates
 from astra.sglang import registry, srt_gates, wrapper_facts
 from astra.sglang.cxx_facts import entry_parts
 from astra.sglang.srt_gates_text import format_reach
@@ -37,7 +37,7 @@ from astra.spec.resolve import draft_path
 from astra.text import one_line
 
 if TYPE_CHECKING:
-    from astra.optimize.llm import Client
+    from astra.llm.client import Client
 
 ROLE = "testing"  # the usage and transcript role of every call
 PROTECTED = ("name", "module", "source", "build", "entry", "signature")  # read from the tree, never the model's

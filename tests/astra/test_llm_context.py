@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from astra.optimize import llm_context, ncu_profile, templates
-from astra.optimize.llm import Client, LLMConfig
+from astra.llm import templates
+from astra.llm.client import Client, LLMConfig
+from astra.optimize import llm_context, ncu_profile
 from astra.optimize.llm_agent import LLMAgent
 from astra.optimize.llm_context import parse_plan, parse_profile
 from astra.optimize.loop import Budget, run_loop

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from astra.optimize.llm import Client, LLMConfig, LLMUnreachable
+from astra.llm.client import Client, LLMConfig, LLMUnreachable
 from astra.optimize.llm_agent import LLMAgent
 from astra.optimize.loop import Budget, run_loop
 from astra.optimize.rundir import RunDir

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from astra.optimize.llm import Client, LLMConfig, LLMError, LLMUnavailable
+from astra.llm.client import Client, LLMConfig, LLMError, LLMUnavailable
 from astra.optimize.llm_agent import LLMAgent
 from astra.optimize.loop import Budget, run_loop
 from astra.optimize.ncu_profile import unavailable

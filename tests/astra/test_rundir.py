@@ -162,7 +162,7 @@ def test_tokens_and_cost_accumulate_across_resumes(run):
 
 
 def test_client_budget_counts_what_a_resumed_run_spent():
-    from astra.optimize.llm import Client, LLMBudgetExceeded, LLMConfig
+    from astra.llm.client import Client, LLMBudgetExceeded, LLMConfig
 
     client = Client(LLMConfig(base_url="http://127.0.0.1:9/v1", model="m", budget_tokens=1000))
     client.check_budget()

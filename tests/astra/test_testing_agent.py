@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from astra.optimize.llm import Client, LLMConfig
+from astra.llm.client import Client, LLMConfig
 from astra.optimize.testing_agent import (
     AGENT_MARK,
     PROTECTED,

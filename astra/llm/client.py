@@ -30,9 +30,9 @@ import yaml
 
 from astra import paths
 from astra.errors import AstraError, BudgetSpent
-from astra.optimize.llm_usage import Reply, Transcript, Usage, price_of
+from astra.llm.usage import Reply, Transcript, Usage, price_of
 
-log = logging.getLogger("astra.optimize.llm")
+log = logging.getLogger("astra.llm.client")
 
 OPENAI_URL = "https://api.openai.com/v1"
 RETRY_STATUS = {408, 409, 429}  # and every 5xx
