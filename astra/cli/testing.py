@@ -32,7 +32,7 @@ def propose_drafts(args, sglang, drafted: list[tuple[str, Path, list[str]]], say
     inferred draft when the model's reply was accepted (the note names the agent). Returns how many."""
     import yaml
 
-    from astra.optimize.testing_agent import propose_draft, write_draft
+    from astra.spec.llm_draft import propose_draft, write_draft
 
     llm = client(args, paths.drafts_dir() / "testing-agent.jsonl")
     changed = 0
@@ -53,7 +53,7 @@ def repairers(args) -> list:
 
     out: list = [message_repair.MessageRepairer()]
     if wants_llm(args):
-        from astra.optimize.testing_agent import LlmRepairer
+        from astra.spec.llm_draft import LlmRepairer
 
         out.append(LlmRepairer(client(args, paths.drafts_dir() / "testing-agent.jsonl")))
     return out

@@ -33,11 +33,11 @@ from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec import model as spec_mod
 from astra.spec.expr import CPP_DTYPES, DTYPE_BYTES, ExprError
-from astra.spec.extract import DRAFT_HEADER, dump_yaml
+from astra.spec.extract import DRAFT_HEADER, PROBED_MARK, dump_yaml
 from astra.spec.resolve import read_record, spec_sha256
 from astra.text import one_line
 from astra.verify import probe
-from astra.verify.probe_record import PROBED_MARK, ModuleProbe, write_record
+from astra.verify.probe_record import ModuleProbe, write_record
 
 BEFORE = "kernel.yaml.before-repair"
 Say = Callable[[str], None]

@@ -17,9 +17,10 @@ import yaml
 from astra import paths
 from astra.errors import AstraError, NoGpu, UnknownKernel
 from astra.sglang.tree import from_source
+from astra.spec.extract import PROBED_MARK
 from astra.spec.resolve import resolve, spec_sha256
 from astra.verify import probe
-from astra.verify.probe_record import PROBED_MARK, finish, markdown
+from astra.verify.probe_record import finish, markdown
 from tests.astra.test_sglang_tree import _fake_checkout
 from tests.toolchain import needs_nvcc
 

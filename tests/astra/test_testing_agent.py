@@ -1,4 +1,4 @@
-"""astra.optimize.testing_agent: the model proposes or repairs a draft, the probe decides.
+"""astra.spec.llm_draft: the model proposes or repairs a draft, the probe decides.
 
 Every model call goes through the real openai client to the real loopback OpenAI-compatible server
 (tests/llm_server.py) with recorded replies. The stand-in SGLang checkout holds a host-only kernel whose
@@ -17,7 +17,10 @@ import pytest
 import yaml
 
 from astra.llm.client import Client, LLMConfig
-from astra.optimize.testing_agent import (
+from astra.sglang.tree import SglangTree, from_source
+from astra.spec import extract
+from astra.spec.extract import DRAFT_HEADER, PROBED_MARK, ExtractResult, dump_yaml
+from astra.spec.llm_draft import (
     AGENT_MARK,
     PROTECTED,
     LlmRepairer,
@@ -26,12 +29,8 @@ from astra.optimize.testing_agent import (
     propose_draft,
     write_draft,
 )
-from astra.sglang.tree import SglangTree, from_source
-from astra.spec import extract
-from astra.spec.extract import DRAFT_HEADER, ExtractResult, dump_yaml
 from astra.spec.resolve import resolve
 from astra.verify import probe
-from astra.verify.probe_record import PROBED_MARK
 from tests.astra.test_sglang_tree import _fake_checkout
 from tests.llm_server import KEY, MODEL, echo_key, reply
 from tests.toolchain import needs_nvcc

@@ -1,4 +1,5 @@
-"""The testing agent: a model proposes or repairs a spec draft from the evidence; the probe decides.
+"""Spec drafting by a model (the testing agent of `extract`/`probe --agent llm`): a model proposes or repairs a
+spec draft from the evidence; the probe decides.
 
     spec, note = propose_draft(tree, "rmsnorm", inferred, notes, client)    # after `astra extract`
     fixed = LlmRepairer(client).repair("rmsnorm", spec, probe_record, tree)  # (spec, note) or None
@@ -32,7 +33,7 @@ from astra.sglang.tree import SglangTree
 from astra.spec import checks
 from astra.spec import model as spec_mod
 from astra.spec.expr import DTYPE_BYTES
-from astra.spec.extract import DRAFT_HEADER, dump_yaml
+from astra.spec.extract import DRAFT_HEADER, PROBED_MARK, dump_yaml
 from astra.spec.resolve import draft_path
 from astra.text import one_line
 
@@ -389,8 +390,6 @@ class LlmRepairer:
 def write_draft(path: Path, spec: dict, note: str) -> None:
     """Write `spec` as the draft at `path`: its header comments (the extract notes) kept, earlier agent and
     probe lines dropped, one line naming the agent and its note. Atomic."""
-    from astra.verify.probe_record import PROBED_MARK
-
     old = path.read_text(errors="replace") if path.is_file() else DRAFT_HEADER + "\n"
     header = [line for line in _header(old) if not line.startswith((PROBED_MARK, AGENT_MARK))]
     path.parent.mkdir(parents=True, exist_ok=True)
