@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from astra.optimize import param_search, reach
+from astra.optimize import entry_reach, param_search
 from astra.optimize.loop import Context, source_id
 from astra.optimize.transforms import Proposal, catalog
 from harness import Verdict
@@ -96,7 +96,7 @@ class OfflineAgent:
         self.searched.add(base)
         budget = (ctx.wall_left_s if ctx.wall_left_s is not None else 600.0) * self.search_share
         rungs = [param_search.representative_cases(ctx.base_verdict, self.timed_dtype, n) for n in (1, 3)]
-        foreign = reach.foreign_lines(self._parsed(ctx.base_source), self.entries, ctx.base_source) if self.entries else set()
+        foreign = entry_reach.foreign_lines(self._parsed(ctx.base_source), self.entries, ctx.base_source) if self.entries else set()
         if self.on_search_line is not None:  # a resumed run appends a second search: say where each starts
             self.on_search_line(f"search of base {base[:12]}, {budget:.0f} s at most")
         search = param_search.Search(ctx.base_source, self.screen, [r for r in rungs if r],
@@ -114,7 +114,7 @@ class OfflineAgent:
         times x1.000 and only adds noise to a patch)."""
         if not self.entries:
             return proposals
-        foreign = reach.foreign_lines(self._parsed(source), self.entries, source)
+        foreign = entry_reach.foreign_lines(self._parsed(source), self.entries, source)
         return [p for p in proposals if not foreign or not _changed_lines(source, p.source) <= foreign]
 
     def _kernels(self, source: str) -> list:

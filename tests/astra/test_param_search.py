@@ -267,7 +267,7 @@ def test_the_search_stays_in_the_code_its_entry_reaches(sglang_0523):
     """pos_enc.cuh holds two exports: rotary_embedding reaches its kernel through dispatch_by_dtype, a
     DISPATCH_DTYPE macro and launch_kernel<T>; bf16_rope_scale_store launches its own. Each one's thread
     cap is foreign code to the other (libclang extents, names followed through macros)."""
-    from astra.optimize import reach
+    from astra.optimize import entry_reach
     from astra.sglang import cuda_parse
 
     path = sglang_0523.csrc_dir / "elementwise/pos_enc.cuh"
@@ -275,12 +275,12 @@ def test_the_search_stays_in_the_code_its_entry_reaches(sglang_0523):
     parsed = cuda_parse.parse_source(path, [str(path.parent), str(sglang_0523.include_dir), str(sglang_0523.csrc_dir)])
     caps = sorted((p for p in param_space.find_params(text) if p.kind == "cap"), key=lambda p: p.start)
     lines = [param_space.line_of(text, p) for p in caps]
-    rope = reach.foreign_lines(parsed, ["RotaryEmbeddingKernel::run"], text)
-    store = reach.foreign_lines(parsed, ["BF16RopeScaleStoreKernel<{idx}>::run"], text)
+    rope = entry_reach.foreign_lines(parsed, ["RotaryEmbeddingKernel::run"], text)
+    store = entry_reach.foreign_lines(parsed, ["BF16RopeScaleStoreKernel<{idx}>::run"], text)
     assert lines[0] not in rope and lines[1] in rope
     assert lines[0] in store and lines[1] not in store
-    assert reach.foreign_lines(parsed, ["NoSuchKernel::run"], text) == set()  # never narrowed on a guess
-    assert reach.entry_path("StoreKVCacheKernel<{row_bytes}, Foo<1, 2>, true>::run") == "StoreKVCacheKernel::run"
+    assert entry_reach.foreign_lines(parsed, ["NoSuchKernel::run"], text) == set()  # never narrowed on a guess
+    assert entry_reach.entry_path("StoreKVCacheKernel<{row_bytes}, Foo<1, 2>, true>::run") == "StoreKVCacheKernel::run"
     calls: list = []
     search = Search(text, _cost_model(calls), [["decode0"]], deadline=float("inf"), foreign_lines=rope)
     search.run()
