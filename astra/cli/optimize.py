@@ -7,9 +7,10 @@ import time
 
 from astra.cli.common import check_output, tree_for_spec, write_text
 from astra.errors import AstraError
+from astra.optimize.driver import emit_best_patch, run_optimize
 from astra.optimize.optimizer_eval import run_eval
+from astra.optimize.options import OptimizeOptions
 from astra.optimize.rundir import RunDir
-from astra.optimize.session import OptimizeOptions, emit_best_patch, run_optimize
 from astra.report import run_text, table
 from astra.spec.resolve import resolve
 from astra.text import one_line

@@ -21,8 +21,10 @@ from dataclasses import replace
 
 from astra import paths
 from astra.errors import RunStateError
+from astra.optimize.agent_registry import agent_kind
+from astra.optimize.driver import emit_best_patch, run_identity, run_optimize
+from astra.optimize.options import OptimizeOptions
 from astra.optimize.rundir import RunDir, RunState, list_runs
-from astra.optimize.session import OptimizeOptions, agent_kind, emit_best_patch, run_identity, run_optimize
 from astra.spec.model import KernelSpec
 from harness import Verdict, geomean
 
@@ -70,7 +72,7 @@ def row(run: RunDir, spec: KernelSpec) -> dict:
 
 def earlier_run(kernel: str, sglang_version: str, agent: str, original: str, identity: dict) -> RunDir | None:
     """The newest run under $ASTRA_HOME/runs of this kernel, SGLang version and agent that optimized the
-    same original source with the same `identity` (session.run_identity: spec, sanitizer, suite, GPU or
+    same original source with the same `identity` (driver.run_identity: spec, sanitizer, suite, GPU or
     dry run) and timed the original on a GPU; None when there is none. An unreadable run is passed over."""
     for run_id in reversed(list_runs()):
         run = RunDir(paths.sub("runs") / run_id)

@@ -69,7 +69,8 @@ def test_survey_targets_rank_by_recoverable_time(tmp_path):
 
 
 def _runs_of(spec, tree, stopped: str | None, history: int, opts=None, baseline=None) -> RunDir:
-    from astra.optimize.session import OptimizeOptions, run_identity
+    from astra.optimize.driver import run_identity
+    from astra.optimize.options import OptimizeOptions
 
     original = (tree.csrc_dir / spec.kernel_file).read_text()
     run = RunDir.create(spec.name, tree.version, "offline", original)
@@ -85,7 +86,7 @@ def _runs_of(spec, tree, stopped: str | None, history: int, opts=None, baseline=
 
 def test_eval_reuses_a_finished_run_and_continues_a_cut_off_one(sglang_0523, monkeypatch):
     from astra.optimize import optimizer_eval
-    from astra.optimize.session import OptimizeOptions
+    from astra.optimize.options import OptimizeOptions
 
     spec = spec_mod.load("rmsnorm")
     opts = OptimizeOptions(offline=True, wall_min=1)
@@ -118,8 +119,9 @@ def test_eval_reuses_a_finished_run_and_continues_a_cut_off_one(sglang_0523, mon
 
 
 def test_eval_never_reuses_a_run_of_another_source_agent_spec_or_setting(sglang_0523, tmp_path):
+    from astra.optimize.driver import run_identity
     from astra.optimize.optimizer_eval import earlier_run
-    from astra.optimize.session import OptimizeOptions, run_identity
+    from astra.optimize.options import OptimizeOptions
     from harness import Verdict
 
     spec = spec_mod.load("rmsnorm")
@@ -151,8 +153,8 @@ def test_eval_never_reuses_a_run_of_another_source_agent_spec_or_setting(sglang_
 def test_steps_after_the_loop_leave_a_killed_run_to_be_continued(sglang_0523):
     import pytest
 
+    from astra.optimize.driver import held_open
     from astra.optimize.optimizer_eval import finished
-    from astra.optimize.session import held_open
 
     spec = spec_mod.load("rmsnorm")
     run = _runs_of(spec, sglang_0523, "wall-time budget of 60s spent", 2)
@@ -165,8 +167,8 @@ def test_steps_after_the_loop_leave_a_killed_run_to_be_continued(sglang_0523):
 
 
 def test_a_patch_names_every_accepted_step_the_best_was_built_on():
+    from astra.optimize.driver import found_by
     from astra.optimize.loop import source_id
-    from astra.optimize.session import found_by
 
     original = "a\n"
     run = RunDir.create("rmsnorm", "0.5.23", "offline", original)
