@@ -18,8 +18,8 @@ from astra.spec import model as spec_mod
 def cmd_list(args) -> int:
     t = tree(args)
     if args.why:
-        from astra.report.why import format_reach
         from astra.sglang import srt_gates
+        from astra.sglang.srt_gates_text import format_reach
 
         reach = srt_gates.why(t, args.why)
         print(json.dumps(asdict(reach), indent=1) if args.json else format_reach(reach))

@@ -7,12 +7,13 @@ import time
 
 from astra.cli.common import check_output, tree_for_spec, write_text
 from astra.errors import AstraError
-from astra.optimize.evaluation import run_eval
+from astra.optimize.driver import emit_best_patch, run_optimize
+from astra.optimize.optimizer_eval import run_eval
+from astra.optimize.options import OptimizeOptions
 from astra.optimize.rundir import RunDir
-from astra.optimize.session import OptimizeOptions, emit_best_patch, run_optimize
 from astra.report import run_text, table
-from astra.report.safe_text import one_line
 from astra.spec.resolve import resolve
+from astra.text import one_line
 
 
 def loop_options(args) -> OptimizeOptions:
@@ -61,7 +62,7 @@ def cmd_optimize(args) -> int:
 
 def cmd_eval(args) -> int:
     if args.kernels is None:
-        from astra.optimize.evaluation import survey_targets
+        from astra.survey.targets import survey_targets
 
         names = survey_targets(args.top, args.survey)
         print(f"targets: the survey's top {len(names)} by recoverable time: {', '.join(names)}", flush=True)

@@ -126,7 +126,7 @@ def _executor(args):
         from astra.scale import make_executor
 
         return make_executor(ray=args.ray, gpus=args.workers)
-    from astra.verify.probe import gpu_count
+    from astra.verify.probing import gpu_count
 
     workers = args.workers or gpu_count()
     if workers <= 1:

@@ -16,15 +16,15 @@ def wants_llm(args) -> bool:
 
 def client(args, transcript: Path):
     """An LLM client from --model/--base-url/--budget-* > $ASTRA_HOME/config.yaml > environment."""
-    from astra.optimize import llm
+    from astra.llm.client import Client, resolve_config
 
     flags = {"base_url": args.base_url, "model": args.model, "budget_tokens": args.budget_tokens,
              "budget_usd": args.budget_usd}
-    cfg = llm.resolve_config({k: v for k, v in flags.items() if v is not None})
+    cfg = resolve_config({k: v for k, v in flags.items() if v is not None})
     if not cfg.model:
         raise AstraError("--agent llm: no model named; pass --model (and --base-url), set `model:` in "
                          "$ASTRA_HOME/config.yaml or ASTRA_MODEL")
-    return llm.Client(cfg, transcript=transcript)
+    return Client(cfg, transcript=transcript)
 
 
 def propose_drafts(args, sglang, drafted: list[tuple[str, Path, list[str]]], say=print) -> int:
@@ -32,7 +32,7 @@ def propose_drafts(args, sglang, drafted: list[tuple[str, Path, list[str]]], say
     inferred draft when the model's reply was accepted (the note names the agent). Returns how many."""
     import yaml
 
-    from astra.optimize.testing_agent import propose_draft, write_draft
+    from astra.spec.llm_draft import propose_draft, write_draft
 
     llm = client(args, paths.drafts_dir() / "testing-agent.jsonl")
     changed = 0
@@ -53,7 +53,7 @@ def repairers(args) -> list:
 
     out: list = [message_repair.MessageRepairer()]
     if wants_llm(args):
-        from astra.optimize.testing_agent import LlmRepairer
+        from astra.spec.llm_draft import LlmRepairer
 
         out.append(LlmRepairer(client(args, paths.drafts_dir() / "testing-agent.jsonl")))
     return out

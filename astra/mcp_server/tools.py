@@ -86,8 +86,8 @@ def list_modules(tree: Tree, *, buildable: bool = False, why: str | None = None)
     """`astra list --json` (plus the specs there are), or `astra list --why NAME --json`."""
     t = tree.any()
     if why:
-        from astra.report.why import format_reach
         from astra.sglang import srt_gates
+        from astra.sglang.srt_gates_text import format_reach
 
         reach = srt_gates.why(t, why)
         return Answer(_json(asdict(reach)), format_reach(reach))
@@ -130,13 +130,13 @@ def probe_specs(tree: Tree, names: list[str], *, reviewed: bool = False, force: 
                 report_only: bool = False, say: Say = lambda line: None) -> Answer:
     """`astra probe NAME... --json`: each draft's original on its suite, rule-repaired where the kernel's
     messages show the draft wrong (the model-driven repairer of `--agent llm` is the CLI's)."""
-    from astra.verify import probe, probe_repair
+    from astra.verify import probe_repair, probing
     from astra.verify.message_repair import MessageRepairer
     from astra.verify.probe_record import markdown
 
-    opts = probe.ProbeOptions(per_gpu=per_gpu, timeout_case_s=timeout_case, sanitizer=sanitizer, force=force,
+    opts = probing.ProbeOptions(per_gpu=per_gpu, timeout_case_s=timeout_case, sanitizer=sanitizer, force=force,
                               report_only=report_only)
-    targets = probe.select(list(names), reviewed=reviewed)
+    targets = probing.select(list(names), reviewed=reviewed)
     results = probe_repair.probe_with_repair(targets, tree.for_spec, opts, [MessageRepairer()],
                                              rounds=repair_rounds, say=say)
     return Answer(_json([r.to_dict() for r in results]), markdown(results))

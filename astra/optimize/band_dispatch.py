@@ -31,6 +31,7 @@ from pathlib import Path
 
 from astra.errors import AstraError
 from astra.optimize import decl_chunks
+from astra.optimize.evaluator import Evaluator
 from astra.optimize.loop import band_leaders, band_wins
 from astra.optimize.rundir import HistoryEntry, RunDir
 from harness import Verdict, improves_on, score
@@ -259,7 +260,7 @@ def split_point(verdict: Verdict, spec, bands: tuple[str, ...] = LOW_BANDS) -> i
     return max(counts) if counts else None
 
 
-def try_band_dispatch(run: RunDir, spec, tree, evaluate, say=print) -> int | None:
+def try_band_dispatch(run: RunDir, spec, tree, evaluator: Evaluator, say=print) -> int | None:
     """When the run's best small-token winner and its best (or large-token winner) are different
     candidates, judge their combination like any candidate; returns its number when it became the best."""
     leaders = {band: leader for band, leader in band_leaders(run).items()  # never a dispatch inside a dispatch
@@ -297,7 +298,7 @@ def try_band_dispatch(run: RunDir, spec, tree, evaluate, say=print) -> int | Non
     name = f"band-dispatch:#{low[0]:03d}<= {threshold}<{high_name.replace('the ', '')}"
     n = run.add_candidate(source, {"name": name, "family": "dispatch", "round": state.round,
                                    "description": f"#{low[0]:03d} up to {threshold} tokens, {high_name} above"})
-    verdict = evaluate(source, name)
+    verdict = evaluator.verify(source, name)
     run.save_verdict(n, verdict)
     best = run.candidate(state.best)[2] if state.best is not None else None
     decision = improves_on(verdict, best)

@@ -27,9 +27,8 @@ from pathlib import Path
 from astra.errors import AstraError, BudgetSpent
 from astra.optimize import exec_context
 from astra.optimize.exec_context import CANDIDATE, IDEA, LOG, USAGE
-from astra.optimize.loop import Context
-from astra.optimize.transforms import Proposal
-from astra.report.safe_text import one_line, printable
+from astra.optimize.loop import Agent, Context, Proposal
+from astra.text import one_line, printable
 
 PREFIX = "exec:"
 DEFAULT_TIMEOUT_S = 900.0
@@ -83,7 +82,7 @@ def include_headers(spec, tree) -> list[tuple[str, Path]]:
     return out
 
 
-class ExecAgent:
+class ExecAgent(Agent):
     """An agent that is a command: one proposal per round, the file the command edited."""
 
     def __init__(self, command: str, spec, timeout_s: float = DEFAULT_TIMEOUT_S, tree=None):

@@ -17,7 +17,7 @@
         agent.log        the command's stdout and stderr (astra.optimize.exec_agent writes it)
 
 The agent may also write IDEA.txt (one line: the change) and USAGE.json ({"tokens": N, "cost_usd": X}).
-The README's fixed text lives here, not in astra/optimize/prompts/: it is a document for a tool that
+The README's fixed text lives here, not in astra/llm/prompts/: it is a document for a tool that
 reads files, not a chat prompt, and it is mostly the spec's own data.
 """
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from astra.errors import AstraError
-from astra.report.safe_text import one_line
+from astra.text import one_line
 from harness import Verdict
 
 MAX_DETAIL_LINES = 12

@@ -13,7 +13,8 @@ drives. Each round reads the loop's `Context` (texts in astra.optimize.llm_conte
   with the error written for it (which block, the nearest real lines), up to `edit_attempts` times.
 
 Every distinct applicable answer is a Proposal named `llm:r<round>:<slug of the idea>`, described by the
-idea and its target band. The testing role runs once per run and adds shapes (spec shapes stay).
+idea and its target band. The testing role runs once per run and adds shapes to the evaluator's suite
+(spec shapes stay): every later verdict judges them too.
 """
 
 from __future__ import annotations
@@ -22,29 +23,39 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from astra.errors import AstraError
-from astra.optimize import llm, llm_context, ncu_profile, templates
+from astra.llm import templates
+from astra.llm.client import Client, LLMError
+from astra.optimize import llm_context, ncu_profile
 from astra.optimize.edits import apply_reply
+from astra.optimize.evaluator import Evaluator
 from astra.optimize.llm_context import Plan, json_block
-from astra.optimize.loop import Context, source_id
-from astra.optimize.transforms import Proposal
-from astra.report.safe_text import one_line
+from astra.optimize.loop import Agent, Context, Proposal, source_id
+from astra.text import one_line
 from harness import Verdict, policy_text
 
 
-class LLMAgent:
-    def __init__(self, client: llm.Client, spec, tree, edit_attempts: int = 3, samples: int = 1, profiler=None):
+class LLMAgent(Agent):
+    """`client`: the model's endpoint, carrying what a resumed run already spent; `evaluator`: the run's
+    judge, whose suite the testing role's shapes extend."""
+
+    def __init__(self, client: Client, spec, tree, *, evaluator: Evaluator, edit_attempts: int = 3, samples: int = 1,
+                 profiler=None):
         if samples < 1:
             raise AstraError(f"samples must be at least 1, not {samples}")
-        self.client, self.spec, self.tree = client, spec, tree
+        self.client, self.spec, self.tree, self.evaluator = client, spec, tree, evaluator
         self.edit_attempts, self.samples = edit_attempts, samples
         self.name = f"llm:{client.cfg.model}"
-        self.extra_shapes: list[dict] = []
         self.rationale = ""
         self.last_plan: Plan | None = None
         # (source, case id, extra shapes) -> its Nsight Compute profile dict (astra.optimize.ncu_profile)
         self.profiler = profiler if profiler is not None else ncu_profile.Profiler(spec, tree)
         self._profiles: dict[tuple[str, str | None], dict] = {}  # ("original" or source_id, case id) -> profile
         self._tested = False
+
+    @property
+    def extra_shapes(self) -> list[dict]:
+        """The shapes the testing role added to the suite (the evaluator's, which judges them)."""
+        return self.evaluator.extra_shapes
 
     def usage(self) -> tuple[int, float]:
         total = self.client.usage.total()
@@ -56,7 +67,7 @@ class LLMAgent:
     def propose(self, ctx: Context) -> list[Proposal]:
         if not self._tested:
             self._tested = True
-            self.extra_shapes = self.test_shapes(ctx)
+            self.evaluator.add_shapes(self.test_shapes(ctx))
         verdict, ideas = ctx.base_verdict, self._ideas(ctx)
         tables = {"gpu": _gpu(verdict), "measurements": llm_context.shape_table(verdict),
                   "bands": llm_context.band_table(verdict), "ncu": self._ncu(ctx)}
@@ -104,7 +115,7 @@ class LLMAgent:
         for future in futures:
             try:
                 results.append(future.result())
-            except llm.LLMError as err:
+            except LLMError as err:
                 errors.append(err)
         if errors and not any(source for source, _ in results):
             raise errors[0]

@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from astra.report.safe_text import one_line
+from astra.text import one_line
 from harness import BANDS, Verdict, geomean
 
 BAND_CHOICES = (*BANDS, "all")

@@ -6,7 +6,11 @@ so: verified faster than the original (the one rule the patch emitter and rechec
 better than the current best. A failed or
 slower candidate is recorded and forgotten. The run stops on: rounds, wall time, tokens or cost,
 reaching the roofline target, no progress for `patience` rounds, or an agent with nothing to try.
-Roles differ by agent (offline search or LLM), not by this loop.
+Roles differ by agent (offline search, LLM, a command), not by this loop.
+
+The seams: an `Agent` (this module's protocol; built complete by astra.optimize.agent_registry) proposes
+`Proposal`s from a `Context`; an `Evaluator` (astra.optimize.evaluator) judges them; the run's `RunState`
+is held in memory by the `RunDir` and saved at each checkpoint (every verdict, every round's end, the stop).
 """
 
 from __future__ import annotations
@@ -18,14 +22,23 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol
 
 from astra.errors import AstraError, BudgetSpent
+from astra.optimize.evaluator import Evaluator
 from astra.optimize.rundir import HistoryEntry, RunDir, RunState
-from astra.optimize.transforms import Proposal
-from astra.report.safe_text import one_line
+from astra.text import one_line
 from harness import Verdict, improves_on, score
 from harness.judge.acceptance import BAND_GAIN
 
-Evaluator = Callable[..., Verdict]  # (candidate source, label) -> its Verdict against the original
 Events = Callable[[str, dict], None]  # (kind, data): progress display
+
+
+@dataclass
+class Proposal:
+    """One candidate an agent proposes: the loop's unit (registered, judged, kept or forgotten)."""
+
+    name: str  # stable id, e.g. "const:kNumThreads=512"
+    family: str  # launch | bounds | unroll | restrict | fastmath | pdl | remat | param | llm | exec
+    description: str
+    source: str  # the whole new file
 
 
 @dataclass
@@ -69,13 +82,20 @@ class Context:
 
 
 class Agent(Protocol):
-    name: str
+    """Everything the loop uses of an agent. An agent is complete when its constructor returns (whatever it
+    judges with, its client, its budgets: astra.optimize.agent_registry builds each); a class that
+    subclasses this protocol inherits the defaults below (no rationale yet, nothing spent)."""
+
+    name: str  # the run's agent: "offline", "llm:<model>", "exec:<command's first word>"
+    rationale: str = ""  # one line: why this round's proposals (shown with each candidate)
 
     def propose(self, ctx: Context) -> list[Proposal]:
         """Candidates to try this round (whole files); empty when there is nothing left to try."""
+        ...
 
     def usage(self) -> tuple[int, float]:
-        """(tokens, cost in USD) spent so far."""
+        """(tokens, cost in USD) this agent spent so far; the loop adds what a resumed run spent before."""
+        return 0, 0.0
 
 
 def source_id(source: str) -> str:
@@ -90,13 +110,14 @@ def at_roofline(verdict: Verdict | None, target: float, mode: str = "graph") -> 
     return bool(fractions) and min(fractions) >= target
 
 
-def run_loop(run: RunDir, agent: Agent, evaluate: Evaluator, budget: Budget,
+def run_loop(run: RunDir, agent: Agent, evaluator: Evaluator, budget: Budget,
              events: Events = lambda kind, data: None) -> RunState:
     """Rounds until a stop reason; whatever ends the loop (an error, Ctrl-C) is written to the state, so a
-    run is never left "running". Tokens and cost add to what the run spent before a resume."""
+    run is never left "running". Tokens and cost add to what the run spent before a resume. The state is
+    the run directory's, in memory; the loop saves it at each checkpoint."""
     state = run.state()
     try:
-        return _rounds(run, state, agent, evaluate, budget, events)
+        return _rounds(run, state, agent, evaluator, budget, events)
     except KeyboardInterrupt:
         _died(run, state, "interrupted (Ctrl-C)", events)
         raise
@@ -123,7 +144,7 @@ def mark_stopped(run: RunDir, reason: str) -> None:
         run.save(state)
 
 
-def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, budget: Budget,
+def _rounds(run: RunDir, state: RunState, agent: Agent, evaluator: Evaluator, budget: Budget,
             events: Events) -> RunState:
     start = time.time()
     before = (state.tokens, state.cost_usd)  # spent by earlier sessions of this run
@@ -135,7 +156,7 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
     best_verdict = run.candidate(state.best)[2] if state.best else None
     if best_verdict is None:
         events("baseline", {})
-        best_verdict = _baseline(run, evaluate)
+        best_verdict = _baseline(run, evaluator)
         warning = floor_warning(best_verdict)
         if warning:
             events("warning", {"message": warning})
@@ -173,10 +194,10 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluate: Evaluator, bud
             n = run.add_candidate(proposal.source, {"name": proposal.name, "family": proposal.family,
                                                     "description": proposal.description, "round": state.round})
             events("candidate", {"n": n, "name": proposal.name, "description": proposal.description,
-                                "rationale": getattr(agent, "rationale", "")})
+                                "rationale": agent.rationale})
             return n
 
-        for n, proposal, verdict in _evaluated(evaluate, proposals, register, out_of_time, durations):
+        for n, proposal, verdict in _evaluated(evaluator, proposals, register, out_of_time, durations):
             run.save_verdict(n, verdict)
             decision = improves_on(verdict, best_verdict if state.best else None)
             ok = decision.ok
@@ -203,17 +224,16 @@ def _short_of_time(budget: Budget, start: float, durations: list[float]) -> str:
             f"({max(durations):.0f}s, the longest this session)")
 
 
-def _evaluated(evaluate: Evaluator, proposals: list[Proposal], register: Callable[[Proposal], int],
+def _evaluated(evaluator: Evaluator, proposals: list[Proposal], register: Callable[[Proposal], int],
                out_of_time: Callable[[], bool], durations: list[float] | None = None):
     """(n, proposal, verdict) in proposal order, each registered (`register`: numbered, saved) just before
-    its evaluation. An evaluator with `gpus` (the host's GPU indices, from
-    astra.optimize.session.harness_evaluator) judges a round's candidates side by side, one per GPU
-    (`evaluate(..., gpu=i)`), in batches of that many; otherwise one at a time. No batch starts once
-    `out_of_time()` (the loop's: the wall budget cannot hold another verification as
+    its evaluation. An evaluator with `gpus` (the host's GPU indices) judges a round's candidates side by
+    side, one per GPU (`verify(..., gpu=i)`), in batches of that many; otherwise one at a time. No batch
+    starts once `out_of_time()` (the loop's: the wall budget cannot hold another verification as
     long as the longest so far, whose seconds are appended to `durations`)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    gpus = list(getattr(evaluate, "gpus", None) or [])
+    gpus = list(evaluator.gpus)
     width = max(1, len(gpus))
     for first in range(0, len(proposals), width):
         if out_of_time():  # the agent's proposing (a search, an exec command) may have spent the rest
@@ -221,11 +241,11 @@ def _evaluated(evaluate: Evaluator, proposals: list[Proposal], register: Callabl
         batch = [(register(p), p) for p in proposals[first:first + width]]
         began = time.time()
         if width == 1:
-            verdicts = [evaluate(p.source, p.name) for _, p in batch]
+            verdicts = [evaluator.verify(p.source, p.name) for _, p in batch]
         else:
             with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-                verdicts = list(pool.map(lambda item: evaluate(item[1][1].source, item[1][1].name, gpu=gpus[item[0]]),
-                                         enumerate(batch)))
+                verdicts = list(pool.map(lambda item: evaluator.verify(item[1][1].source, item[1][1].name,
+                                                                       gpu=gpus[item[0]]), enumerate(batch)))
         if durations is not None:
             durations.append(time.time() - began)
         for (n, proposal), verdict in zip(batch, verdicts):
@@ -265,13 +285,13 @@ def floor_warning(baseline: Verdict) -> str | None:
                    "own measurement (an empty launch, a speedup bound): time it again with `astra bench`")
 
 
-def _baseline(run: RunDir, evaluate: Evaluator) -> Verdict:
+def _baseline(run: RunDir, evaluator: Evaluator) -> Verdict:
     """The original against itself: the profile the first round plans from (kept, not a candidate;
     a resumed run reuses it)."""
     saved = run.baseline()
     if saved is not None:
         return saved
-    verdict = evaluate(run.original(), "original")
+    verdict = evaluator.verify(run.original(), "original")
     run.save_baseline(verdict)
     return verdict
 

@@ -1,6 +1,6 @@
 """The offline search agent: no LLM, deterministic.
 
-With a GPU (`screen` given), each new base is searched first: the parameter space read from its source
+With an evaluator that screens (a GPU run: astra.optimize.evaluator), each new base is searched first: the parameter space read from its source
 (launch and tile constants, vector widths, launch bounds, unroll factors: astra.optimize.param_space)
 explored by successive halving on representative shapes (astra.optimize.param_search) within part of
 the wall time left; the survivors are proposed for full verification, followed by the catalog
@@ -14,10 +14,13 @@ import difflib
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
-from astra.optimize import param_search, reach
-from astra.optimize.loop import Context, source_id
-from astra.optimize.transforms import Proposal, catalog
+from astra.optimize import entry_reach, param_search
+from astra.optimize.evaluator import Evaluator
+from astra.optimize.loop import Agent, Context, Proposal, source_id
+from astra.optimize.rundir import RunDir
+from astra.optimize.transforms import catalog
 from harness import Verdict
 
 # Which transformation families to try first, by where the gap is.
@@ -52,27 +55,27 @@ def plan(verdict: Verdict | None) -> tuple[list[str], str]:
     return order, f"largest gap in {worst} ({text}): trying {order[1]} first after any staged copy"
 
 
-class OfflineAgent:
+class OfflineAgent(Agent):
+    """`evaluator`: the run's judge; the parameter search runs where it screens (none: the catalog alone).
+    `on_search_line`: each line of the search's log as it is written (`search_logger`: the run's search.log)."""
+
     name = "offline"
 
-    def __init__(self, kernel_file: str, source_root: Path, include_dirs: list[str], per_round: int = 12,
-                 screen: param_search.Screen | None = None, prebuild: param_search.Prebuild | None = None,
-                 timed_dtype: str | None = None, search_share: float = 0.6, entries: list[str] | None = None):
+    def __init__(self, kernel_file: str, source_root: Path, include_dirs: list[str], *,
+                 evaluator: Evaluator | None = None, entries: list[str] | None = None,
+                 on_search_line: Callable[[str], None] | None = None, per_round: int = 12, search_share: float = 0.6):
         self.kernel_file = kernel_file
         self.source_root = Path(source_root)
         self.include_dirs = include_dirs
         self.per_round = per_round
         self.tried: set[tuple[str, str]] = set()
         self.rationale = ""
-        self.screen, self.prebuild, self.timed_dtype = screen, prebuild, timed_dtype
+        self.evaluator = evaluator
         self.search_share = search_share  # of the wall time left, for screening one base
         self.searched: set[str] = set()
-        self.on_search_line = None  # each line of the search's log as it is written (the run's search.log)
+        self.on_search_line = on_search_line
         self.entries = list(entries or [])  # the spec's host entries: the search stays in the code they reach
         self._parses: dict[str, object] = {}  # source id -> libclang's view: the search and the catalog share it
-
-    def usage(self) -> tuple[int, float]:
-        return 0, 0.0
 
     def propose(self, ctx: Context) -> list[Proposal]:
         base = source_id(ctx.base_source)
@@ -82,7 +85,7 @@ class OfflineAgent:
         order, self.rationale = plan(ctx.base_verdict)
         searched = self._search(ctx, base)
         proposals = self._reached(ctx.base_source, catalog(ctx.base_source, self._kernels(ctx.base_source)))
-        if self.screen is not None:  # the space covers launch constants and unroll factors: the catalog the rest
+        if self._searches():  # the space covers launch constants and unroll factors: the catalog the rest
             proposals = [p for p in proposals if p.family not in ("launch", "bounds")]
         proposals.sort(key=lambda p: order.index(p.family) if p.family in order else len(order))
         fresh = [p for p in searched + proposals if (base, p.name) not in self.tried][: self.per_round]
@@ -91,16 +94,18 @@ class OfflineAgent:
 
     def _search(self, ctx: Context, base: str) -> list[Proposal]:
         """The survivors of a parameter search of this base (once per base; none without a GPU)."""
-        if self.screen is None or base in self.searched:
+        judge = self.evaluator
+        if not self._searches() or base in self.searched:
             return []
         self.searched.add(base)
         budget = (ctx.wall_left_s if ctx.wall_left_s is not None else 600.0) * self.search_share
-        rungs = [param_search.representative_cases(ctx.base_verdict, self.timed_dtype, n) for n in (1, 3)]
-        foreign = reach.foreign_lines(self._parsed(ctx.base_source), self.entries, ctx.base_source) if self.entries else set()
+        rungs = [param_search.representative_cases(ctx.base_verdict, judge.timed_dtype, n) for n in (1, 3)]
+        foreign = (entry_reach.foreign_lines(self._parsed(ctx.base_source), self.entries, ctx.base_source)
+                   if self.entries else set())
         if self.on_search_line is not None:  # a resumed run appends a second search: say where each starts
             self.on_search_line(f"search of base {base[:12]}, {budget:.0f} s at most")
-        search = param_search.Search(ctx.base_source, self.screen, [r for r in rungs if r],
-                                     deadline=time.time() + budget, prebuild=self.prebuild, foreign_lines=foreign,
+        search = param_search.Search(ctx.base_source, judge.screen, [r for r in rungs if r],
+                                     deadline=time.time() + budget, prebuild=judge.prebuild, foreign_lines=foreign,
                                      on_line=self.on_search_line, entries=self.entries)
         survivors = search.run()
         self.rationale = (f"parameter search: {search.screened} screening(s) in {budget:.0f}s at most, "
@@ -109,12 +114,16 @@ class OfflineAgent:
                          f"{p.reason} (screened x{p.score:.3f} on {len(search.rungs[len(p.scores) - 1])} shapes)", p.source)
                 for p in survivors]
 
+    def _searches(self) -> bool:
+        """Whether new bases are searched: only with an evaluator that screens (on a GPU)."""
+        return self.evaluator is not None and self.evaluator.screens
+
     def _reached(self, source: str, proposals: list[Proposal]) -> list[Proposal]:
         """The proposals that change a line the spec's entries reach (an edit of a kernel they never launch
         times x1.000 and only adds noise to a patch)."""
         if not self.entries:
             return proposals
-        foreign = reach.foreign_lines(self._parsed(source), self.entries, source)
+        foreign = entry_reach.foreign_lines(self._parsed(source), self.entries, source)
         return [p for p in proposals if not foreign or not _changed_lines(source, p.source) <= foreign]
 
     def _kernels(self, source: str) -> list:
@@ -141,6 +150,21 @@ class OfflineAgent:
                 return cuda_parse.parse_source(path, [str(original.parent), *self.include_dirs, str(self.source_root)])
             except ToolMissing:
                 return None
+
+
+def search_logger(run: RunDir, say: Callable[[str], None]) -> Callable[[str], None]:
+    """Each line of the parameter search's log, as it is written: appended to the run's search.log (with
+    the time) and printed, so a user sees what was screened and why it lost."""
+
+    def on_line(line: str) -> None:
+        try:
+            with run.search_log.open("a", encoding="utf-8") as out:
+                out.write(f"[{time.strftime('%Y-%m-%dT%H:%M:%S')}] {line}\n")
+        except OSError as err:  # a full disk loses the log line, not the run
+            say(f"warning: cannot write {run.search_log}: {err.strerror or err}")
+        say(f"[{time.strftime('%H:%M:%S')}]      search: {line}")
+
+    return on_line
 
 
 def _changed_lines(before: str, after: str) -> set[int]:

@@ -68,7 +68,7 @@ class Search:
     prebuild: Prebuild | None = None
     keep: float = 1 / 3
     log: list[str] = field(default_factory=list)  # one line per screened point, for the run's rationale
-    foreign_lines: set[int] = field(default_factory=set)  # code the entry does not reach (astra.optimize.reach)
+    foreign_lines: set[int] = field(default_factory=set)  # code the entry does not reach (astra.optimize.entry_reach)
     on_line: Callable[[str], None] | None = None  # each log line as it is written (the run's search.log)
     screened: int = 0  # points screened so far (each a worker run)
     entries: list[str] = field(default_factory=list)  # the spec's wrapper entries: their literal template arguments

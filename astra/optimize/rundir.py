@@ -10,6 +10,8 @@
         transcript.jsonl           the agents' exchanges (never an API key)
 
 Verdicts are harness `Verdict`s in memory and JSON only on disk; history entries are `HistoryEntry`s.
+The run's `RunState` is read from state.json once (on open, or on first use) and held in memory; every
+`save` is a checkpoint that rewrites state.json atomically when the state changed since it was written.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from astra import paths
 from astra.errors import AstraError, RunStateError
-from astra.report.safe_text import printable
+from astra.text import printable
 from harness import Verdict
 
 
@@ -60,7 +62,7 @@ class RunState:
     cost_usd: float = 0.0
     started: float = field(default_factory=time.time)
     stopped: str | None = None
-    identity: dict = field(default_factory=dict)  # what decides whether `astra eval` may reuse it (session.run_identity)
+    identity: dict = field(default_factory=dict)  # what decides whether `astra eval` may reuse it (driver.run_identity)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,6 +96,8 @@ class RunState:
 class RunDir:
     def __init__(self, root: Path):
         self.root = root
+        self._state: RunState | None = None  # held in memory once read or created
+        self._written: str | None = None  # the JSON state.json holds (as last read or written)
 
     @classmethod
     def create(cls, kernel: str, sglang_version: str, agent: str, original: str) -> "RunDir":
@@ -123,7 +127,14 @@ class RunDir:
         return run
 
     def state(self) -> RunState:
-        """The run's state; an unreadable state.json is a RunStateError (exit 14) saying why."""
+        """The run's state, the same object on every call: read from state.json on first use (an unreadable
+        file is a RunStateError, exit 14, saying why), then held in memory; change it and `save`."""
+        if self._state is None:
+            self._state = self._read()
+            self._written = _json(self._state)
+        return self._state
+
+    def _read(self) -> RunState:
         path = self.root / "state.json"
         try:
             return RunState.from_dict(json.loads(path.read_bytes().decode("utf-8")))
@@ -134,10 +145,18 @@ class RunDir:
             problem.reason = why
             raise problem from None
 
-    def save(self, state: RunState) -> None:
+    def save(self, state: RunState | None = None) -> None:
+        """A checkpoint: the held state (or `state`, held from now on) written to state.json atomically,
+        when it differs from what the file holds."""
+        if state is not None:
+            self._state = state
+        text = _json(self.state())
+        if text == self._written:
+            return
         tmp = self.root / "state.json.tmp"
-        tmp.write_text(json.dumps(state.to_dict(), indent=1))
+        tmp.write_text(text)
         os.replace(tmp, self.root / "state.json")
+        self._written = text
 
     def original(self) -> str:
         return (self.root / "original.cuh").read_text()
@@ -198,12 +217,16 @@ class RunDir:
 
     @property
     def search_log(self) -> Path:
-        """The offline parameter search's screenings, one line each (astra.optimize.session.search_logger)."""
+        """The offline parameter search's screenings, one line each (astra.optimize.offline.search_logger)."""
         return self.root / "search.log"
 
     @property
     def transcript(self) -> Path:
         return self.root / "transcript.jsonl"
+
+
+def _json(state: RunState) -> str:
+    return json.dumps(state.to_dict(), indent=1)
 
 
 def unreadable_reason(err: BaseException) -> str:

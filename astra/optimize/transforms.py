@@ -15,16 +15,8 @@ where it is purely lexical (a `constexpr` integer constant, a `for` statement, a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-
-@dataclass
-class Proposal:
-    name: str  # stable id, e.g. "const:kNumThreads=512"
-    family: str  # launch | bounds | unroll | restrict | fastmath | pdl | remat
-    description: str
-    source: str  # the whole new file
-
+from astra.optimize.loop import Proposal
 
 # Integer compile-time constants that shape a launch or a tile (names as SGLang's kernels spell them).
 _TUNABLE = re.compile(

@@ -15,7 +15,7 @@ from pathlib import Path
 from astra.optimize.loop import band_wins_line
 from astra.optimize.rundir import RunDir
 from astra.report import baseline
-from astra.report.safe_text import printable
+from astra.text import printable
 from harness import Verdict
 
 _STYLE = """

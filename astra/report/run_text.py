@@ -7,7 +7,7 @@ from astra.errors import AstraError
 from astra.optimize.loop import band_summary, band_wins_line
 from astra.optimize.rundir import RunDir, list_runs
 from astra.report import table
-from astra.report.safe_text import one_line, printable
+from astra.text import one_line, printable
 
 
 def _reason(err: AstraError) -> str:

@@ -23,6 +23,7 @@ from astra.sglang.tree import SglangTree, sha256_file
 from astra.spec import draft as drafting
 
 DRAFT_HEADER = "# Draft written by `astra extract`"
+PROBED_MARK = "# Probed by `astra probe`"  # the header line the probe writes above a draft it rewrote
 
 
 @dataclass

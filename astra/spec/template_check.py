@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from astra import paths
-from astra.report.safe_text import one_line
 from astra.sglang.constexpr_eval import evaluate
 from astra.sglang.template_params import call_condition, strip_comments
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec.model import KernelSpec
+from astra.text import one_line
 from harness import Options, build_requests
 from harness.building.nvcc_build import BuildRequest, plan_build, trim_errors
 from harness.building.toolchain import BuildFailure, nvcc_path, tool_version, tvm_ffi_version

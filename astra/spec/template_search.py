@@ -29,7 +29,6 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from astra.report.safe_text import one_line
 from astra.sglang import registry, static_asserts
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
@@ -60,6 +59,7 @@ from astra.spec.template_check import (
     nvcc_available,
     spec_requests,
 )
+from astra.text import one_line
 from harness.building.nvcc_build import BuildRequest
 
 __all__ = ["DEFAULT_BUDGET", "CheckResult", "Settlement", "check_request", "check_variants", "nvcc_available",

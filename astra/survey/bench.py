@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from astra.errors import AstraError
-from astra.report.safe_text import one_line
 from astra.sglang import tree as sglang_tree
 from astra.spec.model import KernelSpec
+from astra.text import one_line
 
 VIEWS = ("graph", "cold")
 

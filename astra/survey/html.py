@@ -10,10 +10,10 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from astra.report.safe_text import printable
 from astra.survey import svg
 from astra.survey.rank import Ranking
 from astra.survey.summary import header_lines, limit_rows, meta, worst_text
+from astra.text import printable
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }

@@ -25,8 +25,8 @@ import re
 from typing import Callable
 
 from astra.errors import AstraError
-from astra.report.safe_text import one_line
 from astra.survey.bench import tree_for
+from astra.text import one_line
 
 REACH_FACTORS = {"warm": 1.0, "gated": 0.5, "cold": 0.1, "unknown": 1.0}
 _PLATFORM = re.compile(r"^(_?is_cuda(\(\))?|not\s+_?is_(hip|npu|xpu|cpu|musa|mps)(\(\))?)$")

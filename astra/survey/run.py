@@ -16,13 +16,13 @@ from typing import Callable
 
 from astra import paths
 from astra.errors import AstraError
-from astra.report.safe_text import one_line
 from astra.spec import model as spec_mod
 from astra.spec.model import KernelSpec
 from astra.spec.resolve import draft_path, draft_problem, resolve, spec_sha256
 from astra.survey import bench as bench_mod
 from astra.survey import reach as reach_mod
 from astra.survey.store import Store, make_record, stale_reason
+from astra.text import one_line
 
 Say = Callable[[str], None]
 

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from astra.report import table
-from astra.report.safe_text import one_line
 from astra.survey import reach as reach_mod
 from astra.survey.rank import FORMULA, KernelRank, Ranking
+from astra.text import one_line
 
 
 def meta(ranking: Ranking, store: Path | str | None = None) -> dict:

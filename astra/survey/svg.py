@@ -6,8 +6,8 @@ from __future__ import annotations
 import html
 import math
 
-from astra.report.safe_text import printable
 from astra.survey.rank import KernelRank
+from astra.text import printable
 
 _REACH_COLORS = {"warm": "#1f77b4", "gated": "#ff7f0e", "cold": "#9a9a9a", "unknown": "#8c564b"}
 _SERIES = (("time_us", "time (original)", "#1f77b4", ""),

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import yaml
 
-from astra.report.safe_text import one_line
 from astra.spec.draft_traffic import bytes_expr
+from astra.spec.extract import PROBED_MARK
 from astra.spec.resolve import spec_sha256
+from astra.text import one_line
 
-PROBED_MARK = "# Probed by `astra probe`"
 EXCLUDED_STATUSES = ("rejected", "crashed", "hung", "noop")
 CASE_KEYS = ("id", "status", "message", "written", "roles", "deterministic", "finite", "constant_outputs", "notes",
              "seconds", "stderr_tail", "unordered")

@@ -28,16 +28,16 @@ from typing import Callable, Iterable, Protocol
 import yaml
 
 from astra.errors import AstraError, NoGpu, SpecError, UnknownKernel
-from astra.report.safe_text import one_line
 from astra.sglang import cxx_facts
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec import model as spec_mod
 from astra.spec.expr import CPP_DTYPES, DTYPE_BYTES, ExprError
-from astra.spec.extract import DRAFT_HEADER, dump_yaml
+from astra.spec.extract import DRAFT_HEADER, PROBED_MARK, dump_yaml
 from astra.spec.resolve import read_record, spec_sha256
-from astra.verify import probe
-from astra.verify.probe_record import PROBED_MARK, ModuleProbe, write_record
+from astra.text import one_line
+from astra.verify import probing
+from astra.verify.probe_record import ModuleProbe, write_record
 
 BEFORE = "kernel.yaml.before-repair"
 Say = Callable[[str], None]
@@ -64,17 +64,17 @@ def needs_repair(record: dict | None) -> bool:
     return "error" in statuses or ("rejected" in statuses and "kept" not in statuses)
 
 
-def probe_with_repair(targets: list[probe.Target], tree_for: Callable[[spec_mod.KernelSpec], SglangTree],
-                      opts: probe.ProbeOptions, repairers: Iterable[Repairer], rounds: int = 2,
+def probe_with_repair(targets: list[probing.Target], tree_for: Callable[[spec_mod.KernelSpec], SglangTree],
+                      opts: probing.ProbeOptions, repairers: Iterable[Repairer], rounds: int = 2,
                       say: Say = lambda line: None) -> list[ModuleProbe]:
     """`probe_modules`, then up to `rounds` rounds of repair and re-probe (see the module docstring)."""
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise AstraError(f"--repair-rounds {rounds}: give a whole number of rounds, 0 (no repair) or more")
     repairers = list(repairers)
-    results = dict(zip(targets, probe.probe_modules(targets, tree_for, opts, say=say)))
+    results = dict(zip(targets, probing.probe_modules(targets, tree_for, opts, say=say)))
     if opts.report_only or not repairers or rounds == 0:
         return [results[t] for t in targets]
-    history: dict[probe.Target, list[dict]] = {}
+    history: dict[probing.Target, list[dict]] = {}
     for round_no in range(1, rounds + 1):
         proposals = []
         for target in targets:
@@ -89,7 +89,7 @@ def probe_with_repair(targets: list[probe.Target], tree_for: Callable[[spec_mod.
         if not proposals:
             break
         try:
-            probe.require_gpu(opts)  # a repair is a guess until probed: none is written without a GPU
+            probing.require_gpu(opts)  # a repair is a guess until probed: none is written without a GPU
         except NoGpu:
             say(f"{len(proposals)} repair(s) proposed but not written: no GPU to probe them on")
             break
@@ -99,12 +99,12 @@ def probe_with_repair(targets: list[probe.Target], tree_for: Callable[[spec_mod.
             history.setdefault(target, list(record.get("repairs") or [])).append(entry)
             say(f"{target.name}: repaired by {entry['repairer']} (round {round_no}): {entry['note']}")
         repaired = [target for target, *_ in proposals]
-        for target, result in zip(repaired, probe.probe_modules(repaired, tree_for, opts, say=say)):
+        for target, result in zip(repaired, probing.probe_modules(repaired, tree_for, opts, say=say)):
             results[target] = _with_repairs(target, result, history[target])
     return [results[t] for t in targets]
 
 
-def _with_repairs(target: probe.Target, result: ModuleProbe, repairs: list[dict]) -> ModuleProbe:
+def _with_repairs(target: probing.Target, result: ModuleProbe, repairs: list[dict]) -> ModuleProbe:
     """Add the repairs to the module's new probe record and to its one-line reason."""
     record = read_record(target.record_path)
     if record is not None:
@@ -116,7 +116,7 @@ def _with_repairs(target: probe.Target, result: ModuleProbe, repairs: list[dict]
     return result
 
 
-def propose(target: probe.Target, record: dict, tree_for: Callable[[spec_mod.KernelSpec], SglangTree],
+def propose(target: probing.Target, record: dict, tree_for: Callable[[spec_mod.KernelSpec], SglangTree],
             repairers: Iterable[Repairer]) -> tuple[dict, dict] | None:
     """(revised spec, repair entry) from the first repairer whose revision passes `check_repair`."""
     if target.reviewed:
@@ -182,7 +182,7 @@ def write_repair(path: Path, new: dict, entry: dict) -> None:
     os.replace(tmp, path)
 
 
-def dry_run(targets: list[probe.Target], tree_for: Callable[[spec_mod.KernelSpec], SglangTree],
+def dry_run(targets: list[probing.Target], tree_for: Callable[[spec_mod.KernelSpec], SglangTree],
             repairers: Iterable[Repairer]) -> list[dict]:
     """What the repairers would change in every failed draft whose record matches it, writing nothing:
     {module, repairer, note, changes, message} per draft (repairer None: nothing to offer)."""

@@ -152,7 +152,7 @@ def test_optimize_values(args, needle):
 
 def test_optimize_options_refuse_the_same_values_in_the_library():
     from astra.errors import AstraError
-    from astra.optimize.session import OptimizeOptions
+    from astra.optimize.options import OptimizeOptions
 
     for bad in ({"rounds": 0}, {"wall_min": -1.0}, {"budget_tokens": -1}, {"budget_usd": float("nan")},
                 {"resume": " "}):

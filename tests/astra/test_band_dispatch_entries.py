@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from astra.optimize.band_dispatch import SUFFIX_HIGH, SUFFIX_LOW, combine, try_band_dispatch
+from astra.optimize.evaluator import Evaluator
 from astra.optimize.rundir import HistoryEntry, RunDir
 from harness.building.toolchain import nvcc_path
 from tests.toolchain import needs_nvcc
@@ -128,7 +129,7 @@ def test_a_small_token_win_is_dispatched_with_the_original_above(tmp_path):
         return _with_tokens(make_verdict({"decode": [1.5, 1.4], "middle": 1.0, "prefill": 1.0}), tokens)
 
     lines: list = []
-    best = try_band_dispatch(run, SPEC, tree, evaluate, lines.append)
+    best = try_band_dispatch(run, SPEC, tree, Evaluator(evaluate), lines.append)
     assert best == n + 1 and run.state().best == n + 1
     source, label = judged[0]
     assert label == "band-dispatch:#001<= 64<original" and "if (x.size(0) <= 64)" in source
@@ -149,5 +150,5 @@ def test_a_winner_not_verified_on_decode_is_not_dispatched_to_it(tmp_path):
                                  {"decode0": 1, "middle0": 1024, "prefill0": 16384})
     judged, lines = [], []
     assert try_band_dispatch(run, SPEC, SimpleNamespace(csrc_dir=tmp_path, include_dir=_tvm_includes()[0]),
-                             lambda source, label: judged.append(label), lines.append) is None
+                             Evaluator(lambda source, label: judged.append(label)), lines.append) is None
     assert judged == [] and "not verified faster on decode" in lines[-1]

@@ -1,6 +1,6 @@
 """`astra eval`'s table rows from run directories (verdicts built here; CI has no GPU)."""
 
-from astra.optimize.evaluation import row
+from astra.optimize.optimizer_eval import row
 from astra.optimize.rundir import HistoryEntry, RunDir
 from astra.spec import model as spec_mod
 from tests.astra.test_check_report import _verdict
@@ -49,8 +49,8 @@ def test_survey_targets_rank_by_recoverable_time(tmp_path):
     import pytest
 
     from astra.errors import BadInput
-    from astra.optimize.evaluation import survey_targets
     from astra.survey.store import Store, make_record
+    from astra.survey.targets import survey_targets
 
     store = Store(tmp_path / "survey")
     for name, scale in (("small_gap", 1.0), ("big_gap", 40.0)):
@@ -69,7 +69,8 @@ def test_survey_targets_rank_by_recoverable_time(tmp_path):
 
 
 def _runs_of(spec, tree, stopped: str | None, history: int, opts=None, baseline=None) -> RunDir:
-    from astra.optimize.session import OptimizeOptions, run_identity
+    from astra.optimize.driver import run_identity
+    from astra.optimize.options import OptimizeOptions
 
     original = (tree.csrc_dir / spec.kernel_file).read_text()
     run = RunDir.create(spec.name, tree.version, "offline", original)
@@ -84,8 +85,8 @@ def _runs_of(spec, tree, stopped: str | None, history: int, opts=None, baseline=
 
 
 def test_eval_reuses_a_finished_run_and_continues_a_cut_off_one(sglang_0523, monkeypatch):
-    from astra.optimize import evaluation
-    from astra.optimize.session import OptimizeOptions
+    from astra.optimize import optimizer_eval
+    from astra.optimize.options import OptimizeOptions
 
     spec = spec_mod.load("rmsnorm")
     opts = OptimizeOptions(offline=True, wall_min=1)
@@ -96,30 +97,31 @@ def test_eval_reuses_a_finished_run_and_continues_a_cut_off_one(sglang_0523, mon
         run = RunDir.open(opts_.resume) if opts_.resume else _runs_of(spec_, tree_, "wall-time budget spent", 0)
         return run, run.state()
 
-    monkeypatch.setattr(evaluation, "run_optimize", loop)
+    monkeypatch.setattr(optimizer_eval, "run_optimize", loop)
     cut = _runs_of(spec, sglang_0523, None, 3)  # killed mid-run: stopped never written
     said: list[str] = []
-    evaluation.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
     assert called == [cut.root.name] and "cut off after 3 candidate(s)" in said[0]
 
     done = _runs_of(spec, sglang_0523, "wall-time budget of 60s spent", 5)
     said.clear()
-    result = evaluation.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    result = optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
     assert called == [cut.root.name] and result["rows"][0]["run"] == done.root.name
     assert "finished earlier (wall-time budget of 60s spent): reused" in said[0]
 
     failed = _runs_of(spec, sglang_0523, "stopped by the agent: the exec command exited 1", 1)
     said.clear()
-    evaluation.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
     assert called[-1] == failed.root.name and "(stopped by the agent" in said[0]  # an agent error is resumed
 
-    evaluation.run_eval([spec], lambda name: sglang_0523, opts, fresh=True, say=said.append)
+    optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, fresh=True, say=said.append)
     assert called[-1] is None  # --fresh: a new run, nothing reused
 
 
 def test_eval_never_reuses_a_run_of_another_source_agent_spec_or_setting(sglang_0523, tmp_path):
-    from astra.optimize.evaluation import earlier_run
-    from astra.optimize.session import OptimizeOptions, run_identity
+    from astra.optimize.driver import run_identity
+    from astra.optimize.optimizer_eval import earlier_run
+    from astra.optimize.options import OptimizeOptions
     from harness import Verdict
 
     spec = spec_mod.load("rmsnorm")
@@ -151,8 +153,8 @@ def test_eval_never_reuses_a_run_of_another_source_agent_spec_or_setting(sglang_
 def test_steps_after_the_loop_leave_a_killed_run_to_be_continued(sglang_0523):
     import pytest
 
-    from astra.optimize.evaluation import finished
-    from astra.optimize.session import held_open
+    from astra.optimize.driver import held_open
+    from astra.optimize.optimizer_eval import finished
 
     spec = spec_mod.load("rmsnorm")
     run = _runs_of(spec, sglang_0523, "wall-time budget of 60s spent", 2)
@@ -165,8 +167,8 @@ def test_steps_after_the_loop_leave_a_killed_run_to_be_continued(sglang_0523):
 
 
 def test_a_patch_names_every_accepted_step_the_best_was_built_on():
+    from astra.optimize.driver import found_by
     from astra.optimize.loop import source_id
-    from astra.optimize.session import found_by
 
     original = "a\n"
     run = RunDir.create("rmsnorm", "0.5.23", "offline", original)

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from astra.errors import AstraError
+from astra.optimize.evaluator import Evaluator
 from astra.optimize.exec_agent import ExecAgent
 from astra.optimize.loop import Budget, run_loop
 from astra.optimize.rundir import RunDir
@@ -135,7 +136,7 @@ def _rounds(run: RunDir) -> list[Path]:
 def test_the_agent_reads_the_folder_edits_and_the_loop_verifies(run, spec, script):
     agent = Recording(command(script, "usage"), spec, timeout_s=60)
     budget = Budget(rounds=5, wall_s=600, tokens=1000, cost_usd=2.0, patience=3)
-    state = run_loop(run, agent, evaluator, budget)
+    state = run_loop(run, agent, Evaluator(evaluator), budget)
 
     assert agent.name == f"exec:{sys.executable}"
     assert state.stopped == "the agent has nothing left to try"
@@ -188,7 +189,8 @@ def test_the_agent_reads_the_folder_edits_and_the_loop_verifies(run, spec, scrip
 
 
 def test_no_change_means_nothing_left_to_try(run, spec, script):
-    state = run_loop(run, ExecAgent(command(script, "noop"), spec, timeout_s=60), evaluator, Budget(rounds=3))
+    state = run_loop(run, ExecAgent(command(script, "noop"), spec, timeout_s=60), Evaluator(evaluator),
+                     Budget(rounds=3))
     assert state.stopped == "the agent has nothing left to try" and state.history == []
     (folder,) = _rounds(run)
     assert (folder / "candidate.cuh").read_text() == TOY and "nothing left to try" in (folder / "agent.log").read_text()
@@ -196,7 +198,8 @@ def test_no_change_means_nothing_left_to_try(run, spec, script):
 
 def test_a_failing_command_stops_the_run_with_its_log(run, spec, script):
     with pytest.raises(AstraError) as err:
-        run_loop(run, ExecAgent(command(script, "fail"), spec, timeout_s=60), evaluator, Budget(rounds=3))
+        run_loop(run, ExecAgent(command(script, "fail"), spec, timeout_s=60), Evaluator(evaluator),
+                 Budget(rounds=3))
     message = str(err.value)
     assert "exited with status 3" in message and "compiler exploded: no GPU for you" in message
     assert f"--resume {run.root.name}" in message and "run it by hand in" in message
@@ -215,7 +218,8 @@ def _dead(pid: int) -> bool:
 def test_a_command_past_its_time_limit_is_ended_with_its_children(run, spec, script):
     start = time.monotonic()
     with pytest.raises(AstraError) as err:
-        run_loop(run, ExecAgent(command(script, "sleep"), spec, timeout_s=2), evaluator, Budget(rounds=3))
+        run_loop(run, ExecAgent(command(script, "sleep"), spec, timeout_s=2), Evaluator(evaluator),
+                 Budget(rounds=3))
     assert time.monotonic() - start < 60
     message = str(err.value)
     assert "ran past its time limit of 2s" in message and "thinking..." in message and "--agent-timeout" in message
@@ -228,13 +232,14 @@ def test_a_command_past_its_time_limit_is_ended_with_its_children(run, spec, scr
 
 
 def test_the_wall_time_budget_limits_the_command_and_ends_the_run_normally(run, spec, script):
-    state = run_loop(run, ExecAgent(command(script, "sleep"), spec, timeout_s=600), evaluator,
+    state = run_loop(run, ExecAgent(command(script, "sleep"), spec, timeout_s=600), Evaluator(evaluator),
                      Budget(rounds=3, wall_s=3))
     assert "wall-time budget ended it" in state.stopped and state.history == []
 
 
 def test_agent_options():
-    from astra.optimize.session import OptimizeOptions, agent_kind
+    from astra.optimize.agent_registry import agent_kind
+    from astra.optimize.options import OptimizeOptions
 
     assert agent_kind(OptimizeOptions(agent=" exec:./my-agent.sh --fast")) == "exec:./my-agent.sh --fast"
     for bad, needle in [({"agent": "exec:"}, "no command after `exec:`"),

@@ -1,4 +1,4 @@
-"""astra.optimize.llm against a real loopback OpenAI-compatible server, through the real openai package."""
+"""astra.llm.client against a real loopback OpenAI-compatible server, through the real openai package."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from astra.optimize.llm import (
+from astra.llm.client import (
     Client,
     LLMAuthError,
     LLMBudgetExceeded,
@@ -76,7 +76,7 @@ def test_500_then_success_and_persistent_500(llm_server):
 
 def test_timeout_then_success(llm_server, caplog):
     llm_server.push(reply("late", delay_s=1.0), reply("ok"))
-    with caplog.at_level(logging.INFO, logger="astra.optimize.llm"):
+    with caplog.at_level(logging.INFO, logger="astra.llm.client"):
         answer = Client(config(llm_server.url, timeout_s=0.3)).chat(MESSAGES, role="profiling")
     assert answer.text == "ok" and answer.attempts == 2
     assert "attempt 1/4 failed: no answer within 0.3s; retrying in" in caplog.text

@@ -11,8 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from astra.optimize import llm_context, ncu_profile, templates
-from astra.optimize.llm import Client, LLMConfig
+from astra.llm import templates
+from astra.llm.client import Client, LLMConfig
+from astra.optimize import llm_context, ncu_profile
+from astra.optimize.evaluator import Evaluator
 from astra.optimize.llm_agent import LLMAgent
 from astra.optimize.llm_context import parse_plan, parse_profile
 from astra.optimize.loop import Budget, run_loop
@@ -71,6 +73,7 @@ def _prompts(server, role: str) -> list[str]:
 def _agent(server, run, **kw) -> LLMAgent:
     cfg = LLMConfig(base_url=server.url, model=MODEL, api_key=KEY, timeout_s=5.0, max_retries=0)
     return LLMAgent(Client(cfg, transcript=run.transcript), spec_mod.load("rmsnorm"), SimpleNamespace(version="0.5.23"),
+                    evaluator=Evaluator(_recorded),
                     profiler=lambda *_: ncu_profile.unavailable("ncu is not installed in this test"), **kw)
 
 
@@ -88,7 +91,7 @@ def test_round_two_is_told_the_failure_the_best_the_band_and_the_budget(llm_serv
     )
     run = RunDir.create("rmsnorm", "0.5.23", f"llm:{MODEL}", ORIGINAL)
     agent = _agent(llm_server, run)
-    state = run_loop(run, agent, _recorded, Budget(rounds=3, tokens=100_000, cost_usd=2.5, patience=3))
+    state = run_loop(run, agent, agent.evaluator, Budget(rounds=3, tokens=100_000, cost_usd=2.5, patience=3))
 
     assert [(h.name, h.status, h.accepted) for h in state.history] == [
         ("llm:r0:vectorize-the-prefill-loads-with-16-byte-accesse", "incorrect", False),
@@ -144,7 +147,7 @@ def test_samples_are_asked_at_once_and_each_distinct_one_is_a_candidate(llm_serv
     )
     run = RunDir.create("rmsnorm", "0.5.23", f"llm:{MODEL}", ORIGINAL)
     agent = _agent(llm_server, run, samples=3)
-    state = run_loop(run, agent, _recorded, Budget(rounds=2, patience=3))
+    state = run_loop(run, agent, agent.evaluator, Budget(rounds=2, patience=3))
 
     first = [h for h in state.history if h.round == 0]
     assert sorted(h.name for h in first) == ["llm:r0:unroll-by-four:s1", "llm:r0:unroll-by-four:s2"]

@@ -12,11 +12,11 @@ import shutil
 
 import pytest
 
-from astra.optimize.llm import Client, LLMConfig, LLMUnreachable
+from astra.llm.client import Client, LLMConfig, LLMUnreachable
+from astra.optimize.evaluator import BuildOnlyEvaluator, Evaluator
 from astra.optimize.llm_agent import LLMAgent
 from astra.optimize.loop import Budget, run_loop
 from astra.optimize.rundir import RunDir
-from astra.optimize.session import build_only_evaluator
 from astra.spec import model as spec_mod
 from tests.llm_server import KEY, MODEL, error, reply
 from tests.verdicts import make_verdict
@@ -30,16 +30,16 @@ def _edit(search: str, replace: str) -> str:
 
 def _scripted_evaluator(spec, tree):
     """Real nvcc build; where it builds, the verdict a GPU run would give (x1.05 on every band)."""
-    build = build_only_evaluator(spec, tree)
+    build = BuildOnlyEvaluator(spec, tree)
 
     def evaluate(source: str, label: str):
-        built = build(source, label)
+        built = build.verify(source, label)
         if built.status != "built":
             return built
         speed = 1.0 if label == "original" else 1.05
         return make_verdict({"decode": speed, "middle": speed, "prefill": speed})
 
-    return evaluate
+    return Evaluator(evaluate)
 
 
 def test_loop_survives_a_difficult_model(llm_server, sglang_0523, tmp_path):
@@ -66,8 +66,9 @@ def test_loop_survives_a_difficult_model(llm_server, sglang_0523, tmp_path):
     cfg = LLMConfig(base_url=llm_server.url, model=MODEL, api_key=KEY, timeout_s=1.0, backoff_base_s=0.01,
                     backoff_max_s=0.05)
     run = RunDir.create(spec.name, sglang_0523.version, f"llm:{MODEL}", source)
-    agent = LLMAgent(Client(cfg, transcript=run.transcript), spec, sglang_0523)
-    state = run_loop(run, agent, _scripted_evaluator(spec, sglang_0523), Budget(rounds=5, patience=3))
+    evaluator = _scripted_evaluator(spec, sglang_0523)
+    agent = LLMAgent(Client(cfg, transcript=run.transcript), spec, sglang_0523, evaluator=evaluator)
+    state = run_loop(run, agent, evaluator, Budget(rounds=5, patience=3))
 
     assert agent.extra_shapes == [{"tokens": 3, "hidden": 4096}]  # 4097 violates the spec's hidden % 16 == 0
     statuses = [(h.name, h.status, h.accepted) for h in state.history]
@@ -92,20 +93,20 @@ def test_unreachable_endpoint_keeps_the_run(sglang_0523):
     run = RunDir.create(spec.name, sglang_0523.version, "llm:x", source)
     cfg = LLMConfig(base_url="http://127.0.0.1:9/v1", model="x", api_key="sk-abc", timeout_s=0.5,
                     max_retries=1, backoff_base_s=0.01)
-    agent = LLMAgent(Client(cfg, transcript=run.transcript), spec, sglang_0523)
-
     def original_only(source, label):
         return make_verdict({"decode": 1.0})
 
+    evaluator = Evaluator(original_only)
+    agent = LLMAgent(Client(cfg, transcript=run.transcript), spec, sglang_0523, evaluator=evaluator)
     with pytest.raises(LLMUnreachable, match="127.0.0.1:9"):
-        run_loop(run, agent, original_only, Budget(rounds=2))
+        run_loop(run, agent, evaluator, Budget(rounds=2))
     assert run.state().stopped.startswith("stopped by the agent: ")
     assert (run.root / "baseline.json").exists()
 
 
 def test_best_candidate_goes_to_the_patch_emitter(sglang_0523):
     """A verdict without per-shape timings: the emitter must refuse it and say why."""
-    from astra.optimize.session import emit_best_patch
+    from astra.optimize.driver import emit_best_patch
 
     spec = spec_mod.load("fused_add_rmsnorm")
     source = (sglang_0523.csrc_dir / spec.kernel_file).read_text()

@@ -9,13 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from astra.optimize.llm import Client, LLMConfig, LLMError, LLMUnavailable
+from astra.llm.client import Client, LLMConfig, LLMError, LLMUnavailable
+from astra.optimize.evaluator import Evaluator
 from astra.optimize.llm_agent import LLMAgent
 from astra.optimize.loop import Budget, run_loop
 from astra.optimize.ncu_profile import unavailable
 from astra.optimize.rundir import RunDir
-from astra.report.safe_text import one_line, printable
 from astra.spec import model as spec_mod
+from astra.text import one_line, printable
 from tests.llm_server import KEY, MODEL, Step, completion, echo_key, raw, reply
 from tests.verdicts import make_verdict
 
@@ -117,10 +118,11 @@ def test_a_key_echoing_endpoint_leaves_no_key_under_the_run_directory(llm_server
     run = RunDir.create(spec.name, "0.5.23", f"llm:{MODEL}", ORIGINAL)
     client = Client(LLMConfig(base_url=llm_server.url, model=MODEL, api_key=KEY, timeout_s=2.0, max_retries=0),
                     transcript=run.transcript)
-    agent = LLMAgent(client, spec, SimpleNamespace(version="0.5.23"), profiler=lambda *_: unavailable("test"))
     speeds = iter([1.0, 1.06])
-    state = run_loop(run, agent, lambda source, label, **_: make_verdict({"decode": next(speeds)}),
-                     Budget(rounds=3, patience=3), events=_printer)
+    evaluator = Evaluator(lambda source, label, **_: make_verdict({"decode": next(speeds)}))
+    agent = LLMAgent(client, spec, SimpleNamespace(version="0.5.23"), evaluator=evaluator,
+                     profiler=lambda *_: unavailable("test"))
+    state = run_loop(run, agent, evaluator, Budget(rounds=3, patience=3), events=_printer)
 
     assert [h.name for h in state.history] == ["llm:r0:use-the-key-now"]
     for path in run.root.rglob("*"):

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from astra.optimize.loop import Budget, run_loop
+from astra.optimize.evaluator import Evaluator
+from astra.optimize.loop import Agent, Budget, Proposal, run_loop
 from astra.optimize.rundir import RunDir
-from astra.optimize.transforms import Proposal
 from harness import improves_on, score
 from tests.verdicts import make_verdict
 
@@ -27,7 +27,7 @@ def evaluator(source: str, label: str):
     return verdict(status, speed, float(m.group(3)) if m.group(3) else None, ("x",) if m.group(4) else ())
 
 
-class ScriptedAgent:
+class ScriptedAgent(Agent):
     """Proposes the given rounds of (name, marker) in order; records what base it saw each round."""
 
     name = "scripted"
@@ -57,7 +57,7 @@ def test_only_verified_faster_candidates_become_the_base(run):
         [("wrong", "incorrect 3.0"), ("slower", "correct 0.8"), ("good", "correct 1.2")],
         [("regresses-a-shape", "correct 1.5 slower"), ("better", "correct 1.3")],
     ])
-    state = run_loop(run, agent, evaluator, Budget(rounds=5, patience=3))
+    state = run_loop(run, agent, Evaluator(evaluator), Budget(rounds=5, patience=3))
     names = {h.n: h.name for h in state.history}
     assert names[state.best] == "better"
     assert [h.accepted for h in state.history] == [False, False, True, False, True]
@@ -69,26 +69,26 @@ def test_only_verified_faster_candidates_become_the_base(run):
 
 def test_band_specific_improvement_is_kept(run):
     agent = ScriptedAgent([[("decode-only", "correct 1.0 decode 1.10")]])
-    state = run_loop(run, agent, evaluator, Budget(rounds=1))
+    state = run_loop(run, agent, Evaluator(evaluator), Budget(rounds=1))
     assert state.best == 1 and "decode x1.100" in state.history[0].why
 
 
 def test_no_progress_stops_and_resume_continues(run):
     agent = ScriptedAgent([[("a", "correct 0.9")], [("b", "correct 0.95")], [("c", "correct 1.5")]])
-    state = run_loop(run, agent, evaluator, Budget(rounds=10, patience=2))
+    state = run_loop(run, agent, Evaluator(evaluator), Budget(rounds=10, patience=2))
     assert state.stopped == "no progress in 2 round(s)" and state.best is None
     resumed = RunDir.open(run.root.name)
     s = resumed.state()
     s.stopped = None
     resumed.save(s)
-    state = run_loop(resumed, agent, evaluator, Budget(rounds=10, patience=2))
+    state = run_loop(resumed, agent, Evaluator(evaluator), Budget(rounds=10, patience=2))
     assert state.best == 3 and len(state.history) == 3
     assert (run.root / "baseline.json").exists()
 
 
 def test_round_budget(run):
     agent = ScriptedAgent([[("a", "correct 1.1")]] * 5)
-    state = run_loop(run, agent, evaluator, Budget(rounds=2, patience=5))
+    state = run_loop(run, agent, Evaluator(evaluator), Budget(rounds=2, patience=5))
     assert state.round == 2 and state.stopped == "2 round(s) done"
 
 
@@ -102,17 +102,17 @@ def test_score_and_acceptance_rules():
 
 
 def test_quick_search_best_must_pass_the_full_suite(run):
-    from astra.optimize.session import confirm_best
+    from astra.optimize.driver import confirm_best
 
     agent = ScriptedAgent([[("good-on-bf16", "correct 1.2")]])
-    run_loop(run, agent, evaluator, Budget(rounds=1))
+    run_loop(run, agent, Evaluator(evaluator), Budget(rounds=1))
     assert run.state().best == 1
 
-    def full_suite(source, label, full=False):  # the fp16 cases of the full suite fail
-        return verdict("incorrect", 1.0) if full else evaluator(source, label)
+    def full_suite(source, label):  # the fp16 cases of the full suite fail
+        return verdict("incorrect", 1.0)
 
     messages = []
-    assert confirm_best(run, full_suite, events=messages.append) is False
+    assert confirm_best(run, Evaluator(evaluator, full=full_suite), events=messages.append) is False
     state = run.state()
     assert state.best is None and state.history[-1].why.startswith("full suite: not verified: incorrect")
     assert "FAILED" in messages[0]
@@ -146,7 +146,7 @@ def test_summary_names_band_only_wins_and_says_when_there_are_none(run):
     measured = {"prefill-only": band_verdict(0.96, 1.04, slower_band="decode"),
                 "noise": band_verdict(1.0, 1.01)}
     agent = ScriptedAgent([[("prefill-only", "correct 1.0"), ("noise", "correct 1.0")]])
-    run_loop(run, agent, lambda src, label: measured.get(label, verdict()), Budget(rounds=1))
+    run_loop(run, agent, Evaluator(lambda src, label: measured.get(label, verdict())), Budget(rounds=1))
     text = summary(run)
     assert "best: the original" in text
     assert "per band, verified faster with no shape of the band slower" in text and "prefill #001" in text
@@ -172,9 +172,8 @@ def test_a_round_is_judged_one_candidate_per_gpu_side_by_side(run):
             active[0] -= 1
         return evaluator(source, label)
 
-    two_gpus.gpus = [0, 1]
     agent = ScriptedAgent([[("a", "correct 1.05"), ("b", "correct 1.20"), ("c", "incorrect 2.0")]])
-    state = run_loop(run, agent, two_gpus, Budget(rounds=1))
+    state = run_loop(run, agent, Evaluator(two_gpus, gpus=[0, 1]), Budget(rounds=1))
     assert peak[0] == 2
     assert sorted(gpu for label, gpu in seen if label != "original") == [0, 0, 1]
     assert [h.name for h in state.history] == ["a", "b", "c"] and state.best == 2
@@ -189,7 +188,7 @@ def test_no_verification_starts_that_the_wall_budget_cannot_hold(run):
         return evaluator(source, label)
 
     agent = ScriptedAgent([[(f"c{i}", "correct 1.0") for i in range(5)]])
-    state = run_loop(run, agent, slow, Budget(rounds=5, patience=3, wall_s=2.6))
+    state = run_loop(run, agent, Evaluator(slow), Budget(rounds=5, patience=3, wall_s=2.6))
     # the first ends near 1 s (a second one fits by 2 s), the second near 2 s: a third would end near
     # 3 s, past the 2.6 s budget, so it never starts (the old rule started it: 2 s < 2.6 s)
     assert [h.name for h in state.history] == ["c0", "c1"]
@@ -212,7 +211,7 @@ def test_an_original_under_its_own_floor_is_told_before_any_candidate(run):
 
     events: list[tuple[str, dict]] = []
     state = run_loop(run, ScriptedAgent([[("same", "correct 1.0")]]),
-                     lambda source, label: under if label == "original" else evaluator(source, label),
+                     Evaluator(lambda source, label: under if label == "original" else evaluator(source, label)),
                      Budget(rounds=1), events=lambda kind, data: events.append((kind, data)))
     kinds = [k for k, _ in events]
     assert kinds.index("warning") < kinds.index("candidate") and state.history[0].name == "same"

@@ -12,10 +12,10 @@ from tests.toolchain import needs_nvcc
 
 @needs_nvcc
 def test_the_search_skips_an_edit_that_builds_to_the_base_code(tmp_path):
-    """The search's prebuild (astra.optimize.session.screening) builds through the harness, as the workers
+    """The search's prebuild (astra.optimize.evaluator.HarnessEvaluator.prebuild) builds through the harness, as the workers
     will: an unused constant changed builds to the base's module (in another overlay folder, with another
     __FILE__), a launch constant changed does not."""
-    from astra.optimize.session import screening
+    from astra.optimize.evaluator import HarnessEvaluator
     from astra.sglang.tree import from_source
     from astra.spec import jobs
     from astra.spec.resolve import resolve
@@ -27,7 +27,7 @@ def test_the_search_skips_an_edit_that_builds_to_the_base_code(tmp_path):
     dead = base.replace("kSpareVec = 4", "kSpareVec = 1")
     live = base.replace("kThreads = 256", "kThreads = 128")
     case = next(c.id for c in jobs.make_job(spec, tree).cases if c.timed)  # bf16: one variant to build
-    _, prebuild = screening(spec, tree, evaluate=None)
+    prebuild = HarnessEvaluator(spec, tree).prebuild
     assert prebuild([dead, live], [case], base) == {dead}
     assert prebuild([dead], [case]) == set()  # no base named: nothing is called the same
 

@@ -59,13 +59,14 @@ def test_astra_model_in_the_environment_selects_the_llm_agent(llm_server, sglang
 
 
 def test_config_file_selects_the_llm_agent(llm_server, tmp_path):
-    from astra.optimize.session import OptimizeOptions, agent_kind
+    from astra.optimize.agent_registry import agent_kind
+    from astra.optimize.options import OptimizeOptions
 
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text(f"model: {MODEL}\nbase_url: {llm_server.url}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("ASTRA_MODEL", "ASTRA_BASE_URL", "OPENAI_BASE_URL")}
-    code = ("from astra.optimize.session import OptimizeOptions, agent_kind; "
+    code = ("from astra.optimize.agent_registry import agent_kind; from astra.optimize.options import OptimizeOptions; "
             "print(agent_kind(OptimizeOptions()), agent_kind(OptimizeOptions(offline=True)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**env, "ASTRA_HOME": str(home)}).stdout.split()

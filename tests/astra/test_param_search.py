@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from astra.optimize import param_space
+from astra.optimize.evaluator import Evaluator
 from astra.optimize.loop import Context
 from astra.optimize.offline import OfflineAgent
 from astra.optimize.param_search import Search, representative_cases
@@ -165,8 +166,8 @@ def test_winners_a_later_rung_could_not_screen_are_still_proposed():
 def test_each_screening_is_reported_as_it_happens_with_why_it_lost(tmp_path):
     """The run's search.log, the printed lines and the report show every screened point: its move, status,
     screened speedup or the first line of why it failed, and how long it took."""
+    from astra.optimize.offline import search_logger
     from astra.optimize.rundir import RunDir
-    from astra.optimize.session import search_logger
     from astra.report.run_html import render
 
     run = RunDir.create("toy", "0.5.23", "offline", KERNEL)
@@ -196,7 +197,7 @@ def test_each_screening_is_reported_as_it_happens_with_why_it_lost(tmp_path):
 
 def test_the_offline_agent_proposes_the_survivors_first(tmp_path):
     calls: list = []
-    agent = OfflineAgent("k.cuh", tmp_path, [], screen=_cost_model(calls), timed_dtype=None)
+    agent = OfflineAgent("k.cuh", tmp_path, [], evaluator=Evaluator(screen=_cost_model(calls)))
     agent._kernels = lambda source: []  # libclang is not what this test is about: the catalog gets no kernels
     ctx = Context("demo", 0, KERNEL, _base_verdict(), original_source=KERNEL, wall_left_s=600.0)
     proposals = agent.propose(ctx)
@@ -267,7 +268,7 @@ def test_the_search_stays_in_the_code_its_entry_reaches(sglang_0523):
     """pos_enc.cuh holds two exports: rotary_embedding reaches its kernel through dispatch_by_dtype, a
     DISPATCH_DTYPE macro and launch_kernel<T>; bf16_rope_scale_store launches its own. Each one's thread
     cap is foreign code to the other (libclang extents, names followed through macros)."""
-    from astra.optimize import reach
+    from astra.optimize import entry_reach
     from astra.sglang import cuda_parse
 
     path = sglang_0523.csrc_dir / "elementwise/pos_enc.cuh"
@@ -275,12 +276,12 @@ def test_the_search_stays_in_the_code_its_entry_reaches(sglang_0523):
     parsed = cuda_parse.parse_source(path, [str(path.parent), str(sglang_0523.include_dir), str(sglang_0523.csrc_dir)])
     caps = sorted((p for p in param_space.find_params(text) if p.kind == "cap"), key=lambda p: p.start)
     lines = [param_space.line_of(text, p) for p in caps]
-    rope = reach.foreign_lines(parsed, ["RotaryEmbeddingKernel::run"], text)
-    store = reach.foreign_lines(parsed, ["BF16RopeScaleStoreKernel<{idx}>::run"], text)
+    rope = entry_reach.foreign_lines(parsed, ["RotaryEmbeddingKernel::run"], text)
+    store = entry_reach.foreign_lines(parsed, ["BF16RopeScaleStoreKernel<{idx}>::run"], text)
     assert lines[0] not in rope and lines[1] in rope
     assert lines[0] in store and lines[1] not in store
-    assert reach.foreign_lines(parsed, ["NoSuchKernel::run"], text) == set()  # never narrowed on a guess
-    assert reach.entry_path("StoreKVCacheKernel<{row_bytes}, Foo<1, 2>, true>::run") == "StoreKVCacheKernel::run"
+    assert entry_reach.foreign_lines(parsed, ["NoSuchKernel::run"], text) == set()  # never narrowed on a guess
+    assert entry_reach.entry_path("StoreKVCacheKernel<{row_bytes}, Foo<1, 2>, true>::run") == "StoreKVCacheKernel::run"
     calls: list = []
     search = Search(text, _cost_model(calls), [["decode0"]], deadline=float("inf"), foreign_lines=rope)
     search.run()
@@ -292,7 +293,7 @@ def test_the_search_and_the_catalog_share_one_parse_per_source(tmp_path):
     """libclang takes seconds on an SGLang file: the reach of the search and the catalog's kernels read
     the same parse of a base, and a new base is parsed once more."""
     calls: list = []
-    agent = OfflineAgent("k.cuh", tmp_path, [], screen=_cost_model([]), timed_dtype=None, entries=["Run::run"])
+    agent = OfflineAgent("k.cuh", tmp_path, [], evaluator=Evaluator(screen=_cost_model([])), entries=["Run::run"])
     agent._parse = lambda source: calls.append(source) or None
     ctx = Context("demo", 0, KERNEL, _base_verdict(), original_source=KERNEL, wall_left_s=600.0)
     agent.propose(ctx)
@@ -302,7 +303,7 @@ def test_the_search_and_the_catalog_share_one_parse_per_source(tmp_path):
 
 
 def test_screens_are_cheap_and_candidates_are_verified_in_full(sglang_0523):
-    from astra.optimize.session import evaluation_options
+    from astra.optimize.evaluator import evaluation_options
     from astra.spec import jobs
     from astra.spec import model as spec_mod
     from harness import Options
@@ -368,10 +369,10 @@ def test_the_agent_hands_the_specs_entries_to_the_search(tmp_path):
         return make_verdict({c.rstrip("0123456789"): gain for c in cases})
 
     ctx = Context("demo", 0, HOST_ENTRY, _base_verdict(), original_source=HOST_ENTRY, wall_left_s=600.0)
-    bare = OfflineAgent("k.cuh", tmp_path, [], screen=screen, timed_dtype=None)
+    bare = OfflineAgent("k.cuh", tmp_path, [], evaluator=Evaluator(screen=screen))
     bare._parse = lambda source: None
     assert not any(p.family == "param" for p in bare.propose(ctx)) and calls == []
-    agent = OfflineAgent("k.cuh", tmp_path, [], screen=screen, timed_dtype=None, entries=["launch<{n}, 256>"])
+    agent = OfflineAgent("k.cuh", tmp_path, [], evaluator=Evaluator(screen=screen), entries=["launch<{n}, 256>"])
     agent._parse = lambda source: None
     proposals = agent.propose(ctx)
     assert "param:BLOCK_DIM=64" in calls

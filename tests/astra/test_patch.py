@@ -247,8 +247,8 @@ def test_patch_command_no_sanitizer(sglang_0523, tmp_path):
 
 
 def test_optimize_patch_step_follows_the_runs_sanitizer_option(sglang_0523, spec):
+    from astra.optimize.driver import emit_best_patch
     from astra.optimize.rundir import RunDir
-    from astra.optimize.session import emit_best_patch
 
     source = (sglang_0523.csrc_dir / spec.kernel_file).read_text()
     run = RunDir.create(spec.name, sglang_0523.version, "offline", source)

@@ -17,9 +17,10 @@ import yaml
 from astra import paths
 from astra.errors import AstraError, NoGpu, UnknownKernel
 from astra.sglang.tree import from_source
+from astra.spec.extract import PROBED_MARK
 from astra.spec.resolve import resolve, spec_sha256
-from astra.verify import probe
-from astra.verify.probe_record import PROBED_MARK, finish, markdown
+from astra.verify import probing
+from astra.verify.probe_record import finish, markdown
 from tests.astra.test_sglang_tree import _fake_checkout
 from tests.toolchain import needs_nvcc
 
@@ -182,7 +183,7 @@ def test_a_noop_case_goes_to_the_exclusions(home):
 def test_a_reviewed_spec_is_never_rewritten(home):
     spec_file = REPO / "extracted_kernels" / "rmsnorm" / "kernel.yaml"
     before = spec_file.read_bytes()
-    target = probe.select(["rmsnorm"], reviewed=True)[0]
+    target = probing.select(["rmsnorm"], reviewed=True)[0]
     assert target.record_path == home / "probes" / "rmsnorm.json"
     observed = {**kept(KEPT), "roles": {"input": "in", "weight": "in", "out": "inout"}}
     summary = finish("rmsnorm", "reviewed", spec_file, target.record_path, recorded_result([observed]), "0.5.23")
@@ -193,24 +194,24 @@ def test_a_reviewed_spec_is_never_rewritten(home):
 
 def test_selection_and_options(home, monkeypatch):
     with pytest.raises(AstraError, match="name the drafts to probe"):
-        probe.select([])
+        probing.select([])
     with pytest.raises(AstraError, match="no drafts under"):
-        probe.select([], all_drafts=True)
+        probing.select([], all_drafts=True)
     with pytest.raises(UnknownKernel, match="no spec 'nope' to probe"):
-        probe.select(["nope"])
+        probing.select(["nope"])
     write_draft("rms_a")
-    assert [(t.name, t.kind) for t in probe.select(["rms_a", "rmsnorm"])] == [("rms_a", "draft"), ("rmsnorm", "reviewed")]
-    everything = probe.select([], all_drafts=True, reviewed=True)
+    assert [(t.name, t.kind) for t in probing.select(["rms_a", "rmsnorm"])] == [("rms_a", "draft"), ("rmsnorm", "reviewed")]
+    everything = probing.select([], all_drafts=True, reviewed=True)
     assert ("rms_a", "draft") in [(t.name, t.kind) for t in everything] and len(everything) > 2
     for bad in ({"per_gpu": 0}, {"timeout_case_s": -1.0}):
         with pytest.raises(AstraError, match="--per-gpu|--timeout-case"):
-            probe.ProbeOptions(**bad)
-    monkeypatch.setattr(probe, "gpu_count", lambda: 0)
+            probing.ProbeOptions(**bad)
+    monkeypatch.setattr(probing, "gpu_count", lambda: 0)
     with pytest.raises(NoGpu, match="`astra probe` runs each draft's original kernel on a GPU"):
-        probe.gpu_slots(probe.ProbeOptions())
-    monkeypatch.setattr(probe, "gpu_count", lambda: 2)  # no GPU here: the mapping itself is what is tested
+        probing.gpu_slots(probing.ProbeOptions())
+    monkeypatch.setattr(probing, "gpu_count", lambda: 2)  # no GPU here: the mapping itself is what is tested
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    assert probe.gpu_slots(probe.ProbeOptions(per_gpu=2)) == ["3", "5", "3", "5"]
+    assert probing.gpu_slots(probing.ProbeOptions(per_gpu=2)) == ["3", "5", "3", "5"]
 
 
 def test_the_cli_on_a_machine_without_cuda(home):
@@ -268,9 +269,9 @@ def test_probe_modules_end_to_end_on_the_cpu(home, tmp_path):
     draft.parent.mkdir(parents=True)
     draft.write_text(HEADER + yaml.safe_dump(TOY_SPEC, sort_keys=False))
     lines: list[str] = []
-    opts = probe.ProbeOptions(device="cpu", per_gpu=2, sanitizer=False, timeout_case_s=60)
-    targets = probe.select([], all_drafts=True)
-    (result,) = probe.probe_modules(targets, lambda spec: tree, opts, say=lines.append)
+    opts = probing.ProbeOptions(device="cpu", per_gpu=2, sanitizer=False, timeout_case_s=60)
+    targets = probing.select([], all_drafts=True)
+    (result,) = probing.probe_modules(targets, lambda spec: tree, opts, say=lines.append)
     assert result.status == "probed", result.reason
     assert (result.kept, result.total, result.written) == (2, 3, ["acc (inout)"])
     assert "1 rejected" in result.reason and "compute-sanitizer not run (--no-sanitizer)" in result.reason
@@ -282,7 +283,7 @@ def test_probe_modules_end_to_end_on_the_cpu(home, tmp_path):
     record = json.loads((draft.parent / "probe.json").read_text())
     assert record["spec_sha256"] == spec_sha256(draft) and record["sglang_version"] == "9.1.2"
     assert record["torch"] and record["cases"][0]["deterministic"] is True and record["builds"][0]["ok"]
-    (again,) = probe.probe_modules(targets, lambda spec: pytest.fail("resumed work"), opts)
+    (again,) = probing.probe_modules(targets, lambda spec: pytest.fail("resumed work"), opts)
     assert again.up_to_date and again.status == "probed"
     report, summary = tmp_path / "probe.md", tmp_path / "probe.json"
     proc = subprocess.run([sys.executable, "-m", "astra.cli", "probe", "--all", "--report", str(report), "--json",
@@ -298,8 +299,8 @@ def test_probe_modules_end_to_end_on_the_cpu(home, tmp_path):
 
 @pytest.mark.gpu
 def test_probe_the_reviewed_rmsnorm_on_a_gpu(sglang_0523, home):
-    targets = probe.select(["rmsnorm"], reviewed=True)
-    (result,) = probe.probe_modules(targets, lambda spec: sglang_0523, probe.ProbeOptions(per_gpu=4))
+    targets = probing.select(["rmsnorm"], reviewed=True)
+    (result,) = probing.probe_modules(targets, lambda spec: sglang_0523, probing.ProbeOptions(per_gpu=4))
     record = json.loads(targets[0].record_path.read_text())
     assert result.status == "probed", result.reason
     assert record["roles"] == {"input": "in", "weight": "in", "out": "out"}

@@ -24,7 +24,7 @@ from astra.spec import model as spec_mod
 from astra.spec.expr import evaluate
 from astra.spec.extract import extract
 from astra.spec.resolve import resolve, spec_sha256
-from astra.verify import probe
+from astra.verify import probing
 from astra.verify.message_repair import MessageRepairer
 from astra.verify.probe_record import finish
 from astra.verify.probe_repair import (
@@ -291,12 +291,12 @@ def _scale_message(case) -> str:
 def test_reviewed_specs_and_edited_drafts_are_never_repaired(home, tmp_path):
     tree, draft = _toy(home, tmp_path, header="# reviewed by a person\n")
     record = _rejected_record(draft, _scale_message)
-    target = probe.select(["toy_scale"])[0]
+    target = probing.select(["toy_scale"])[0]
     assert propose(target, record, lambda spec: tree, [MessageRepairer()]) is None  # no draft header
     draft.write_text(HEADER + draft.read_text())
     record = _rejected_record(draft, _scale_message)
     assert propose(target, record, lambda spec: tree, [MessageRepairer()]) is not None
-    reviewed = probe.select(["rmsnorm"], reviewed=True)[0]
+    reviewed = probing.select(["rmsnorm"], reviewed=True)[0]
     assert propose(reviewed, {**record, "kind": "reviewed"}, lambda spec: tree, [MessageRepairer()]) is None
 
 
@@ -325,7 +325,7 @@ def test_the_dry_run_writes_nothing_and_the_cli_shows_it(home, tmp_path):
     tree, draft = _toy(home, tmp_path)
     _rejected_record(draft, _scale_message)
     before = {p.name: p.read_bytes() for p in draft.parent.iterdir()}
-    (row,) = dry_run(probe.select([], all_drafts=True), lambda spec: tree, [MessageRepairer()])
+    (row,) = dry_run(probing.select([], all_drafts=True), lambda spec: tree, [MessageRepairer()])
     assert row["repairer"] == "message" and "dim groups = 1 (derived)" in row["note"]
     assert "derived.groups: (none) -> 1" in row["changes"]
     assert {p.name: p.read_bytes() for p in draft.parent.iterdir()} == before
@@ -347,10 +347,10 @@ def test_the_dry_run_writes_nothing_and_the_cli_shows_it(home, tmp_path):
 def test_the_loop_repairs_twice_and_the_probe_passes(home, tmp_path):
     tree, draft = _toy(home, tmp_path)
     lines: list[str] = []
-    opts = probe.ProbeOptions(device="cpu", per_gpu=2, sanitizer=False, timeout_case_s=60)
+    opts = probing.ProbeOptions(device="cpu", per_gpu=2, sanitizer=False, timeout_case_s=60)
     with pytest.raises(AstraError, match="--repair-rounds -1"):
-        probe_with_repair(probe.select(["toy_scale"]), lambda spec: tree, opts, [MessageRepairer()], rounds=-1)
-    (result,) = probe_with_repair(probe.select(["toy_scale"]), lambda spec: tree, opts, [MessageRepairer()],
+        probe_with_repair(probing.select(["toy_scale"]), lambda spec: tree, opts, [MessageRepairer()], rounds=-1)
+    (result,) = probe_with_repair(probing.select(["toy_scale"]), lambda spec: tree, opts, [MessageRepairer()],
                                   rounds=2, say=lines.append)
     assert result.status == "probed", result.reason
     assert (result.kept, result.total, result.written) == (2, 2, ["out (out)"])

@@ -281,9 +281,9 @@ def test_recheck_on_gpu(patch, monkeypatch):
 def test_loop_emitter_and_recheck_agree_at_the_noise_edge(patch, sglang_0523, spec, monkeypatch, tmp_path):
     """One rule decides "verified faster": a candidate 1.5% faster on every shape, measured with a 2% noise
     band (3 standard errors of the overall geomean), is refused by the loop, the patch emitter and recheck."""
-    from astra.optimize.loop import Budget, run_loop
+    from astra.optimize.evaluator import Evaluator
+    from astra.optimize.loop import Budget, Proposal, run_loop
     from astra.optimize.rundir import RunDir
-    from astra.optimize.transforms import Proposal
     from astra.patches.emit import refusal
     from astra.verify import runner
     from harness.judge.acceptance import SIGNIFICANCE, band_noise
@@ -310,7 +310,7 @@ def test_loop_emitter_and_recheck_agree_at_the_noise_edge(patch, sglang_0523, sp
             return [Proposal("edge", "test", "1.5% faster", ctx.base_source + "\n// edge")]
 
     run = RunDir.create(spec.name, sglang_0523.version, "scripted", "// original")
-    state = run_loop(run, OneCandidate(), lambda source, label: edge, Budget(rounds=1))
+    state = run_loop(run, OneCandidate(), Evaluator(lambda source, label: edge), Budget(rounds=1))
     loop_says = state.history[0]
     assert state.best is None and not loop_says.accepted
 

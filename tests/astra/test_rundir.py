@@ -12,11 +12,12 @@ from types import SimpleNamespace
 import pytest
 
 from astra.errors import RunStateError
-from astra.optimize import session
-from astra.optimize.loop import Budget, run_loop
+from astra.optimize import driver
+from astra.optimize.driver import run_optimize
+from astra.optimize.evaluator import Evaluator
+from astra.optimize.loop import Budget, Proposal, run_loop
+from astra.optimize.options import OptimizeOptions
 from astra.optimize.rundir import RunDir
-from astra.optimize.session import OptimizeOptions, run_optimize
-from astra.optimize.transforms import Proposal
 from astra.spec import model as spec_mod
 from tests.astra.test_sglang_tree import _fake_checkout
 from tests.verdicts import make_verdict
@@ -38,7 +39,7 @@ def one_line(code, err, expected, *needles):
 class Agent:
     """Proposes one candidate per round; spends `tokens` and `cost` per session."""
 
-    name = "scripted"
+    name, rationale = "scripted", ""
 
     def __init__(self, tokens=0, cost=0.0, rounds=1):
         self.tokens, self.cost, self.rounds = tokens, cost, rounds
@@ -110,7 +111,7 @@ def test_resume_clears_the_stop_reason(run):
     state = run.state()
     state.stopped = "1 round(s) done"
     run.save(state)
-    resumed = session._resume(run.root.name, spec_mod.load("rmsnorm"))
+    resumed = driver._resume(run.root.name, spec_mod.load("rmsnorm"))
     assert resumed.state().stopped is None
 
 
@@ -121,7 +122,7 @@ def test_a_loop_that_dies_is_marked_stopped(run):
         raise RuntimeError("the worker crashed\x1b[2J")
 
     with pytest.raises(RuntimeError):
-        run_loop(run, Agent(), broken, Budget(rounds=3))
+        run_loop(run, Agent(), Evaluator(broken), Budget(rounds=3))
     assert run.state().stopped == "failed: RuntimeError: the worker crashed"
 
 
@@ -131,7 +132,7 @@ def test_an_interrupted_loop_is_marked_stopped(run):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_loop(run, Interrupting(), evaluator, Budget(rounds=3))
+        run_loop(run, Interrupting(), Evaluator(evaluator), Budget(rounds=3))
     assert run.state().stopped == "interrupted (Ctrl-C)"
 
 
@@ -141,28 +142,28 @@ def test_a_run_whose_setup_fails_is_marked_stopped(tmp_path, monkeypatch):
     real_create = RunDir.create
     monkeypatch.setattr(RunDir, "create", classmethod(
         lambda cls, *a, **k: created.append(real_create(*a, **k)) or created[-1]))
-    with pytest.raises(session.AstraError, match="needs a price"):
+    with pytest.raises(driver.AstraError, match="needs a price"):
         run_optimize(spec, _tree(tmp_path, spec),
                      OptimizeOptions(model="no-price-model", budget_usd=1.0, dry_run=True), say=lambda _: None)
     assert created[0].state().stopped.startswith("failed: --budget-usd needs a price")
 
 
 def test_tokens_and_cost_accumulate_across_resumes(run):
-    state = run_loop(run, Agent(tokens=100, cost=0.25), evaluator, Budget(rounds=1))
+    state = run_loop(run, Agent(tokens=100, cost=0.25), Evaluator(evaluator), Budget(rounds=1))
     assert (state.tokens, state.cost_usd) == (100, 0.25)
     state.stopped = None
     run.save(state)
-    state = run_loop(run, Agent(tokens=40, cost=0.5), evaluator, Budget(rounds=2))
+    state = run_loop(run, Agent(tokens=40, cost=0.5), Evaluator(evaluator), Budget(rounds=2))
     assert (state.tokens, state.cost_usd) == (140, 0.75)
     state.stopped = None
     run.save(state)
-    state = run_loop(run, Agent(tokens=0), evaluator, Budget(rounds=10, tokens=120))
+    state = run_loop(run, Agent(tokens=0), Evaluator(evaluator), Budget(rounds=10, tokens=120))
     assert state.stopped == "token budget of 120 spent"  # the totals count, not this session's 0
     assert json.loads((run.root / "state.json").read_text())["tokens"] == 140
 
 
 def test_client_budget_counts_what_a_resumed_run_spent():
-    from astra.optimize.llm import Client, LLMBudgetExceeded, LLMConfig
+    from astra.llm.client import Client, LLMBudgetExceeded, LLMConfig
 
     client = Client(LLMConfig(base_url="http://127.0.0.1:9/v1", model="m", budget_tokens=1000))
     client.check_budget()

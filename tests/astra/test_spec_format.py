@@ -306,7 +306,8 @@ def test_check_and_bench_refuse_another_versions_kernel():
 
 
 def test_optimize_refuses_another_versions_kernel(tmp_path):
-    from astra.optimize.session import OptimizeOptions, run_optimize
+    from astra.optimize.driver import run_optimize
+    from astra.optimize.options import OptimizeOptions
 
     loaded = spec.load("rmsnorm")
     with pytest.raises(SpecError, match="source.sha256 is 52f4acbc"):

@@ -1,12 +1,12 @@
-"""astra.optimize.templates: strict rendering of the prompt data files."""
+"""astra.llm.templates: strict rendering of the prompt data files."""
 
 from __future__ import annotations
 
 import pytest
 
-from astra.optimize import templates
+from astra.llm import templates
+from astra.llm.templates import TemplateError, render, variables
 from astra.optimize.edits import apply_reply
-from astra.optimize.templates import TemplateError, render, variables
 
 ROLES = {
     "testing_spec": ["dtypes", "models"],

@@ -1,9 +1,9 @@
-"""astra.optimize.testing_agent: the model proposes or repairs a draft, the probe decides.
+"""astra.spec.llm_draft: the model proposes or repairs a draft, the probe decides.
 
 Every model call goes through the real openai client to the real loopback OpenAI-compatible server
 (tests/llm_server.py) with recorded replies. The stand-in SGLang checkout holds a host-only kernel whose
 own check refuses a wrong `out` shape, its Python wrapper and a runtime call site under a gate; `astra
-extract` drafts it with libclang, and the CPU probe (astra.verify.probe on device "cpu", nvcc build)
+extract` drafts it with libclang, and the CPU probe (astra.verify.probing on device "cpu", nvcc build)
 decides between the model's drafts: the first (a transposed `out`) is rejected with the kernel's message,
 the repair prompt carries that message, and the repaired draft passes."""
 
@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from astra.optimize.llm import Client, LLMConfig
-from astra.optimize.testing_agent import (
+from astra.llm.client import Client, LLMConfig
+from astra.sglang.tree import SglangTree, from_source
+from astra.spec import extract
+from astra.spec.extract import DRAFT_HEADER, PROBED_MARK, ExtractResult, dump_yaml
+from astra.spec.llm_draft import (
     AGENT_MARK,
     PROTECTED,
     LlmRepairer,
@@ -26,12 +29,8 @@ from astra.optimize.testing_agent import (
     propose_draft,
     write_draft,
 )
-from astra.sglang.tree import SglangTree, from_source
-from astra.spec import extract
-from astra.spec.extract import DRAFT_HEADER, ExtractResult, dump_yaml
 from astra.spec.resolve import resolve
-from astra.verify import probe
-from astra.verify.probe_record import PROBED_MARK
+from astra.verify import probing
 from tests.astra.test_sglang_tree import _fake_checkout
 from tests.llm_server import KEY, MODEL, echo_key, reply
 from tests.toolchain import needs_nvcc
@@ -313,9 +312,9 @@ def test_the_probe_rejects_the_wrong_draft_and_passes_the_repair(toy, llm_server
     propose_prompt = user_message(llm_server.chat_requests()[0])
     assert dump_yaml(toy.inferred) in propose_prompt and all(n in propose_prompt for n in toy.result.notes)
 
-    targets = probe.select(["toy_scale"])
-    opts = probe.ProbeOptions(device="cpu", per_gpu=2, sanitizer=False, timeout_case_s=60)
-    (first,) = probe.probe_modules(targets, lambda spec: toy.tree, opts)
+    targets = probing.select(["toy_scale"])
+    opts = probing.ProbeOptions(device="cpu", per_gpu=2, sanitizer=False, timeout_case_s=60)
+    (first,) = probing.probe_modules(targets, lambda spec: toy.tree, opts)
     record = json.loads((draft.parent / "probe.json").read_text())
     assert first.status == "failed" and [c["status"] for c in record["cases"]] == ["rejected"] * 3
     refusal = record["cases"][0]["message"]
@@ -331,7 +330,7 @@ def test_the_probe_rejects_the_wrong_draft_and_passes_the_repair(toy, llm_server
     assert "gate self.hidden_size % 4 == 0" in repair_prompt
     write_draft(draft, *fixed)
 
-    (second,) = probe.probe_modules(targets, lambda spec: toy.tree, opts)
+    (second,) = probing.probe_modules(targets, lambda spec: toy.tree, opts)
     assert second.status == "probed", second.reason
     assert (second.kept, second.total, second.written) == (4, 4, ["out (out)"])
     assert resolve("toy_scale").path == draft  # the gate accepts the probed draft

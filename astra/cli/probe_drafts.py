@@ -9,7 +9,7 @@ import time
 from astra.cli.common import check_output, tree, tree_for_spec, write_text
 from astra.cli.testing import repairers
 from astra.report import table
-from astra.verify import probe, probe_repair
+from astra.verify import probe_repair, probing
 from astra.verify.probe_record import coverage, markdown, table_rows
 
 
@@ -18,11 +18,11 @@ def _say(line: str) -> None:
 
 
 def cmd_probe(args) -> int:
-    opts = probe.ProbeOptions(device=args.device, per_gpu=args.per_gpu, timeout_case_s=args.timeout_case, sanitizer=not args.no_sanitizer,
+    opts = probing.ProbeOptions(device=args.device, per_gpu=args.per_gpu, timeout_case_s=args.timeout_case, sanitizer=not args.no_sanitizer,
                               force=args.force, report_only=args.report_only)
     check_output(args.json)
     check_output(args.report, "--report")
-    targets = probe.select(list(args.names), all_drafts=args.all, reviewed=args.reviewed)
+    targets = probing.select(list(args.names), all_drafts=args.all, reviewed=args.reviewed)
     tree_for = lambda spec: tree_for_spec(args, str(spec.path))  # noqa: E731
     if args.repair_dry_run:
         return _dry_run(args, targets, tree_for)

@@ -30,9 +30,9 @@ import yaml
 
 from astra import paths
 from astra.errors import AstraError, BudgetSpent
-from astra.optimize.llm_usage import Reply, Transcript, Usage, price_of
+from astra.llm.usage import Reply, Transcript, Usage, price_of
 
-log = logging.getLogger("astra.optimize.llm")
+log = logging.getLogger("astra.llm.client")
 
 OPENAI_URL = "https://api.openai.com/v1"
 RETRY_STATUS = {408, 409, 429}  # and every 5xx
@@ -316,7 +316,7 @@ class Client:
         return data
 
     def _bad(self, what: str, body: str) -> None:
-        from astra.report.safe_text import one_line
+        from astra.text import one_line
 
         snippet = one_line(self.redact(body), 80)
         raise LLMBadReply(f"the LLM endpoint at {self.cfg.url} answered {what}: {snippet!r}; check --base-url "

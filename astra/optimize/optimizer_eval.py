@@ -1,7 +1,7 @@
 """`astra eval`: the optimize loop over several kernels, summarised in the shape of the Astra paper's
 Table 2 (kernel, lines changed, time before and after overall and per band, speedup, correct, the agent),
 so any model or the offline agent can be compared with the paper's 1.32x average. Without a kernel
-list, the targets are the survey's top kernels by recoverable time (`survey_targets`). Every kernel
+list, the targets are the survey's top kernels by recoverable time (astra.survey.targets). Every kernel
 with a verified win gets its patch (the emitter's own bar applies).
 
 Time is the geometric mean over the spec's timed shapes of the graph-mode medians (the serving view);
@@ -20,9 +20,11 @@ import difflib
 from dataclasses import replace
 
 from astra import paths
-from astra.errors import BadInput, RunStateError
+from astra.errors import RunStateError
+from astra.optimize.agent_registry import agent_kind
+from astra.optimize.driver import emit_best_patch, run_identity, run_optimize
+from astra.optimize.options import OptimizeOptions
 from astra.optimize.rundir import RunDir, RunState, list_runs
-from astra.optimize.session import OptimizeOptions, agent_kind, emit_best_patch, run_identity, run_optimize
 from astra.spec.model import KernelSpec
 from harness import Verdict, geomean
 
@@ -44,25 +46,6 @@ def lines_changed(before: str, after: str) -> int:
     """Lines added plus lines removed (a unified diff's +/- lines)."""
     return sum(1 for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="")
                if line[:1] in "+-" and not line.startswith(("+++", "---")))
-
-
-def survey_targets(top: int = 10, store_dir: str | None = None, view: str = "graph") -> list[str]:
-    """The `top` kernels with the most recoverable time in a survey (the latest one under
-    $ASTRA_HOME/surveys unless `store_dir` names one)."""
-    from pathlib import Path
-
-    from astra.survey import mixes, rank
-    from astra.survey.store import Store, latest
-
-    root = Path(store_dir) if store_dir else latest()
-    if root is None or not root.is_dir():
-        raise BadInput("no survey to take the targets from: run `astra survey --all --reviewed` on a GPU machine "
-                       "first, or name the kernels with --kernels")
-    ranking = rank.rank(Store(root).records(), view, mixes.load_mix(None))
-    names = [k.name for k in ranking.ranked()][:top]
-    if not names:
-        raise BadInput(f"the survey in {root} ranks no kernel: run `astra survey` there again, or name --kernels")
-    return names
 
 
 def row(run: RunDir, spec: KernelSpec) -> dict:
@@ -89,7 +72,7 @@ def row(run: RunDir, spec: KernelSpec) -> dict:
 
 def earlier_run(kernel: str, sglang_version: str, agent: str, original: str, identity: dict) -> RunDir | None:
     """The newest run under $ASTRA_HOME/runs of this kernel, SGLang version and agent that optimized the
-    same original source with the same `identity` (session.run_identity: spec, sanitizer, suite, GPU or
+    same original source with the same `identity` (driver.run_identity: spec, sanitizer, suite, GPU or
     dry run) and timed the original on a GPU; None when there is none. An unreadable run is passed over."""
     for run_id in reversed(list_runs()):
         run = RunDir(paths.sub("runs") / run_id)

@@ -1,4 +1,5 @@
-"""Terminal text of `astra list --why NAME`: where SGLang's runtime reaches a JIT module (srt_gates.Reach)."""
+"""Text of where SGLang's runtime reaches a JIT module (srt_gates.Reach): what `astra list --why NAME` and
+the MCP `list` tool print, and the call sites a model drafting a spec is shown."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Prompt templates: data files `astra/prompts/<name>.md` with `${name}` placeholders.
+"""Prompt templates: data files `astra/llm/prompts/<name>.md` with `${name}` placeholders, one per role
+(the optimize loop's LLM agent: system, testing, profiling, planning, coding; spec drafting: testing_*).
 
     render("planning", kernel="rmsnorm", gpu="NVIDIA H200", ...)
 

@@ -1,11 +1,12 @@
-"""The testing agent: a model proposes or repairs a spec draft from the evidence; the probe decides.
+"""Spec drafting by a model (the testing agent of `extract`/`probe --agent llm`): a model proposes or repairs a
+spec draft from the evidence; the probe decides.
 
     spec, note = propose_draft(tree, "rmsnorm", inferred, notes, client)    # after `astra extract`
     fixed = LlmRepairer(client).repair("rmsnorm", spec, probe_record, tree)  # (spec, note) or None
 
 The model sees the kernel source trimmed to the entry and what it uses (`kernel_excerpt`), the Python
 wrapper (`wrapper_excerpt`), the runtime's call sites and gates (`astra list --why`), the draft and its
-TODO(review) notes and, to repair, what the probe saw (`probe_findings`). Prompts: astra/optimize/prompts/
+TODO(review) notes and, to repair, what the probe saw (`probe_findings`). Prompts: astra/llm/prompts/
 testing_*.md. A reply holds the whole spec in one fenced yaml block; it is refused when unreadable, when it
 changes what was read from the tree (`PROTECTED`), adds `shapes.exclude` entries (the probe's), repeats the
 draft it repairs, or fails validation. A refusal goes back once with its problems; a second gives up with
@@ -24,20 +25,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from astra.errors import AstraError, SpecError
-from astra.optimize import templates
-from astra.report.safe_text import one_line
-from astra.report.why import format_reach
+from astra.llm import templates
 from astra.sglang import registry, srt_gates, wrapper_facts
 from astra.sglang.cxx_facts import entry_parts
+from astra.sglang.srt_gates_text import format_reach
 from astra.sglang.tree import SglangTree
 from astra.spec import checks
 from astra.spec import model as spec_mod
 from astra.spec.expr import DTYPE_BYTES
-from astra.spec.extract import DRAFT_HEADER, dump_yaml
+from astra.spec.extract import DRAFT_HEADER, PROBED_MARK, dump_yaml
 from astra.spec.resolve import draft_path
+from astra.text import one_line
 
 if TYPE_CHECKING:
-    from astra.optimize.llm import Client
+    from astra.llm.client import Client
 
 ROLE = "testing"  # the usage and transcript role of every call
 PROTECTED = ("name", "module", "source", "build", "entry", "signature")  # read from the tree, never the model's
@@ -389,8 +390,6 @@ class LlmRepairer:
 def write_draft(path: Path, spec: dict, note: str) -> None:
     """Write `spec` as the draft at `path`: its header comments (the extract notes) kept, earlier agent and
     probe lines dropped, one line naming the agent and its note. Atomic."""
-    from astra.verify.probe_record import PROBED_MARK
-
     old = path.read_text(errors="replace") if path.is_file() else DRAFT_HEADER + "\n"
     header = [line for line in _header(old) if not line.startswith((PROBED_MARK, AGENT_MARK))]
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,13 +26,13 @@ from typing import Callable
 
 from astra import paths
 from astra.errors import AstraError, NoGpu, SpecError, UnknownKernel
-from astra.report.safe_text import one_line
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec import model as spec_mod
 from astra.spec.expr import ExprError
 from astra.spec.model import KernelSpec
 from astra.spec.resolve import PROBE_FILE, draft_path, read_record, spec_sha256
+from astra.text import one_line
 from astra.verify.probe_record import ModuleProbe, finish, summary, write_record
 from harness import Job, Options, build_many, build_requests, default_arch
 from harness.probe.processes import default_timeout, probe_isolated

@@ -3,6 +3,8 @@
 ANSI escape sequences (CSI such as ESC[2J, OSC such as a window-title or hyperlink sequence) and
 every C0/C1 control character except newline and tab are removed; a carriage return would let a
 line overwrite what came before it, so it goes too. `html.escape` is still the HTML report's job.
+
+Every stage may import this module; it imports nothing of Astra.
 """
 
 from __future__ import annotations
