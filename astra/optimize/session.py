@@ -39,6 +39,7 @@ class OptimizeOptions:
     budget_usd: float | None = None
     wall_min: float = 60.0
     sanitizer: bool = True
+    sandbox: bool = True  # False: candidates run without the OS sandbox (--no-sandbox; each verdict says so)
     dry_run: bool = False  # no GPU: build every candidate with nvcc, verify none
     quick_search: bool = False  # search on the timed dtype; verify the best on the full suite at the end
     resume: str | None = None  # a run id to continue
@@ -135,7 +136,7 @@ def evaluation_options(kind: str, sanitizer: bool = True) -> Options:
 
 
 def harness_evaluator(spec: KernelSpec, tree: SglangTree, sanitizer: bool = True, extra_shapes=lambda: [],
-                      quick: bool = False):
+                      quick: bool = False, sandbox: bool = True):
     """Each candidate in its own worker against the original (GPU); `extra_shapes()` are the testing
     role's additions to the spec's suite. `quick`: the search checks the timed dtype only (fewer
     builds and checks); the run's best is then verified on the full suite before it counts."""
@@ -148,6 +149,7 @@ def harness_evaluator(spec: KernelSpec, tree: SglangTree, sanitizer: bool = True
         kind = "original" if is_original else "screen" if cases is not None else "candidate"
         job = jobs.make_job(spec, tree, candidate_source=None if is_original else source, label=label,
                             options=evaluation_options(kind, sanitizer), extra_shapes=extra_shapes())
+        job.options.sandbox = sandbox
         if quick and not full:
             job.cases = [c for c in job.cases if c.dtype == spec.dtypes[0]]
         if cases is not None:
@@ -329,7 +331,8 @@ def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions,
             raise AstraError(f"{err} To see what the agent would try, with every candidate built by nvcc: "
                              "add --dry-run.", exit_code=err.exit_code) from None
         evaluate = harness_evaluator(spec, tree, sanitizer=opts.sanitizer,
-                                     extra_shapes=lambda: getattr(agent, "extra_shapes", []), quick=opts.quick_search)
+                                     extra_shapes=lambda: getattr(agent, "extra_shapes", []), quick=opts.quick_search,
+                                     sandbox=opts.sandbox)
         if isinstance(agent, OfflineAgent):  # the parameter search screens on the GPU before proposing
             agent.screen, agent.prebuild = screening(spec, tree, evaluate)
             agent.timed_dtype = spec.dtypes[0]

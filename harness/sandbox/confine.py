@@ -173,8 +173,13 @@ class Confinement:
             self.notes.append(f"libseccomp does not know {', '.join(skipped)}: not filtered")
 
     def lock_exec(self) -> None:
-        """After the candidate module is loaded: seccomp stage 2 (no new executable mapping)."""
-        if not self.enforce or not syscalls.STAGE_TWO:
+        """After the candidate module is loaded: seccomp stage 2 (no new executable mapping). Logs what
+        the worker runs under (INFO), so its stderr says it."""
+        if not self.enforce:
+            log.info("sandbox: off")
+            return
+        if not syscalls.STAGE_TWO:
+            log.info("sandbox: %s (stage 2 switched off)", "; ".join(self.steps))
             return
         try:
             skipped = syscalls.deny_new_code()
@@ -183,6 +188,7 @@ class Confinement:
         self.steps.append("seccomp stage 2")
         if skipped:
             self.notes.append(f"libseccomp does not know {', '.join(skipped)}: not filtered")
+        log.info("sandbox: %s", "; ".join(self.steps + self.notes))
 
     def report(self) -> dict:
         return {"mode": self.label, "landlock_abi": self.abi, "steps": list(self.steps), "notes": list(self.notes)}

@@ -241,6 +241,13 @@ static void try_written_library(void) {
   free(data);
 }
 
+/* "/proc/self/fd/N" for a duplicate of `fd` numbered from `base` (one number per phase): the loader
+ * knows a library by its path, and would hand back an earlier one loaded under the same name. */
+static void fd_path(char *out, size_t size, int fd, int base) {
+  int high = fcntl(fd, F_DUPFD_CLOEXEC, base + (strcmp(phase, "call") == 0 ? 50 : 0));
+  snprintf(out, size, "/proc/self/fd/%d", high >= 0 ? high : fd);
+}
+
 static void try_memfd(void) {
   int fd = (int)syscall(SYS_memfd_create, "astra-selftest", 0);
   if (fd < 0) {
@@ -251,7 +258,7 @@ static void try_memfd(void) {
   ssize_t n = own_bytes(&data);
   if (n > 0 && write(fd, data, n) == n) {
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    fd_path(path, sizeof path, fd, 300);
     try_dlopen("memfd_dlopen", path, "memfd");
   } else {
     note("memfd_dlopen", 0, errno, "write");
@@ -272,7 +279,7 @@ static void try_tmpfile(void) {
   ssize_t n = own_bytes(&data);
   if (n > 0 && write(fd, data, n) == n) {
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    fd_path(path, sizeof path, fd, 400);
     try_dlopen("tmpfile_dlopen", path, "tmpfile");
   } else {
     note("tmpfile_dlopen", 0, errno, "write");

@@ -177,11 +177,12 @@ def _queued_connections(listener: socket.socket) -> int:
         count += 1
 
 
-def watch(sandbox: str = "enforce") -> dict:
-    """Build, lay out, run the worker, check the effects; the result as a dict (see run_self_test)."""
+def watch(sandbox: str = "enforce", keep: Path | None = None) -> dict:
+    """Build, lay out, run the worker, check the effects; the result as a dict (see run_self_test). With
+    `keep`, the scratch directory is that (empty) directory and stays, for a test to look at."""
     received = []
     previous = signal.signal(signal.SIGUSR2, lambda *_: received.append(1))
-    scratch = Path(tempfile.mkdtemp(prefix="astra-sandbox-selftest-"))
+    scratch = keep or Path(tempfile.mkdtemp(prefix="astra-sandbox-selftest-"))
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         libs = build_libraries(scratch)
@@ -207,14 +208,15 @@ def watch(sandbox: str = "enforce") -> dict:
         output = done.stdout + done.stderr
         records = parse_records(report.get("records", "")) if report else {}
         results, errors = judge(records, scratch, output, _queued_connections(listener), len(received), sandbox)
-        return {"worker_returncode": done.returncode, "worker_stderr": done.stderr[-2000:] if not report else "",
+        return {"worker_returncode": done.returncode, "worker_output": output[-4000:],
                 "clean_library": "ran" if report and report.get("clean") == 42 else "FAILED",
                 "device": (report or {}).get("device"), "sandbox": (report or {}).get("sandbox"),
                 "self_test": results, "errors": errors}
     finally:
         listener.close()
         signal.signal(signal.SIGUSR2, previous)
-        shutil.rmtree(scratch, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _last_json(stdout: str) -> dict | None:
@@ -230,16 +232,19 @@ def _last_json(stdout: str) -> dict | None:
 # ---------------------------------------------------------------- the caller
 
 
-def run_self_test(sandbox: str = "enforce", timeout_s: float = TIMEOUT_S + 60) -> dict:
+def run_self_test(sandbox: str = "enforce", keep: Path | None = None, timeout_s: float = TIMEOUT_S + 60) -> dict:
     """Run the watcher in a child process and return its result:
-    {"worker_returncode", "clean_library": "ran"|"FAILED", "device", "sandbox": the worker's report,
-     "self_test": {"constructor.execve": "blocked"|"ALLOWED"|"not tried", ...}, "errors": {...: "EPERM"}}.
-    Raises SelfTestError when it could not run at all."""
+    {"worker_returncode", "worker_output" (its stdout and stderr, the end), "clean_library": "ran"|"FAILED",
+     "device", "sandbox": the worker's report, "self_test": {"constructor.execve": "blocked"|"ALLOWED"|
+     "not tried", ...}, "errors": {...: "EPERM"}}. `keep`: an empty directory the watcher works in and
+    leaves (outside/, writable/, secret.txt, the built libraries). Raises SelfTestError when it could not
+    run at all."""
     from harness.process import harness_env
 
+    command = [sys.executable, "-m", "harness.sandbox.selftest", "--sandbox", sandbox]
+    command += ["--keep", str(keep)] if keep else []
     with tempfile.TemporaryDirectory(prefix="astra-sandbox-watch-") as cwd:
-        done = subprocess.run([sys.executable, "-m", "harness.sandbox.selftest", "--sandbox", sandbox],
-                              cwd=cwd, env=harness_env(), capture_output=True, text=True, timeout=timeout_s,
+        done = subprocess.run(command, cwd=cwd, env=harness_env(), capture_output=True, text=True, timeout=timeout_s,
                               stdin=subprocess.DEVNULL)
     result = _last_json(done.stdout)
     if result is None or "self_test" not in result:
@@ -261,11 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clean")
     parser.add_argument("--writable")
     parser.add_argument("--sandbox", default="enforce", choices=("enforce", "off"))
+    parser.add_argument("--keep", help="work in this empty directory and leave it (tests look at it)")
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.payload, args.clean, args.writable, args.sandbox)
     try:
-        result = watch(args.sandbox)
+        result = watch(args.sandbox, Path(args.keep) if args.keep else None)
     except SelfTestError as error:
         print(json.dumps({"error": str(error)}))
         return 2
