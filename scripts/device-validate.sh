@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device calls that validate Astra on a GPU, step by step, each bounded so one 10-minute call holds
 # the steps given. Usage on the GPU box, from the repo root, with the wheels of
-# ../shared/device/prepare-wheels.sh in .whl/ and SGLang trees under $ASTRA_HOME/sglang/:
+# `../shared/device/prepare-wheels.sh pyseccomp==0.1.2` in .whl/ (pyseccomp: the OS sandbox's seccomp
+# filters; without it every verdict is sandbox_unavailable) and SGLang trees under $ASTRA_HOME/sglang/:
 #   ASTRA_HOME=$PWD/.astra-device OUT=/some/dir scripts/device-validate.sh STEP...
 # Steps: spec-probe probe gpu harness astra-gpu adversarial check bench bench-rest bench-ncu patch-check tails optimize resume recheck
 #        bench6 survey param-search eval check-sample   (logs and JSON land in $OUT)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from astra import paths
-from astra.errors import AstraError, RunStateError
+from astra.errors import AstraError, RunStateError, SandboxMissing
 from astra.optimize.loop import Budget, mark_stopped, run_loop
 from astra.optimize.offline import OfflineAgent
 from astra.optimize.rundir import HistoryEntry, RunDir, RunState
@@ -23,6 +23,7 @@ from astra.spec.model import KernelSpec
 from astra.spec.source_check import require_same_source
 from astra.verify.runner import require_gpu, timeout_for
 from harness import Options, Verdict, build_many, run_job, verified_faster, verify_job
+from harness.sandbox import decide as sandbox_decision
 
 Printer = Callable[[str], None]
 
@@ -330,6 +331,9 @@ def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions,
         except AstraError as err:
             raise AstraError(f"{err} To see what the agent would try, with every candidate built by nvcc: "
                              "add --dry-run.", exit_code=err.exit_code) from None
+        refusal = sandbox_decision(opts.sandbox)[1]
+        if refusal:  # every candidate would be refused: stop before the agent spends anything
+            raise SandboxMissing(refusal)
         evaluate = harness_evaluator(spec, tree, sanitizer=opts.sanitizer,
                                      extra_shapes=lambda: getattr(agent, "extra_shapes", []), quick=opts.quick_search,
                                      sandbox=opts.sandbox)

@@ -6,7 +6,8 @@ run, so it is drawn from where things are installed rather than from what was lo
     read-only   the Python standard library, every directory on sys.path except the working directory
                 and the checkout holding `harness` (only its harness/ package), CUDA_HOME, the
                 directories of the shared libraries mapped now, the system library directories,
-                LD_LIBRARY_PATH, /etc/ld.so.cache, /sys, /proc/self and a few global /proc files
+                LD_LIBRARY_PATH, /etc/ld.so.cache, /sys, /proc/self (and writing to its task/ files, which
+                the CUDA driver does) and a few global /proc files
     devices     /dev/null, /dev/zero, /dev/urandom, /dev/random, /dev/nvidia* (read, write, ioctl)
     read files  the candidate module's own file(s) and the worker's read-only inputs, nothing beside them
     execute     the programs the warm-up may run to describe the machine (nvcc, nvidia-smi) and the ELF
@@ -33,7 +34,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from harness.sandbox.landlock import DEVICE, EXECUTE, READ, READ_FILE, WRITE_TREE
+from harness.sandbox.landlock import DEVICE, EXECUTE, READ, READ_FILE, TRUNCATE, WRITE_FILE, WRITE_TREE
 
 HARNESS_DIR = Path(__file__).resolve().parent.parent
 SYSTEM_LIBS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib/x86_64-linux-gnu",
@@ -70,12 +71,15 @@ def _stdlib() -> list[str]:
 
 
 def mapped_files() -> list[str]:
-    """Every file mapped into this process now (shared libraries, the interpreter), from /proc/self/maps."""
+    """Every regular file mapped into this process now (shared libraries, the interpreter), from
+    /proc/self/maps; not device files (the driver maps /dev/nvidia*: their directory is /dev) nor anything
+    under /dev (shared memory), /proc or /sys."""
     found: list[str] = []
     for line in Path("/proc/self/maps").read_text().splitlines():
         parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].startswith("/") and not parts[5].endswith(" (deleted)"):
-            found.append(parts[5])
+        path = parts[5] if len(parts) == 6 else ""
+        if path.startswith("/") and not path.startswith(("/dev/", "/proc/", "/sys/")) and os.path.isfile(path):
+            found.append(path)
     return list(dict.fromkeys(found))
 
 
@@ -116,7 +120,11 @@ def _devices() -> Rules:
 def _common(writable, readable) -> Rules:
     """What both lists hold: devices, /proc/self, /sys, the loader's cache, the inputs, the writable dirs."""
     rules: Rules = _devices()
-    rules += [(os.path.realpath("/proc/self"), READ), ("/sys", READ), ("/etc/ld.so.cache", READ_FILE),
+    own = os.path.realpath("/proc/self")  # /proc/<pid>: another process's entries stay out of reach
+    # the CUDA driver opens files of its threads (/proc/self/task/<tid>/...) for writing with O_TRUNC; without
+    # that cuInit fails with error 304 (seen with driver 580 on an H100)
+    rules += [(own, READ), (f"{own}/task", READ | WRITE_FILE | TRUNCATE)]
+    rules += [("/sys", READ), ("/etc/ld.so.cache", READ_FILE),
               ("/etc/localtime", READ_FILE), (str(HARNESS_DIR), READ)]
     rules += [(str(path), READ_FILE) for path in readable]
     rules += [(str(path), WRITE_TREE) for path in writable]

@@ -13,10 +13,10 @@ interface is small enough to hold here in full.
                                             but never open a file of for reading (or execute)
     ruleset.restrict_self()                 enforce it on the calling thread and the threads it starts
 
-A domain binds the calling THREAD and what it creates afterwards (Linux before 6.19 has no way to
-restrict the other threads of the process), so a worker applies its first ruleset while it is still
-single-threaded, before torch starts its threads (harness.sandbox.confine). Rulesets nest: each later
-one can only take rights away.
+A domain binds the calling THREAD and what it creates afterwards (up to ABI 7, as on kernel 6.18,
+nothing restricts the other threads of the process), so a worker applies its first ruleset while it
+is still single-threaded, before torch starts its threads (harness.sandbox.confine). Rulesets nest:
+each later one can only take rights away.
 
 What each ABI adds: 1 the filesystem; 2 REFER (rename or link across directories); 3 TRUNCATE; 4 TCP
 bind and connect (no port is granted: no TCP at all); 5 IOCTL_DEV (ioctl on device files, granted on

@@ -248,44 +248,37 @@ static void fd_path(char *out, size_t size, int fd, int base) {
   snprintf(out, size, "/proc/self/fd/%d", high >= 0 ? high : fd);
 }
 
-static void try_memfd(void) {
-  int fd = (int)syscall(SYS_memfd_create, "astra-selftest", 0);
-  if (fd < 0) {
-    note("memfd_dlopen", 0, errno, "memfd_create");
-    return;
-  }
+/* Write this library's bytes into `fd` and load it through /proc/self/fd; `fd` is closed. */
+static void load_through_fd(const char *action, const char *how, int fd, int base) {
   char *data = NULL;
   ssize_t n = own_bytes(&data);
   if (n > 0 && write(fd, data, n) == n) {
     char path[64];
-    fd_path(path, sizeof path, fd, 300);
-    try_dlopen("memfd_dlopen", path, "memfd");
+    fd_path(path, sizeof path, fd, base);
+    try_dlopen(action, path, how);
   } else {
-    note("memfd_dlopen", 0, errno, "write");
+    note(action, 0, errno, "write");
   }
   free(data);
   close(fd);
+}
+
+static void try_memfd(void) {
+  int fd = (int)syscall(SYS_memfd_create, "astra-selftest", 0);
+  if (fd < 0)
+    note("memfd_dlopen", 0, errno, "memfd_create");
+  else
+    load_through_fd("memfd_dlopen", "memfd", fd, 300);
 }
 
 /* An unnamed file in the writable directory, then mapped through /proc/self/fd: a re-open Landlock
  * checks against the directory the file lives in. */
 static void try_tmpfile(void) {
   int fd = open(env("ASTRA_SELFTEST_WRITABLE"), O_TMPFILE | O_WRONLY, 0700);
-  if (fd < 0) {
+  if (fd < 0)
     note("tmpfile_dlopen", 0, errno, "O_TMPFILE");
-    return;
-  }
-  char *data = NULL;
-  ssize_t n = own_bytes(&data);
-  if (n > 0 && write(fd, data, n) == n) {
-    char path[64];
-    fd_path(path, sizeof path, fd, 400);
-    try_dlopen("tmpfile_dlopen", path, "tmpfile");
-  } else {
-    note("tmpfile_dlopen", 0, errno, "write");
-  }
-  free(data);
-  close(fd);
+  else
+    load_through_fd("tmpfile_dlopen", "tmpfile", fd, 400);
 }
 
 static void try_fork(void) {

@@ -80,6 +80,24 @@ def test_the_decision_and_its_label(monkeypatch):
     assert decide(False) == ("off (--no-sandbox)", None)  # opting out needs no sandbox
 
 
+def test_the_allow_lists_never_open_dev_or_a_parent_of_the_writable_directory(tmp_path):
+    """A device mapping (the CUDA driver maps /dev/nvidia*) must not make /dev readable, and nothing readable
+    may contain the writable directory (a library written there could then be mapped)."""
+    import mmap
+
+    from harness.sandbox import allowlist
+    from harness.sandbox.landlock import READ_FILE
+
+    with open("/dev/zero", "rb") as zero:
+        mapping = mmap.mmap(zero.fileno(), 4096, prot=mmap.PROT_READ, flags=mmap.MAP_PRIVATE)
+        assert "/dev/zero" in Path("/proc/self/maps").read_text()
+        for rules in (allowlist.floor([tmp_path], []), allowlist.tight([tmp_path], [])):
+            readable = [path for path, access in rules if access & READ_FILE]
+            assert "/dev" not in readable and "/" not in readable and "/tmp" not in readable
+            assert not [p for p in readable if tmp_path.is_relative_to(os.path.realpath(p))], readable
+        mapping.close()
+
+
 # ---------------------------------------------------------------- the workers, with a real module
 
 
