@@ -3,7 +3,8 @@
 The static scan of the candidate's source and the check of its built module (harness.scan) stay as
 the early warning with a line number; this is the guarantee. A worker that loads candidate code (the
 candidate process of harness.candidate, in both its phases, and the probe's case runner of
-harness.probe_worker) closes itself in with `Confinement` (harness.sandbox.confine) in this order:
+harness.probe_worker; the Nsight Compute profile of astra.optimize.ncu_profile with seccomp only)
+closes itself in with `Confinement` (harness.sandbox.confine) in this order:
 
     begin()    NO_NEW_PRIVS, no capabilities, Landlock floor        single-threaded, before torch
     warm_up()  torch, CUDA context, tvm_ffi, the modules used later  trusted code

@@ -9,7 +9,9 @@
     ...                # calls
 
 `mode` is what the judge wrote into the request: "enforce" (also when missing: fail closed) or "off".
-With "off" every step is a no-op and `label` says so. With "enforce" on a kernel without Landlock or
+With "off" every step is a no-op and `label` says so. `filesystem=False` leaves Landlock out (the
+process Nsight Compute profiles: its injected profiler needs files the allow-list does not give);
+seccomp, NO_NEW_PRIVS and the dropped capabilities still apply. With "enforce" on a kernel without Landlock or
 seccomp, `begin()` raises `SandboxUnavailable` before anything is loaded.
 
 Why the floor comes before the warm-up: a Landlock domain binds the calling thread and what it starts
@@ -90,10 +92,11 @@ def threads() -> int:
 class Confinement:
     """One worker's sandbox (see the module docstring). `report()` says what was applied."""
 
-    def __init__(self, mode: str | None, *, writable, readable=()) -> None:
+    def __init__(self, mode: str | None, *, writable, readable=(), filesystem: bool = True) -> None:
         self.enforce = (mode or ENFORCE) != OFF
         self.writable = [Path(p) for p in writable]
         self.readable = [Path(p) for p in readable]
+        self.filesystem = filesystem  # False: no Landlock (a profiler in the process needs the filesystem)
         self.abi = 0
         self.steps: list[str] = []
         self.notes: list[str] = []
@@ -119,6 +122,10 @@ class Confinement:
         self._restrict(allowlist.floor(self.writable, self.readable), "floor")
 
     def _restrict(self, rules: allowlist.Rules, name: str) -> None:
+        if not self.filesystem:
+            if name == "floor":
+                self.notes.append("no Landlock: a tool in this process needs the filesystem (seccomp only)")
+            return
         self._refuse_readable_writable(rules)
         ruleset = landlock.Ruleset(self.abi)
         try:
