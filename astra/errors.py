@@ -19,6 +19,7 @@ to do next. The exit codes (docs/exit-codes.md is the table users read):
     13  the LLM endpoint failed (unreachable, wrong key, unknown model, garbage) LLMError
     14  a run directory is unusable (corrupt state, another kernel's run)       RunStateError
     15  the machine failed, not the kernel (disk full, out of memory)          EnvironmentFailure
+    16  the OS sandbox cannot be enforced here (doctor; a check refused)       SandboxMissing
 """
 
 from __future__ import annotations
@@ -75,6 +76,13 @@ class RunStateError(AstraError):
 
 class EnvironmentFailure(AstraError):
     exit_code = 15
+
+
+class SandboxMissing(AstraError):
+    """Candidate code cannot be sandboxed here (no Landlock or seccomp, or the self-test saw an action
+    through): `astra doctor`, and a check whose verdict is "sandbox_unavailable"."""
+
+    exit_code = 16
 
 
 class BudgetSpent(AstraError):

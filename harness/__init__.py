@@ -1,9 +1,10 @@
-"""GPU side of Astra: build, check and time one candidate kernel (stdlib, torch, tvm_ffi only).
+"""GPU side of Astra: build, check and time one candidate kernel (stdlib, torch, tvm_ffi, pyseccomp only).
 
 One job runs in a JUDGE process (`python -m harness run`, started by `run_job`) that never loads
 candidate code; the candidate runs only in a scrubbed CANDIDATE process the judge starts, which hands
 back raw outputs and timings that the judge validates. The verdict is signed with a key only the
-judge holds (docs/threat-model.md).
+judge holds (docs/threat-model.md). Every process that loads candidate code closes itself in with the
+OS sandbox of harness.sandbox (Landlock + seccomp) before it loads anything.
 
 The public API, which `astra` uses instead of reaching into the modules (importing it needs no torch):
 

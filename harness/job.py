@@ -157,6 +157,7 @@ class Options:
     slowdown_threshold: float = 0.02
     case_timeout_s: float = 60.0
     cache_dir: str | None = None  # build cache; default $ASTRA_HOME/builds or ~/.cache/astra/builds
+    sandbox: bool = True  # False: candidate code runs without the OS sandbox (--no-sandbox; recorded)
 
 
 @dataclass

@@ -3,6 +3,8 @@
 # under its own time limit and leaves its log (and its JSON, reports and tarballs of runs, drafts and surveys)
 # in the output folder, so that a machine lent for a limited time can be given a few steps per command.
 # It needs no network: wheels (apache-tvm-ffi, libclang-ng; mcp and openai for tests/astra) are installed from
+# The OS sandbox's seccomp filters need pyseccomp on the GPU machine: add pyseccomp==0.1.2 to the wheels
+# (../shared/device/prepare-wheels.sh pyseccomp==0.1.2); without it every verdict is sandbox_unavailable.
 # the folders --wheels names, and SGLang trees are read from HOME/sglang/.
 #
 # Usage (repository root):

@@ -21,7 +21,7 @@ def _message(err: AstraError) -> str:
 
 
 def _handlers() -> dict:
-    from astra.cli import kernels, mcp, optimize, patches, probe_drafts, survey, verify
+    from astra.cli import doctor, kernels, mcp, optimize, patches, probe_drafts, survey, verify
 
     return {
         "list": kernels.cmd_list, "extract": kernels.cmd_extract, "build": kernels.cmd_build,
@@ -31,7 +31,7 @@ def _handlers() -> dict:
         "show": optimize.cmd_show,
         "patch": patches.cmd_patch, "apply": patches.cmd_apply, "recheck": patches.cmd_recheck,
         "diff-versions": patches.cmd_diff_versions, "probe": probe_drafts.cmd_probe,
-        "survey": survey.cmd_survey, "mcp": mcp.cmd_mcp,
+        "survey": survey.cmd_survey, "mcp": mcp.cmd_mcp, "doctor": doctor.cmd_doctor,
     }
 
 

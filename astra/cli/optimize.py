@@ -20,7 +20,8 @@ def loop_options(args) -> OptimizeOptions:
     """The typed options of `optimize` and `eval` (the library never sees argparse)."""
     return OptimizeOptions(rounds=args.rounds, offline=args.offline, model=args.model, base_url=args.base_url,
                            budget_tokens=args.budget_tokens, budget_usd=args.budget_usd, wall_min=args.wall_min,
-                           sanitizer=not args.no_sanitizer, dry_run=args.dry_run, quick_search=args.quick_search,
+                           sanitizer=not args.no_sanitizer, sandbox=not args.no_sandbox, dry_run=args.dry_run,
+                           quick_search=args.quick_search,
                            resume=getattr(args, "resume", None), agent=args.agent, agent_timeout_s=args.agent_timeout,
                            samples=args.samples)
 

@@ -21,6 +21,7 @@ def _loop_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-usd", type=float, default=None)
     p.add_argument("--wall-min", type=float, default=60.0, help="wall-time budget in minutes")
     p.add_argument("--no-sanitizer", action="store_true")
+    _sandbox_option(p)
     p.add_argument("--dry-run", action="store_true", help="no GPU: build every candidate with nvcc, verify none")
     p.add_argument("--quick-search", action="store_true",
                    help="search on the timed dtype only; verify the best on the full suite at the end")
@@ -31,6 +32,12 @@ def _loop_options(p: argparse.ArgumentParser) -> None:
                    help="LLM agent: candidates the coder writes per round, asked for at once and judged one per GPU")
     p.add_argument("--agent-timeout", type=float, default=900.0, metavar="S",
                    help="seconds the --agent command may run per round (default 900)")
+
+
+def _sandbox_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="run candidate code without the OS sandbox (Landlock + seccomp); the verdict records it. "
+                        "Only for a kernel that cannot sandbox (`astra doctor` says) and code you trust")
 
 
 def _testing_agent_options(p: argparse.ArgumentParser) -> None:
@@ -93,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sglang_options(p)
     p.add_argument("--modes", default="graph,cold", help="timing modes: graph, cold, or both")
     p.add_argument("--no-sanitizer", action="store_true", help="skip compute-sanitizer")
+    _sandbox_option(p)
     p.add_argument("--json", metavar="OUT", help="write the full verdict as JSON")
     p.add_argument("--quick", action="store_true", help="one seed, fewer shapes (for iteration)")
 
@@ -130,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also measure each shape with Nsight Compute (gpu__time_duration) and compare with cold")
     p.add_argument("--time-only", action="store_true",
                    help="time the original without comparing its outputs with itself (status 'timed'; much faster)")
+    _sandbox_option(p)
     p = sub.add_parser("probe", help="run the ORIGINAL kernel of drafted specs on their suites and record it (GPU)")
     p.add_argument("names", nargs="*", metavar="NAME", help="drafts under $ASTRA_HOME/drafts (else reviewed specs)")
     p.add_argument("--all", action="store_true", help="every draft under $ASTRA_HOME/drafts")
@@ -144,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-case", type=float, default=120.0, metavar="S",
                    help="seconds per case before it counts as hung (default 120)")
     p.add_argument("--no-sanitizer", action="store_true", help="skip compute-sanitizer memcheck (recorded as such)")
+    _sandbox_option(p)
     p.add_argument("--repair-rounds", type=int, default=2, metavar="N",
                    help="rounds of repairing the drafts whose every case the kernel rejected (from its messages) "
                         "and probing them again (default 2; 0: no repair)")
@@ -158,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     _sglang_options(p)
     _patch_commands(sub)
     _survey_command(sub)
+    p = sub.add_parser("doctor", help="can this machine judge? nvcc, GPU, compute-sanitizer, ncu, and the OS "
+                                      "sandbox proven by a self-test (exit 16 when it cannot be enforced)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p = sub.add_parser("mcp", help="serve list, extract, probe, check, bench, profile and patch as MCP tools over "
                                    "stdio, for a coding agent (docs/mcp.md)")
     p.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
@@ -234,4 +247,5 @@ def _survey_command(sub) -> None:
                    help="GPU workers on this host, one kernel each at a time (default: every GPU; 1: in this process)")
     p.add_argument("--ray", metavar="auto|ADDRESS",
                    help="run the benches as one-GPU Ray tasks on a cluster (pip install 'astra[ray]')")
+    _sandbox_option(p)
     _sglang_options(p)

@@ -19,7 +19,7 @@ def _say(line: str) -> None:
 
 def cmd_probe(args) -> int:
     opts = probing.ProbeOptions(device=args.device, per_gpu=args.per_gpu, timeout_case_s=args.timeout_case, sanitizer=not args.no_sanitizer,
-                              force=args.force, report_only=args.report_only)
+                              force=args.force, report_only=args.report_only, sandbox=not args.no_sandbox)
     check_output(args.json)
     check_output(args.report, "--report")
     targets = probing.select(list(args.names), all_drafts=args.all, reviewed=args.reviewed)

@@ -95,7 +95,8 @@ def cmd_survey(args) -> int:
         try:
             outcome = run.survey(targets, store, sglang_version=args.sglang, sglang_src=args.sglang_src, gpu=gpu,
                                  force=args.force, settings=bench.BenchSettings(modes=_modes(args), budget_ms=args.budget_ms,
-                                                                              outputs_checked=args.check_outputs), say=_say,
+                                                                              outputs_checked=args.check_outputs,
+                                                                              sandbox=not args.no_sandbox), say=_say,
                                  run=bench.executor_run(executor) if executor else bench.serial_run,
                                  prebuild=None if getattr(args, "ray", None) else bench.prebuild)
         finally:

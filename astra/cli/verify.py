@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from astra.cli.common import check_output, check_output_dir, tree_for_spec, write_text
-from astra.errors import AstraError
+from astra.errors import AstraError, SandboxMissing
 from astra.report import text
 from astra.spec.resolve import resolve
 from astra.spec.source_check import require_same_source
@@ -25,7 +25,8 @@ def cmd_check(args) -> int:
     if not path.is_file():
         raise AstraError(f"--candidate {path}: no such file (give your version of {spec.kernel_file})")
     source = read_source(path, "--candidate")
-    opts = runner.CheckOptions(modes=_modes(args.modes), sanitizer=not args.no_sanitizer, quick=args.quick)
+    opts = runner.CheckOptions(modes=_modes(args.modes), sanitizer=not args.no_sanitizer, quick=args.quick,
+                               sandbox=not args.no_sandbox)
     check_output(args.json)
     start = time.monotonic()
     verdict = runner.check_candidate(spec, tree_for_spec(args, str(spec.path)), source, path.name, opts,
@@ -33,13 +34,15 @@ def cmd_check(args) -> int:
                                                                  file=sys.stderr, flush=True))
     write_text(args.json, verdict.to_json())
     print(text.format_check(verdict))
+    if verdict.status == "sandbox_unavailable":
+        return SandboxMissing.exit_code
     return 0 if verdict.correct and verdict.status == "correct" else 1
 
 
 def cmd_bench(args) -> int:
     specs = [resolve(name) for name in args.names]
     opts = runner.CheckOptions(modes=_modes(args.modes), sanitizer=False, budget_ms=args.budget_ms, ncu=args.ncu,
-                               outputs_checked=not getattr(args, "time_only", False))
+                               outputs_checked=not getattr(args, "time_only", False), sandbox=not args.no_sandbox)
     check_output(args.json)
     check_output_dir(args.report, "--report")
     trees = {spec.name: tree_for_spec(args, str(spec.path)) for spec in specs}

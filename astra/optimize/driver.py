@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable
 
-from astra.errors import AstraError, RunStateError
+from astra.errors import AstraError, RunStateError, SandboxMissing
 from astra.optimize.agent_registry import AgentSetup, agent_kind, make_agent
 from astra.optimize.evaluator import BuildOnlyEvaluator, Evaluator, HarnessEvaluator
 from astra.optimize.loop import mark_stopped, run_loop
@@ -21,6 +21,7 @@ from astra.spec.model import KernelSpec
 from astra.spec.source_check import require_same_source
 from astra.verify.runner import require_gpu
 from harness import verified_faster
+from harness.sandbox import decide as sandbox_decision
 
 Printer = Callable[[str], None]
 
@@ -66,7 +67,7 @@ def make_evaluator(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions) ->
     timed dtype only in a quick search). Building it needs no GPU; `_run` checks for one."""
     if opts.dry_run:
         return BuildOnlyEvaluator(spec, tree)
-    return HarnessEvaluator(spec, tree, sanitizer=opts.sanitizer, quick=opts.quick_search)
+    return HarnessEvaluator(spec, tree, sanitizer=opts.sanitizer, quick=opts.quick_search, sandbox=opts.sandbox)
 
 
 def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, events, say: Printer) -> RunState:
@@ -79,6 +80,9 @@ def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions,
         except AstraError as err:
             raise AstraError(f"{err} To see what the agent would try, with every candidate built by nvcc: "
                              "add --dry-run.", exit_code=err.exit_code) from None
+        refusal = sandbox_decision(opts.sandbox)[1]
+        if refusal:  # every candidate would be refused: stop before the agent spends anything
+            raise SandboxMissing(refusal)
     say(f"run {run.root.name}: {spec.name} from SGLang {tree.version}, agent {agent.name}; directory {run.root}")
     state = run_loop(run, agent, evaluator, opts.budget(), events=events or (lambda kind, data: None))
     if opts.dry_run:

@@ -98,9 +98,10 @@ class HarnessEvaluator(Evaluator):
     check the timed dtype only (fewer builds and checks); the run's best is then verified on the full
     suite before it counts."""
 
-    def __init__(self, spec: KernelSpec, tree: SglangTree, *, sanitizer: bool = True, quick: bool = False):
+    def __init__(self, spec: KernelSpec, tree: SglangTree, *, sanitizer: bool = True, quick: bool = False,
+                 sandbox: bool = True):
         super().__init__(gpus=visible_gpus(), timed_dtype=spec.dtypes[0])
-        self.spec, self.tree, self.sanitizer, self.quick = spec, tree, sanitizer, quick
+        self.spec, self.tree, self.sanitizer, self.quick, self.sandbox = spec, tree, sanitizer, quick, sandbox
         self._variants: dict[str, str] | None = None  # case id -> the build variant it needs
 
     @property
@@ -123,6 +124,7 @@ class HarnessEvaluator(Evaluator):
         kind = "original" if is_original else "screen" if cases is not None else "candidate"
         job = jobs.make_job(self.spec, self.tree, candidate_source=None if is_original else source, label=label,
                             options=evaluation_options(kind, self.sanitizer), extra_shapes=list(self.extra_shapes))
+        job.options.sandbox = self.sandbox
         if self.quick and not full:
             job.cases = [c for c in job.cases if c.dtype == self.spec.dtypes[0]]
         if cases is not None:

@@ -4,8 +4,8 @@
     result = profiler(source, case_id, extra_shapes)   # source None: the original
     text(result, "original")    # "shape S: 1 kernel(s), 12.3 us; DRAM 78.1% of peak (2.61 TB/s); ..."
 
-`ncu` runs a profiled process (`python -m astra.optimize.ncu_profile JOB MANIFEST`, a scrubbed environment,
-like any process that runs candidate code) that builds the job, launches the entry once to warm up and
+`ncu` runs a profiled process (`python -m astra.optimize.ncu_profile JOB MANIFEST`, a scrubbed environment
+and the OS sandbox's seccomp part, as any process that runs candidate code: docs/threat-model.md) that builds the job, launches the entry once to warm up and
 once between two marker kernels, as `harness.timing.ncu_cross_check` does for `astra bench --ncu`; the kernels between the
 markers are the shape's. Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy,
 weighted by each kernel's duration, the most registers per thread, local-memory (spill) instructions,
@@ -206,12 +206,23 @@ def launch(job: Job, manifest: Path) -> None:
     from harness.building.module_loading import load_module
     from harness.judge.evaluate import _launch, build_all, default_cache_dir
     from harness.judge.inputs import clone_inputs, make_inputs, poison_outputs, to_call_args
+    from harness.sandbox import Confinement, decide, request_mode
 
     paths, _, failure = build_all(job, default_cache_dir(job))
     if failure is not None:
         raise RuntimeError(failure.reason)
     case = job.cases[0]
-    run = _launch(load_module(paths[("cand", case.variant)]), job.entry)  # the original in a self-check
+    so = paths[("cand", case.variant)]  # the original in a self-check
+    # the OS sandbox of every process that loads candidate code (harness.sandbox), without its Landlock part:
+    # ncu's injected profiler needs files beyond the allow-list (its lock file in TMPDIR, more); seccomp (no
+    # exec, fork, network, ptrace, memfd, new executable mappings) binds every thread (seen on an H100)
+    box = Confinement(request_mode(decide(job.options.sandbox)[0]), writable=[manifest.parent], readable=[so],
+                      filesystem=False)
+    box.begin()
+    box.warm_up("cuda")
+    box.seal()
+    run = _launch(load_module(so), job.entry)
+    box.lock_exec()
 
     def args():
         return to_call_args(poison_outputs(clone_inputs(make_inputs(case, 0, "cuda")), case.args), case.args)

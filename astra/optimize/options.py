@@ -22,6 +22,7 @@ class OptimizeOptions:
     budget_usd: float | None = None
     wall_min: float = 60.0
     sanitizer: bool = True
+    sandbox: bool = True  # False: candidates run without the OS sandbox (--no-sandbox; each verdict says so)
     dry_run: bool = False  # no GPU: build every candidate with nvcc, verify none
     quick_search: bool = False  # search on the timed dtype; verify the best on the full suite at the end
     resume: str | None = None  # a run id to continue

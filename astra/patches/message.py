@@ -113,7 +113,15 @@ def correctness_lines(verdict: Verdict, tolerance: dict, sanitizer_required: boo
         name, cand, orig = max(worst, key=lambda w: w[1])
         out.append(f"- float64 reference: worst patched error {cand:.3g} ({name}; original {orig:.3g} on that case)")
     out.append("- " + sanitizer_text(verdict, sanitizer_required))
+    out.append("- " + sandbox_text(verdict))
     return out
+
+
+def sandbox_text(verdict: Verdict) -> str:
+    """Whether the candidate ran inside the OS sandbox (harness.sandbox), as its verdict records."""
+    if verdict.sandbox == "enforced":
+        return "OS sandbox (Landlock + seccomp): enforced on every process that ran the candidate"
+    return f"OS sandbox: {verdict.sandbox}" if verdict.sandbox else "OS sandbox: not recorded by the verdict"
 
 
 def sanitizer_clean(verdict: Verdict) -> bool:

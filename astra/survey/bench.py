@@ -32,6 +32,7 @@ class BenchSettings:
     # probe has already run every case, checked determinism and which tensors it writes; the survey
     # only needs the times, and comparing the original with itself took most of a bench's wall time.
     outputs_checked: bool = False
+    sandbox: bool = True  # False: --no-sandbox (the verdicts record it)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def bench_one(name: str, spec_file: str, sglang_version: str | None, sglang_src:
     tree = tree_for(spec, sglang_version, sglang_src)
     require_same_source(spec, tree)
     opts = runner.CheckOptions(modes=list(settings.modes), sanitizer=False, budget_ms=settings.budget_ms,
-                               outputs_checked=settings.outputs_checked)
+                               outputs_checked=settings.outputs_checked, sandbox=settings.sandbox)
     return runner.bench_original(spec, tree, opts).to_dict()
 
 

@@ -52,6 +52,7 @@ class ProbeOptions:
     force: bool = False
     device: str = "cuda"
     report_only: bool = False  # no GPU: summarise the records there are, probe nothing
+    sandbox: bool = True  # False: the original runs without the OS sandbox (--no-sandbox; the record says so)
 
     def __post_init__(self) -> None:
         if isinstance(self.per_gpu, bool) or not isinstance(self.per_gpu, int) or self.per_gpu < 1:
@@ -134,7 +135,7 @@ def require_gpu(opts: ProbeOptions) -> None:
 def probe_job(spec: KernelSpec, tree: SglangTree, opts: ProbeOptions) -> Job:
     """The spec's whole drafted suite, original only, one seed, no timing, the shared build cache."""
     options = Options(seeds=[0], modes=[], sanitizer=False, case_timeout_s=opts.timeout_case_s,
-                      cache_dir=str(paths.sub("builds")))
+                      cache_dir=str(paths.sub("builds")), sandbox=opts.sandbox)
     return jobs.make_job(spec, tree, options=options, label="probe")
 
 

@@ -27,6 +27,7 @@ class CheckOptions:
     budget_ms: float | None = None  # timing budget per shape and side (None: the harness default)
     ncu: bool = False  # bench: also measure each shape with Nsight Compute
     outputs_checked: bool = True  # bench: False times the original without its outputs phase (status "timed")
+    sandbox: bool = True  # False: candidate code runs without the OS sandbox (--no-sandbox; the verdict says so)
 
     def __post_init__(self) -> None:
         bad = [m for m in self.modes if m not in MODES]
@@ -38,7 +39,7 @@ class CheckOptions:
 
     def harness_options(self, *, sanitizer: bool | None = None) -> Options:
         opts = Options(modes=list(self.modes), sanitizer=self.sanitizer if sanitizer is None else sanitizer,
-                       outputs_checked=self.outputs_checked)
+                       outputs_checked=self.outputs_checked, sandbox=self.sandbox)
         if self.quick:
             opts.seeds = [0]
             opts.budget_ms_per_case = 100.0

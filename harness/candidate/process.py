@@ -21,6 +21,12 @@ trial list per case. Results go to DIR in the formats of harness.candidate.excha
 
 A CUDA fault that leaves the context unusable escapes as `ContextLost` (exit status 1, the CUDA error
 on stderr), which the judge reports as "crashed".
+
+The process closes itself in before it loads anything (harness.sandbox.Confinement, as the request's
+"sandbox" says): Landlock floor before torch, the warm-up, then the tight list and seccomp stage 1
+before the modules load, stage 2 (no new executable mapping) before the first call. Its writable
+directories are its cwd (HOME, TMPDIR) and the work directory; the only files beside the installation
+it can read are the modules it loads. Refused (no Landlock or seccomp here): exit status 4, nothing loaded.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.candidate.exchange import DONE, SIGNATURES, TIMINGS, CaseWriter, wait_for_room, write_json_atomic
+from harness.sandbox import Confinement, SandboxUnavailable
 
 log = logging.getLogger(__name__)
+SANDBOX_REFUSED = 4  # exit status: the sandbox was required and cannot be had here
 
 
 def _die_with_parent() -> None:
@@ -65,7 +73,7 @@ def _launch(module: Any, entry: str):
     return lambda args: function(*args)
 
 
-def run_outputs(request: dict[str, Any], work: Path) -> None:
+def run_outputs(request: dict[str, Any], work: Path, box: Confinement) -> None:
     """The `outputs` phase (see the module docstring)."""
     from harness.building.module_loading import export_signatures, load_module
     from harness.job import Job
@@ -73,7 +81,10 @@ def run_outputs(request: dict[str, Any], work: Path) -> None:
 
     job = Job.from_dict(request["job"])
     device = _device(request["device"])
+    box.warm_up(device)
+    box.seal()
     modules = {variant: load_module(path) for variant, path in request["cand_so"].items()}
+    box.lock_exec()
     signatures = {variant: export_signatures(modules[variant], request["exports"][variant]) for variant in modules}
     write_json_atomic(work / SIGNATURES, signatures)
     seed0 = job.options.seeds[0] if job.options.seeds else 0
@@ -134,7 +145,7 @@ def measure_case(case, launches: dict, job, device) -> dict[str, dict[str, Any]]
     return results
 
 
-def run_timing(request: dict[str, Any], work: Path) -> None:
+def run_timing(request: dict[str, Any], work: Path, box: Confinement) -> None:
     """The `timing` phase (see the module docstring)."""
     import torch
 
@@ -144,9 +155,12 @@ def run_timing(request: dict[str, Any], work: Path) -> None:
 
     job = Job.from_dict(request["job"])
     device = _device(request["device"])
+    box.warm_up(device)
+    box.seal()
     launches = {variant: {"orig": _launch(load_module(request["orig_so"][variant]), job.entry),
                           "cand": _launch(load_module(path), job.entry)}
                 for variant, path in request["cand_so"].items()}
+    box.lock_exec()
     timings: dict[str, Any] = {}
     digests: dict[str, Any] = {}
     for case in job.cases:
@@ -167,10 +181,17 @@ def main(request_path: str, work: str, phase: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     request = json.loads(Path(request_path).read_text())
     work_dir = Path(work)
+    modules = [*request["cand_so"].values(), *(request.get("orig_so") or {}).values()]
+    box = Confinement(request.get("sandbox"), writable=[Path.cwd(), work_dir], readable=modules)
+    try:
+        box.begin()
+    except SandboxUnavailable as error:
+        log.error("SandboxUnavailable: %s; no candidate code was loaded", error)
+        return SANDBOX_REFUSED
     if phase == "outputs":
-        run_outputs(request, work_dir)
+        run_outputs(request, work_dir, box)
     elif phase == "timing":
-        run_timing(request, work_dir)
+        run_timing(request, work_dir, box)
     else:
         raise SystemExit(f"unknown phase {phase!r}")
     return 0

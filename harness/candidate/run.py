@@ -9,6 +9,7 @@ with `harness.worker.process_group.Isolated`: a new process group, a scrubbed en
 tokens or secrets, nothing of ASTRA_ but the timing diagnostics), stdin /dev/null, SIGKILL when the
 judge dies. `wrap` is the compute-sanitizer prefix when the judge runs under `harness.worker.sanitizer`
 (from the judge's private config, harness.worker.judge_channel). Never given: the HMAC key, the judge's verdict path.
+The request says whether the candidate process must sandbox itself ("sandbox": "enforce" or "off").
 
 `failure()` turns an ended or stuck process into (status, reason): "timeout" when it made no progress
 in time (its group is killed), "crashed" when it died (the most telling line of its stderr).
@@ -27,6 +28,7 @@ from typing import Any
 
 from harness.candidate.exchange import wait_for
 from harness.job import Job
+from harness.sandbox import decide, request_mode
 from harness.worker.judge_channel import current
 from harness.worker.process_group import Isolated, ProcessOutcome, describe_exit, scrub_env, telling_line
 
@@ -47,7 +49,8 @@ class CandidateRun:
         self.home.mkdir()
         self.work.mkdir()
         request = {"job": json.loads(job.to_json()), "device": device, "cand_so": cand_so,
-                   "orig_so": orig_so or {}, "exports": exports or {}, "trials": trials or [], "timed": timed or []}
+                   "orig_so": orig_so or {}, "exports": exports or {}, "trials": trials or [], "timed": timed or [],
+                   "sandbox": request_mode(decide(job.options.sandbox)[0])}
         request_path = self.root / "request.json"
         request_path.write_text(json.dumps(request))
         config = current()

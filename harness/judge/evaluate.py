@@ -16,6 +16,10 @@ Runs in the process `harness.worker.judge_process.run_job` starts (`python -m ha
    validated, and speedups, floors and suspect flags are computed here (harness.judge.timings); one call
    per mode made the way it is timed must give the checked call's outputs (harness.judge.timed_outputs).
 
+Before all of it, the OS sandbox every candidate process closes itself in (harness.sandbox): when it is
+wanted and this kernel cannot provide it, the verdict is "sandbox_unavailable" and nothing is built or
+run; every verdict records `sandbox`: "enforced", or "off (--no-sandbox)" / "off (ASTRA_SANDBOX=off)".
+
 Fail closed: the original raising is "original_failed", reference.py raising "reference_error", a timing
 mode that could not be measured "incomplete", a candidate process that dies "crashed", one that stalls
 "timeout". A sticky CUDA error in this process raises `correctness.ContextLost` ("crashed" by the worker).
@@ -34,6 +38,7 @@ from typing import Any
 
 import torch
 
+from harness import sandbox
 from harness.building.job_requests import build_requests, variants_used
 from harness.building.module_loading import export_signatures, load_module
 from harness.building.nvcc_build import BuildResult, build_many
@@ -227,6 +232,13 @@ def _device(device: torch.device | str | None) -> torch.device:
 
 def evaluate(job: Job, device: torch.device | str | None = None) -> Verdict:
     """The verdict on `job.candidate_source` against the original (see the module docstring)."""
+    label, refusal = sandbox.decide(job.options.sandbox)
+    verdict = _failure(job, "sandbox_unavailable", refusal) if refusal else _judged(job, device)
+    verdict.sandbox = label
+    return verdict
+
+
+def _judged(job: Job, device: torch.device | str | None) -> Verdict:
     start = time.monotonic()
     try:
         return _evaluate(job, _device(device), start)

@@ -26,6 +26,7 @@ STATUSES = (
     "environment_error",  # the machine failed (disk full, ...), not the candidate
     "built",  # compiled only, never run (a dry run)
     "timed",  # the original timed against itself with no outputs compared (`astra survey`, `bench --time-only`)
+    "sandbox_unavailable",  # the OS sandbox was required and this kernel cannot provide it: nothing was run
 )
 
 
@@ -128,6 +129,7 @@ class Verdict:
     worker: dict[str, Any] = field(default_factory=dict)  # filled in by harness.worker.judge_process
     sanitizer: dict[str, Any] = field(default_factory=dict)  # compute-sanitizer report (worker.judge_process.verify_job)
     ncu: dict[str, Any] = field(default_factory=dict)  # Nsight Compute cross-check (astra bench --ncu)
+    sandbox: str = ""  # "enforced" | "off (why)" | "unavailable (why)": the OS sandbox of the candidate process
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

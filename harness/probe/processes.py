@@ -13,6 +13,8 @@ result within `timeout_case_s`, the case it began is recorded as crashed or hung
 stderr), the group is killed, and a fresh runner takes the remaining cases (after a CUDA fault the
 context is gone, so a new process is the only safe way on). A runner that fails before its first case
 (the module does not load), or `LOST_BEFORE_GIVING_UP` lost cases before any is kept, ends the probe.
+The runner loads the module inside the OS sandbox (harness.sandbox), as a candidate process does: a
+draft's original is code nobody reviewed yet. The result records `sandbox` ("enforced", "off (why)").
 
 Then compute-sanitizer memcheck over the smallest kept case (`harness.worker.sanitizer.sanitize_command`): the
 case runner itself runs under the tool, one call of the original, so what memcheck watches is the
@@ -33,6 +35,7 @@ from typing import Any, Callable
 
 from harness.candidate.process import _device  # one device rule for both workers
 from harness.job import Job
+from harness.sandbox import Confinement, SandboxUnavailable, decide, request_mode
 from harness.worker.process_group import (
     Isolated,
     ProcessOutcome,
@@ -75,26 +78,37 @@ def module_launches(job: Job, so_paths: dict[str, str]) -> dict[str, Callable]:
 
 def run_cases(request_path: str | Path, results_path: str | Path, launch_hook: Callable | None = None) -> int:
     """The case runner: probe each requested case, one JSON line per event (see the module docstring).
-    Exit 0 when every case was probed, 3 after a lost CUDA context (the case is recorded as crashed)."""
+    Exit 0 when every case was probed, 3 after a lost CUDA context (the case is recorded as crashed), 4
+    when the OS sandbox was required and cannot be had (nothing loaded; harness.sandbox)."""
+    request = json.loads(Path(request_path).read_text())
+    box = Confinement(request.get("sandbox"), writable=[Path(results_path).parent], readable=request["so"].values())
+    with open(results_path, "a") as out:
+        try:
+            box.begin()  # before torch: see harness.sandbox.confine
+        except SandboxUnavailable as error:
+            _emit(out, {"fatal": f"{error}; nothing was loaded"})
+            return 4
     import torch
 
     from harness.judge.correctness import ContextLost
     from harness.probe.observation import kernel_message, new_result, probe_case, relative_paths
 
-    request = json.loads(Path(request_path).read_text())
     job = Job.from_dict(request["job"])
     roots = [job.build.source_root, *job.build.include_dirs]
     with open(results_path, "a") as out:
         try:
             device = _device(request["device"])
+            if request.get("env"):  # before the seal: it runs nvidia-smi and nvcc
+                from harness.environment.report import environment_report
+
+                _emit(out, {"env": environment_report(measure=False)})
+            box.warm_up(device, tvm_ffi=launch_hook is None)
+            box.seal()
             launches = launch_hook(job) if launch_hook else module_launches(job, request["so"])
+            box.lock_exec()
         except Exception as error:  # nothing can be probed: the parent ends the probe with this reason
             _emit(out, {"fatal": f"the original module failed to load: {kernel_message(error)}"})
             return 1
-        if request.get("env"):
-            from harness.environment.report import environment_report
-
-            _emit(out, {"env": environment_report(measure=False)})
         for index in request["indices"]:
             case = job.cases[index]
             _emit(out, {"begin": index, "id": case.id})
@@ -162,6 +176,7 @@ def _start(job: Job, so: dict[str, str], indices: list[int], folder: Path, *, de
     request, results = folder / "request.json", folder / "cases.jsonl"
     request.write_text(json.dumps({"job": json.loads(job.to_json()), "device": device, "so": so, "indices": indices,
                                    "seed": 0, "env": want_env, "single": single,
+                                   "sandbox": request_mode(decide(job.options.sandbox)[0]),
                                    "known": {str(i): roles for i, roles in (known or {}).items()}}))
     return [python, "-m", "harness", "probe-cases", str(request), "--results", str(results)], results
 
@@ -304,12 +319,15 @@ def probe_job(job: Job, *, device: str = "cuda", timeout_case_s: float = 120.0, 
     """The whole probe of one module (see the module docstring): {name, status, reason, cases, sanitizer,
     env, builds, wall_s}. Never raises for the kernel's sake."""
     from harness.judge.evaluate import build_all, default_cache_dir
-    from harness.probe.observation import decide
+    from harness.probe.observation import decide as probe_decision
 
     start = time.monotonic()
     run_env = harness_env(env)
-    result: dict[str, Any] = {"name": job.name, "status": "failed", "reason": "", "cases": [], "sanitizer": None,
-                              "env": {}, "builds": [], "seed": 0}
+    label, refusal = decide(job.options.sandbox)
+    result: dict[str, Any] = {"name": job.name, "status": "failed", "reason": refusal or "", "cases": [],
+                              "sanitizer": None, "env": {}, "builds": [], "seed": 0, "sandbox": label}
+    if refusal:
+        return result
     so: dict[str, str] = {}
     if not run_env.get(PROBE_LAUNCH_ENV):
         original = Job.from_dict({**json.loads(job.to_json()), "candidate_source": None})
@@ -330,7 +348,7 @@ def probe_job(job: Job, *, device: str = "cuda", timeout_case_s: float = 120.0, 
             smallest = min(kept, key=lambda i: (job.cases[i].bytes, job.cases[i].id))
             result["sanitizer"] = sanitize_case(job, so, smallest, Path(tmp), device=device, python=python,
                                                 env=run_env, timeout_s=sanitizer_timeout_s)
-    result["status"], result["reason"] = decide(cases, result["sanitizer"] if sanitizer else None)
+    result["status"], result["reason"] = probe_decision(cases, result["sanitizer"] if sanitizer else None)
     result["wall_s"] = round(time.monotonic() - start, 3)
     return result
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "harness"
-ALLOWED = {"torch", "tvm_ffi", "harness"}
+ALLOWED = {"torch", "tvm_ffi", "pyseccomp", "harness"}  # pyseccomp: the OS sandbox's seccomp filters (harness.sandbox)
 OPTIONAL = {"pynvml"}  # imported only inside a try/except ImportError (harness.timing.perf_model): never required
 
 
