@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from astra.optimize import cpp_args, decl_chunks
+from astra.cxx import decls
+from astra.optimize import cpp_args
 
 _ENTRY = re.compile(r"^\s*(?:[\w]+::)*(?P<name>\w+)\s*<(?P<args>.*)>\s*(?:::\s*\w+)?\s*$", re.S)
 _INT_PARAM = re.compile(r"^\s*(?:int|unsigned(?:\s+int)?|u?int(?:32|64)_t|size_t|uint)\s+(?P<name>\w+)\s*(?:=[^,]*)?$")
@@ -81,7 +82,7 @@ def find(text: str, entries: list[str], tunable) -> list[Slot]:
     """The launch-geometry template arguments of `entries` (wrapper entry strings, placeholders allowed)
     that a template defined in `text` receives as integer literals; `tunable(name)` says whether a
     template parameter's name is one worth moving."""
-    code = decl_chunks.blank_code(text)
+    code = decls.blank_code(text)
     slots: list[Slot] = []
     seen: set[tuple[str, str]] = set()
     for entry in entries:

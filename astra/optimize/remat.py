@@ -24,7 +24,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from astra.optimize import cpp_args, decl_chunks
+from astra.cxx import decls
+from astra.optimize import cpp_args
 
 _ARRAY = re.compile(r"^[ \t]*(?P<type>(?:const\s+)?[\w:]+)\s+(?P<name>\w+)\s*\[\s*(?P<size>\w+)\s*\]\s*;[ \t]*\n", re.M)
 _FILL = r"^[ \t]*{name}\s*\[\s*(?P<idx>\w+)\s*\]\s*=\s*(?P<src>\w+)\s*\[(?P<expr>[^\[\];]*)\]\s*;[ \t]*\n"
@@ -75,7 +76,7 @@ def _local_arrays(body: str) -> set[str]:
 
 def find(text: str) -> list[Remat]:
     """One rematerialization per qualifying array of `text` (see the module docstring)."""
-    code = decl_chunks.blank_code(text)
+    code = decls.blank_code(text)
     out: list[Remat] = []
     for decl in _ARRAY.finditer(code):
         name, size, elem = decl.group("name"), decl.group("size"), decl.group("type")

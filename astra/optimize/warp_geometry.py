@@ -23,7 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from astra.optimize import cpp_args, decl_chunks
+from astra.cxx import decls
+from astra.optimize import cpp_args
 
 WARP = 32
 MAX_THREADS = 1024
@@ -121,7 +122,7 @@ def _block_literals(text: str, kernel: str, threads: int, kernels: set[str], def
 
 def find(text: str) -> list[WarpGeometry]:
     """Every kernel of `text` whose warp count is written as linked literals (see the module docstring)."""
-    text = decl_chunks.blank_code(text)
+    text = decls.blank_code(text)
     out = []
     kernels = list(_KERNEL.finditer(text))
     names = [m.group("name") for m in kernels]

@@ -1,8 +1,8 @@
-"""astra.optimize.decl_chunks: a CUDA file cut into its namespace-scope declarations (the kernel is ours)."""
+"""astra.cxx.decls: a CUDA file cut into its namespace-scope declarations (the kernel is ours)."""
 
 from __future__ import annotations
 
-from astra.optimize.decl_chunks import blank_code, chunks, references
+from astra.cxx.decls import blank_code, chunks, references
 
 SOURCE = """#pragma once
 #include <cstdint>  // for int64_t {
