@@ -3,7 +3,7 @@
 `evaluate("kVec == 2 || kVec == 4", {"kVec": 8}, facts)` is False; a name that is neither in `env`
 nor a known `constexpr` definition makes the result None (unknown) unless the rest decides it
 (`false && x` is False). Enumerators compare by name (`kLayout == KVLayout::V4`), `sizeof` and
-`std::is_same_v` know the usual kernel types. `facts` is what astra.sglang.static_asserts read: any
+`std::is_same_v` know the usual kernel types. `facts` is what astra.sglang.source_facts reads: any
 object with `constants` ({name: expression}) and `enums` ({name: an object with `values`}).
 """
 

@@ -15,10 +15,11 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from astra.sglang import registry, static_asserts, variants
+from astra.sglang import registry, variants
+from astra.sglang.assert_solver import numeric_candidates
 from astra.sglang.discovery import CallSite
 from astra.sglang.includes import include_closure
-from astra.sglang.static_asserts import SourceFacts
+from astra.sglang.source_facts import SourceFacts
 from astra.sglang.template_params import TemplateParam, split_top
 from astra.sglang.tree import SglangTree
 from astra.spec import meanings
@@ -282,12 +283,12 @@ def slots(src: EntrySources, lists: list[ArgList], names: dict) -> tuple[list[Sl
             elif dim and dim == token and isinstance(value, int):
                 out.append(Slot(li, ai, param, "token", arg, [value], dim, value))
             elif dim and isinstance(value, int):
-                cands = static_asserts.numeric_candidates(param.name, value, model_values(dim), src.facts)
+                cands = numeric_candidates(param.name, value, model_values(dim), src.facts)
                 if used_outside_entry(spec, dim) or dim != hole.group(1):
                     cands = [v for v in cands if v > 0]
                 out.append(Slot(li, ai, param, "dim", arg, cands, dim, value))
             elif isinstance(value, int) and lst.repaired:
-                cands = static_asserts.numeric_candidates(param.name, value, [], src.facts)
+                cands = numeric_candidates(param.name, value, [], src.facts)
                 out.append(Slot(li, ai, param, "number", arg, cands))
             elif value is not None:
                 fixed[param.name] = value
