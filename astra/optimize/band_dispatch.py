@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 
 from astra.cxx import decls
+from astra.cxx.brackets import closing
+from astra.cxx.text import blank
 from astra.errors import AstraError
 from astra.optimize.loop import band_leaders, band_wins
 from astra.optimize.rundir import HistoryEntry, RunDir
@@ -58,7 +60,7 @@ def _rename(text: str, names: list[str], suffix: str) -> str:
     pattern = re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
                          + r")\b")
     out, pos = [], 0
-    for m in pattern.finditer(decls.blank_code(text)):  # comments and string literals left as they are
+    for m in pattern.finditer(blank(text)):  # comments and string literals left as they are
         before = text[max(0, m.start() - 9):m.start()]
         if before.endswith(("#include ", "->")):
             continue
@@ -185,7 +187,7 @@ def minimal_combine(low: str, high: str, ent: _Entry, threshold: int, note: str 
     edits = [(at, early)]
     why = f"Astra band dispatch: the version of this declaration that runs for up to {threshold} tokens" + (
         f" ({note.rstrip('.')})" if note else "")
-    code = decls.blank_code(high)
+    code = blank(high)
     for c, h in zip(lows, highs):  # each copy goes before its original (and its comment): the entry calls it
         if c.name in copied:
             edits.append((_comment_start(high, code, h.start),
@@ -229,13 +231,13 @@ def _wrapped(statement: str, indent: str, width: int = 120) -> str:
 
 def _body_start(text: str, chunk, ent: _Entry) -> int | None:
     """Just after the `{` that opens the entry function's body within `chunk`."""
-    code = decls.blank_code(text)
+    code = blank(text)
     name = "run" if ent.host.class_name else ent.owner
     for m in re.finditer(rf"\b{re.escape(name)}\s*\(", code[chunk.start:chunk.end]):
-        i, depth = chunk.start + m.end(), 1
-        while i < chunk.end and depth:
-            depth += {"(": 1, ")": -1}.get(code[i], 0)
-            i += 1
+        close = closing(code, chunk.start + m.end() - 1, chunk.end)
+        if close is None:
+            continue
+        i = close + 1
         rest = re.match(r"[\s\w:&*<>,-]*\{", code[i:chunk.end])  # const, noexcept, -> type
         if rest and ";" not in rest.group():
             return i + rest.end()

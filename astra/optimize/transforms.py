@@ -17,6 +17,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from astra.cxx import decls
+from astra.cxx.text import blank
+
 
 @dataclass
 class Proposal:
@@ -128,9 +131,7 @@ def early_pdl_trigger(text: str) -> list[Proposal]:
     instead (one proposal per kernel). The trigger only lets the next kernel in the stream launch; its
     own wait still orders memory on our completion, so the move is safe (SGLang's utils.cuh says as
     much) and buys the dependent a head start: launch latency hidden on small, decode-sized grids."""
-    from astra.cxx import decls
-
-    code = decls.blank_code(text)
+    code = blank(text)
     out = []
     for chunk in decls.chunks(text):
         body = code[chunk.start:chunk.end]

@@ -23,7 +23,8 @@ import itertools
 import math
 import re
 
-from astra.sglang.constexpr_eval import INT_SUFFIX, comparison, conjuncts, evaluate, split_logical
+from astra.cxx.brackets import split_top
+from astra.sglang.constexpr_eval import INT_SUFFIX, comparison, conjuncts, evaluate
 from astra.sglang.source_facts import SourceFacts
 
 POWERS = [1 << i for i in range(0, 15)]
@@ -77,7 +78,7 @@ def solved_for(name: str, cond: str, env: dict, facts: SourceFacts) -> dict[str,
     {"==": what an equality (or one branch of a disjunction of them) requires, "~": values at its bounds
     and multiples}."""
     out: dict[str, list[int]] = {"==": [], "~": []}
-    for branch in split_logical(cond, "||"):
+    for branch in split_top(cond, "||"):
         for conj in conjuncts(branch):
             m = re.fullmatch(rf"{re.escape(name)}\s*%\s*(.+?)\s*==\s*0", conj)
             if m and isinstance(k := evaluate(m.group(1), env, facts), int) and k > 0:

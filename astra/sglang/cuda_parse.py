@@ -23,6 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from astra.cxx.brackets import levels
 from astra.errors import AstraError
 from astra.sglang.clang_env import clang_env, code_tokens, load_cindex, nvcc_accepts, prefix_pch, tree_include_dirs
 from astra.sglang.tensor_matchers import MatcherCall, TensorConstraint, find_tensor_matchers, join_tokens  # noqa: F401
@@ -217,15 +218,12 @@ def _template_params(cursor) -> list[TemplateParam]:
 
 
 def _default_argument(cursor) -> str | None:
-    """The text after the top-level `=` of a template parameter, if it has one."""
+    """The text after the top-level `=` of a template parameter, if it has one (`typename T =
+    std::conditional_t<(N > 4), A, B>` has `std::conditional_t<(N > 4), A, B>`)."""
     tokens = code_tokens(cursor)
-    depth = 0
-    for i, token in enumerate(tokens):
-        if token.spelling in ("<", "(", "{", "["):
-            depth += 1
-        elif token.spelling in (">", ")", "}", "]"):
-            depth -= 1
-        elif token.spelling == "=" and depth == 0:
+    spellings = [t.spelling for t in tokens]
+    for i, depth, role in levels(spellings):
+        if spellings[i] == "=" and depth == 0 and not role:
             return join_tokens(tokens[i + 1:]) or None
     return None
 

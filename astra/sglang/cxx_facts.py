@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from astra.cxx.brackets import closing, enclosing, split_top
+from astra.cxx.entry import entry_parts
 from astra.sglang import host_checks
 from astra.sglang.clang_env import code_tokens
 from astra.sglang.cuda_parse import TemplateParam, _parse_tu, _qualified_name, _template_params
@@ -96,56 +98,6 @@ def _tu(path: str, include_dirs: tuple, defines: tuple):
 
 def is_tensor_type(ctype: str) -> bool:
     return "TensorView" in ctype or re.search(r"\bTensor\b", ctype) is not None
-
-
-def split_top(text: str, sep: str = ",") -> list[str]:
-    """`text` split at top-level `sep` (not inside (), [], {}, <>)."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "([{<":
-            depth += 1
-        elif ch in ")]}>":
-            depth -= 1
-        if ch == sep and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    if "".join(cur).strip():
-        parts.append("".join(cur).strip())
-    return parts
-
-
-def entry_parts(entry: str) -> tuple[str | None, str, list[str], list[str]]:
-    """`ns::Cls<a, b>::run<c>` -> ("Cls", "run", ["a", "b"], ["c"])."""
-    parts, depth, cur = [], 0, ""
-    i = 0
-    while i < len(entry):
-        ch = entry[i]
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        if depth == 0 and entry.startswith("::", i):
-            parts.append(cur)
-            cur = ""
-            i += 2
-            continue
-        cur += ch
-        i += 1
-    parts.append(cur)
-
-    def name_args(part: str) -> tuple[str, list[str]]:
-        if "<" not in part:
-            return part.strip(), []
-        head, _, rest = part.partition("<")
-        return head.strip(), split_top(rest[: rest.rfind(">")])
-
-    fn, fn_args = name_args(parts[-1])
-    if len(parts) >= 2:
-        cls, cls_args = name_args(parts[-2])
-        return cls, fn, cls_args, fn_args
-    return None, fn, [], fn_args
 
 
 def _walk_functions(cursor, roots: list[str], out: dict[str, list]) -> None:
@@ -342,16 +294,8 @@ def _sizes(text: str, facts: EntryFacts) -> None:
 def _fallback_value(text: str, at: int, var: str) -> bool:
     """Whether the `set_value` at `at` runs in an `if`/`else` block while a TensorMatcher binds `var`
     (`if (k.has_value()) TensorMatcher({B, K, D})...; else K.set_value(0);`): the other branch's value."""
-    depth, i = 0, at
-    while i > 0:
-        i -= 1
-        if text[i] == "}":
-            depth += 1
-        elif text[i] == "{":
-            if depth == 0:
-                break
-            depth -= 1
-    head = text[:i].rstrip()
+    braces = [i for i in enclosing(text, at) if text[i] == "{"]
+    head = text[:braces[-1] if braces else 0].rstrip()
     conditional = head.endswith("else") or (head.endswith(")") and re.search(r"\bif\s*(constexpr\s*)?\([^{};]*$", head))
     bound = re.search(rf"TensorMatcher\s*\(\s*\{{[^}}]*\b{re.escape(var)}\b", text) is not None
     return bool(conditional) and bound
@@ -367,12 +311,9 @@ def _follow_calls(cursor, text: str, rename: dict[str, str], facts: EntryFacts, 
             continue
         for m in re.finditer(r"\b" + re.escape(name) + r"\s*(?:<([^;(]*?)>)?\s*\(", text):
             template_args = split_top(m.group(1)) if m.group(1) else []
-            start = m.end()
-            depth_paren, i = 1, start
-            while i < len(text) and depth_paren:
-                depth_paren += {"(": 1, ")": -1}.get(text[i], 0)
-                i += 1
-            args = [_normalize_tensor(a) for a in split_top(text[start:i - 1])]
+            close = closing(text, m.end() - 1)
+            close = len(text) if close is None else close
+            args = [_normalize_tensor(a) for a in split_top(text[m.end():close])]
             mapped = {j: rename[a] for j, a in enumerate(args) if a in rename}
             if not mapped:
                 continue

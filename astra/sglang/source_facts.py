@@ -11,9 +11,10 @@
   `for_entry` keeps those of the entry's kernel and of what it instantiates (their own constants
   inlined, their parameters bound to the entry's arguments), not other kernels' of the same file.
 
-Comments are removed first, and the branches a CUDA compile skips (`#ifdef USE_ROCM`) dropped.
-astra.sglang.assert_solver proposes template values these facts accept; the compiler has the last
-word (astra.spec.template_search).
+The sources are scanned with comments and literals blanked (astra.cxx.text), so that a bracket, or
+a kernel's name in a message (`"use RMSNormKernel for ..."`), counts for nothing; conditions and
+definitions are quoted as written. The branches a CUDA compile skips (`#ifdef USE_ROCM`) are dropped. astra.sglang.assert_solver proposes template values these facts accept;
+the compiler has the last word (astra.spec.template_search).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import itertools
 import re
 from dataclasses import dataclass, field, replace
 
+from astra.cxx.brackets import closing, split_top
+from astra.cxx.text import blank
 from astra.sglang.constexpr_eval import evaluate
 from astra.sglang.template_params import (
     Scopes,
     TemplateParam,
-    balanced,
     bind_names,
     call_condition,
     class_templates,
@@ -34,8 +36,6 @@ from astra.sglang.template_params import (
     fits_template_param,
     inline_names,
     namespace_of,
-    split_top,
-    strip_comments,
     template_params,
 )
 
@@ -74,7 +74,7 @@ class SourceFacts:
     asserts: list[str] = field(default_factory=list)  # static_assert conditions (hard)
     hints: list[str] = field(default_factory=list)  # if constexpr / host check conditions (values only)
     enums: dict[str, Enum] = field(default_factory=dict)
-    texts: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # every file read (comments and literals blanked)
     facts: dict[str, list[Fact]] = field(default_factory=dict)  # "constants" | "asserts" | "hints" -> read
     bodies: dict[str, list[str]] = field(default_factory=dict)  # named scope -> its texts
     own: list[str] = field(default_factory=list)  # the texts of the checked files (the kernel's own)
@@ -87,27 +87,29 @@ class SourceFacts:
         """`texts`: {path: source} of the include closure; `checked`: paths whose conditions count."""
         facts = cls(facts={"constants": [], "asserts": [], "hints": []})
         for path, raw in texts.items():
-            text = drop_inactive(strip_comments(raw))
-            scopes = Scopes(text)
-            facts.texts.append(text)
-            for name, bodies in scopes.bodies(text).items():
+            text = drop_inactive(blank(raw, literals=False))  # what facts quote: literals as written
+            code = blank(text)  # what is scanned: a bracket or a name in a literal does not count
+            scopes = Scopes(code)
+            facts.texts.append(code)
+            for name, bodies in scopes.bodies(code).items():
                 facts.bodies.setdefault(name, []).extend(bodies)
-            for m in re.finditer(r"\bconstexpr\s+(?:[\w:]+(?:<[^;{}()]*>)?\s+)*?(\w+)\s*=\s*([^;{}]+);", text):
+            for m in re.finditer(r"\bconstexpr\s+(?:[\w:]+(?:<[^;{}()]*>)?\s+)*?(\w+)\s*=\s*([^;{}]+);", code):
                 named = scopes.named(m.start())
-                fact = Fact(" ".join(m.group(2).split()), next(iter(named), None), m.group(1), len(named) > 1)
+                fact = Fact(" ".join(text[m.start(2):m.end(2)].split()), next(iter(named), None), m.group(1),
+                            len(named) > 1)
                 facts._add("constants", fact)
                 facts.members.setdefault((fact.scope, fact.name), fact.text)
-            facts._enums(text, namespace_of(text))
-            for m in re.finditer(r"\busing\s+(\w+)\s*=\s*([^;{}]+);", text):
-                facts.aliases.setdefault(m.group(1), " ".join(m.group(2).split()))
+            facts._enums(text, namespace_of(code))
+            for m in re.finditer(r"\busing\s+(\w+)\s*=\s*([^;{}]+);", code):
+                facts.aliases.setdefault(m.group(1), " ".join(text[m.start(2):m.end(2)].split()))
             if path not in checked:
                 continue
-            facts.own.append(text)
-            for kind, calls in (("asserts", re.finditer(r"\bstatic_assert\s*\(", text)),
-                                ("hints", itertools.chain(re.finditer(r"\bif\s+constexpr\s*\(", text),
-                                                          _CHECK_CALLS.finditer(text)))):
+            facts.own.append(code)
+            for kind, calls in (("asserts", re.finditer(r"\bstatic_assert\s*\(", code)),
+                                ("hints", itertools.chain(re.finditer(r"\bif\s+constexpr\s*\(", code),
+                                                          _CHECK_CALLS.finditer(code)))):
                 for m in calls:
-                    if (cond := call_condition(text, m.end() - 1)) is not None:
+                    if (cond := call_condition(text, m.end() - 1, code)) is not None:
                         guards = scopes.guards(m.start())
                         if guards and kind == "asserts":
                             cond = f"!({' && '.join(guards)}) || ({cond})"
@@ -163,10 +165,10 @@ class SourceFacts:
         out: dict[str, dict[str, str]] = {}
         for scope in reached - {start}:
             m = re.search(rf"(?<![\w:]){re.escape(scope)}\s*<", body)
-            end = balanced(body, m.end() - 1, "<", ">") if m else -1
-            params = self.params_of(scope) if end > 0 else None
+            close = closing(body, m.end() - 1) if m else None
+            params = self.params_of(scope) if close is not None else None
             if params:
-                args = split_top(body[m.end():end - 1])
+                args = split_top(body[m.end():close])
                 out[scope] = {p.name: a for p, a in zip(params, args) if p.kind == "value" and a != p.name}
         return out
 

@@ -13,10 +13,11 @@ import re
 
 import pytest
 
+from astra.cxx.brackets import split_top
 from astra.sglang import assert_solver, registry
 from astra.sglang.constexpr_eval import evaluate
 from astra.sglang.source_facts import SourceFacts
-from astra.sglang.template_params import TemplateParam, call_condition, split_top, template_params
+from astra.sglang.template_params import TemplateParam, call_condition, template_params
 from astra.spec import template_search
 from astra.spec.draft import draft_module
 from astra.spec.template_args import ArgList, EntrySources, arg_lists, rebuild
