@@ -89,16 +89,20 @@ class _Context:
         self.notes: list[str] = []  # what writing the values found changed besides the entry
 
     def check(self, keys: list[str] | None = None) -> dict[str, CheckResult]:
+        """Compile the draft's variants `keys` (None: all) as the spec stands now; a result nvcc had
+        to produce (not a cached one) counts against the budget."""
         results = check_variants(self.spec, self.tree, keys, self.workers)
         self.compiles += sum(not r.cached for r in results.values())
         return results
 
     def check_request(self, request: BuildRequest) -> CheckResult:
+        """Compile one build request (a variant with candidate template arguments), counted likewise."""
         result = check_request(request)
         self.compiles += not result.cached
         return result
 
     def request_of(self, variant: str) -> BuildRequest | None:
+        """The build request of the draft's variant `variant` (None: no such variant)."""
         return next((req for key, req in spec_requests(self.spec, self.tree) if key == variant), None)
 
 
@@ -147,6 +151,7 @@ def settle(tree: SglangTree, module: registry.JitModule, spec: dict, *, workers:
 
 
 def _first_variant_per_dtype(cases) -> dict[str, str]:
+    """{dtype: the build variant of its first case}: one compile per dtype tells whether it builds."""
     out: dict[str, str] = {}
     for case in cases:
         out.setdefault(case.dtype, case.variant)
@@ -154,6 +159,8 @@ def _first_variant_per_dtype(cases) -> dict[str, str]:
 
 
 def _drop_dtypes(spec: dict, failing: list[str], results, by_dtype, out: Settlement) -> None:
+    """Drop the dtypes `failing` from the spec (with a note quoting nvcc for each) when another dtype
+    builds: the kernel does not support them. Nothing changes when no dtype would be left."""
     kept = [dt for dt in spec["dtypes"] if dt not in failing]
     if not kept:
         return
@@ -187,6 +194,13 @@ def _exclude_failing_variants(ctx: _Context, out: Settlement) -> None:
 
 
 def _search(ctx: _Context, ks: KernelSpec, cases, first: CheckResult, out: Settlement) -> None:
+    """Search template arguments for the main dtype's first case when its drafted ones (`first`) do not
+    compile (step 2 of the module docstring): the entry's slots and their candidates, narrowed by the
+    static_asserts (only the entry's own ones when all of them together have no solution), are
+    proposed by astra.sglang.assert_solver and compiled one assignment at a time within the budget;
+    each failure adds a nogood (`_nogood`) and reorders a bound's candidates to the side that may
+    pass. The first that builds is written into the spec (`_apply`); otherwise `out` says why none
+    did (the target cannot build it at all, no value meets the asserts, or what was tried)."""
     spec = ctx.spec
     wrapper = spec["build"]["wrappers"][0]
     entry0 = wrapper["entry"]
@@ -278,6 +292,8 @@ def _arch_limit(ctx: _Context, result: CheckResult) -> str | None:
 
 
 def _loader_refuses(ctx: _Context) -> str | None:
+    """Why the module's Python loader refuses an sm_90a GPU (it raises for major 9), if it does: no
+    template argument can help then (astra.spec.template_check.loader_refusal)."""
     site = ctx.sources.site
     try:
         return loader_refusal((ctx.tree.root / site.file).read_text(errors="replace"), site.loader)
@@ -392,6 +408,7 @@ def _fix_dim(spec: dict, dim: str, value: int) -> None:
 
 
 def _drop_dim(spec: dict, dim: str) -> None:
+    """Remove `dim` from the spec's dims and from every model entry and edge shape that gives it."""
     spec["dims"].pop(dim, None)
     for entry in spec["shapes"].get("models") or []:
         (entry.get("dims") or {}).pop(dim, None)
