@@ -5,7 +5,7 @@ on large ones; neither alone is verified faster everywhere, so neither is a patc
 one kernel file holding both, readable C++, in the smallest form that holds them:
 
 - small (`minimal_combine`), when both versions declare the same things in the same order
-  (astra.optimize.decl_chunks): the high-band version whole, a copy of each declaration the low-band
+  (astra.cxx.decls): the high-band version whole, a copy of each declaration the low-band
   version changes (and of each that uses one, up to the entry) renamed `*_astra_low` just before its
   original, and an early return at the top of the entry:
 
@@ -29,8 +29,10 @@ import re
 import tempfile
 from pathlib import Path
 
+from astra.cxx import decls
+from astra.cxx.brackets import closing
+from astra.cxx.text import blank
 from astra.errors import AstraError
-from astra.optimize import decl_chunks
 from astra.optimize.evaluator import Evaluator
 from astra.optimize.loop import band_leaders, band_wins
 from astra.optimize.rundir import HistoryEntry, RunDir
@@ -59,7 +61,7 @@ def _rename(text: str, names: list[str], suffix: str) -> str:
     pattern = re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
                          + r")\b")
     out, pos = [], 0
-    for m in pattern.finditer(decl_chunks.blank_code(text)):  # comments and string literals left as they are
+    for m in pattern.finditer(blank(text)):  # comments and string literals left as they are
         before = text[max(0, m.start() - 9):m.start()]
         if before.endswith(("#include ", "->")):
             continue
@@ -164,7 +166,7 @@ def minimal_combine(low: str, high: str, ent: _Entry, threshold: int, note: str 
     use them, up to the entry) renamed `*_astra_low` beside its original, and the entry returning early
     into its low copy for small token counts: the patch shows only what the low band runs differently.
     Raises CannotCombine when the two versions do not declare the same things in the same order."""
-    lows, highs = decl_chunks.chunks(low), decl_chunks.chunks(high)
+    lows, highs = decls.chunks(low), decls.chunks(high)
     if [c.name for c in lows] != [c.name for c in highs]:
         raise CannotCombine("the two versions do not declare the same things in the same order")
     changed = {c.name for c, h in zip(lows, highs) if low[c.start:c.end] != high[h.start:h.end]}
@@ -172,7 +174,7 @@ def minimal_combine(low: str, high: str, ent: _Entry, threshold: int, note: str 
         raise CannotCombine("a declaration whose name the scan cannot tell differs")
     copied = changed | {ent.owner}
     while True:  # whatever uses a copied declaration is copied too, so the low copies call each other
-        grown = copied | {c.name for c in lows if c.name and decl_chunks.references(low[c.start:c.end], copied)}
+        grown = copied | {c.name for c in lows if c.name and decls.references(low[c.start:c.end], copied)}
         if grown == copied:
             break
         copied = grown
@@ -186,7 +188,7 @@ def minimal_combine(low: str, high: str, ent: _Entry, threshold: int, note: str 
     edits = [(at, early)]
     why = f"Astra band dispatch: the version of this declaration that runs for up to {threshold} tokens" + (
         f" ({note.rstrip('.')})" if note else "")
-    code = decl_chunks.blank_code(high)
+    code = blank(high)
     for c, h in zip(lows, highs):  # each copy goes before its original (and its comment): the entry calls it
         if c.name in copied:
             edits.append((_comment_start(high, code, h.start),
@@ -230,13 +232,13 @@ def _wrapped(statement: str, indent: str, width: int = 120) -> str:
 
 def _body_start(text: str, chunk, ent: _Entry) -> int | None:
     """Just after the `{` that opens the entry function's body within `chunk`."""
-    code = decl_chunks.blank_code(text)
+    code = blank(text)
     name = "run" if ent.host.class_name else ent.owner
     for m in re.finditer(rf"\b{re.escape(name)}\s*\(", code[chunk.start:chunk.end]):
-        i, depth = chunk.start + m.end(), 1
-        while i < chunk.end and depth:
-            depth += {"(": 1, ")": -1}.get(code[i], 0)
-            i += 1
+        close = closing(code, chunk.start + m.end() - 1, chunk.end)
+        if close is None:
+            continue
+        i = close + 1
         rest = re.match(r"[\s\w:&*<>,-]*\{", code[i:chunk.end])  # const, noexcept, -> type
         if rest and ";" not in rest.group():
             return i + rest.end()

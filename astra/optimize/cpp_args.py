@@ -6,31 +6,23 @@ from __future__ import annotations
 
 import re
 
+from astra.cxx.brackets import closing, spans
+
 MAX_THREADS = 1024
 _LITERAL = re.compile(r"\s*(?:dim3\s*\(\s*)?(?P<value>\d+)[uUlL]*\s*\)?\s*")
 
 
 def arguments(text: str, open_paren: int, close: str = ")") -> list[tuple[int, int]]:
-    """The spans of a call's top-level arguments; `open_paren` is just past the opening bracket."""
-    spans, depth, start, i = [], 0, open_paren, open_paren
-    while i < len(text):
-        ch = text[i]
-        if depth == 0 and text.startswith(close, i):
-            spans.append((start, i))
-            return spans
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth < 0:
-                return []
-        elif ch == ";":
-            return []
-        elif ch == "," and depth == 0:
-            spans.append((start, i))
-            start = i + 1
-        i += 1
-    return []
+    """The spans of a call's top-level arguments (astra.cxx.brackets.spans); `open_paren` is just past the
+    opening bracket: a `(` that `)` closes, or `<<<` that `close=">>>"` closes. Empty when the call does
+    not close, or holds a `;` (a lambda's body: not a plain argument list)."""
+    if close == ")":
+        end = closing(text, open_paren - 1) if text[open_paren - 1:open_paren] == "(" else None
+    else:
+        end = text.find(close, open_paren)
+    if end is None or end < 0 or ";" in text[open_paren:end]:
+        return []
+    return spans(text, open_paren, end) or [(open_paren, end)]
 
 
 def literal(text: str, span: tuple[int, int], low: int = 32) -> tuple[int, int, int] | None:
@@ -39,21 +31,3 @@ def literal(text: str, span: tuple[int, int], low: int = 32) -> tuple[int, int, 
         return None
     value = int(m.group("value"))
     return (m.start("value"), m.end("value"), value) if low <= value <= MAX_THREADS else None
-
-
-_CLOSERS = {"(": ")", "[": "]", "{": "}", "<": ">"}
-
-
-def closing(code: str, open_at: int, limit: int | None = None) -> int | None:
-    """The index of the bracket that closes the one at `open_at` ((, [, { or <), before `limit`; None if
-    it does not close. Give it code whose comments and literals are blanked (decl_chunks.blank_code)."""
-    opener = code[open_at]
-    closer, depth = _CLOSERS[opener], 0
-    for j in range(open_at, len(code) if limit is None else limit):
-        if code[j] == opener:
-            depth += 1
-        elif code[j] == closer:
-            depth -= 1
-            if depth == 0:
-                return j
-    return None

@@ -18,9 +18,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from astra.optimize import cpp_args, decl_chunks
+from astra.cxx import entry as cxx_entry
+from astra.cxx.brackets import closing, spans
+from astra.cxx.text import blank
 
-_ENTRY = re.compile(r"^\s*(?:[\w]+::)*(?P<name>\w+)\s*<(?P<args>.*)>\s*(?:::\s*\w+)?\s*$", re.S)
 _INT_PARAM = re.compile(r"^\s*(?:int|unsigned(?:\s+int)?|u?int(?:32|64)_t|size_t|uint)\s+(?P<name>\w+)\s*(?:=[^,]*)?$")
 
 
@@ -34,27 +35,12 @@ class Slot:
     owner: str  # "function dispatch_probability" or "struct MhcPostCombineNormPrefill"
 
 
-def split_top(text: str) -> list[str]:
-    """`a, b<c, d>, {e(f, g)}` -> ["a", "b<c, d>", "{e(f, g)}"]: commas outside any bracket."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "<({[":
-            depth += 1
-        elif ch in ">)}]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts]
-
-
 def _template_of(code: str, name: str) -> tuple[int, int, int, str] | None:
     """(list start, list end, body's opening brace, kind) of the template that declares `name` as a
     function or a struct/class, with a body (a definition, not a declaration)."""
     for m in re.finditer(r"\btemplate\s*<", code):
         lt = m.end() - 1
-        gt = cpp_args.closing(code, lt)
+        gt = closing(code, lt)
         if gt is None:
             continue
         head = re.match(r"\s*(?:(?P<agg>struct|class)\s+(?P<aname>\w+)|(?P<fn>[^;{}()]*?\b(?P<fname>\w+)\s*\())",
@@ -68,7 +54,7 @@ def _template_of(code: str, name: str) -> tuple[int, int, int, str] | None:
                 return lt + 1, gt, brace, "struct"
         elif head.group("fn") and head.group("fname") == name:
             open_paren = gt + 1 + head.end() - 1
-            close = cpp_args.closing(code, open_paren)
+            close = closing(code, open_paren)
             if close is None:
                 continue
             after = re.match(r"[^;{]*\{", code[close + 1:])
@@ -81,15 +67,15 @@ def find(text: str, entries: list[str], tunable) -> list[Slot]:
     """The launch-geometry template arguments of `entries` (wrapper entry strings, placeholders allowed)
     that a template defined in `text` receives as integer literals; `tunable(name)` says whether a
     template parameter's name is one worth moving."""
-    code = decl_chunks.blank_code(text)
+    code = blank(text)
     slots: list[Slot] = []
     seen: set[tuple[str, str]] = set()
     for entry in entries:
-        m = _ENTRY.match(entry)
-        if m is None:
+        owner = _listed_owner(entry)
+        if owner is None:
             continue
-        args = split_top(m.group("args"))
-        found = _template_of(code, m.group("name"))
+        name, args = owner.name, list(owner.args)
+        found = _template_of(code, name)
         if found is None:
             continue
         start, end, brace, kind = found
@@ -101,36 +87,31 @@ def find(text: str, entries: list[str], tunable) -> list[Slot]:
             if not (arg.isdigit() and pm and tunable(pm.group("name"))):
                 continue
             pname = pm.group("name")
-            if (m.group("name"), pname) in seen:
+            if (name, pname) in seen:
                 continue
-            seen.add((m.group("name"), pname))
+            seen.add((name, pname))
             name_at = pstart + pm.start("name")
             decl = "constexpr int" if kind == "function" else "static constexpr int"
             line = f"\n  {decl} {pname} = {{}};  // Astra: set here; the caller passes {arg} (change it there instead)"
             eol = code.find("\n", brace)  # after a comment that ends the brace's line
             slots.append(Slot(pname, int(arg), eol if eol != -1 else brace + 1, line,
                               (name_at, name_at + len(pname), f"/*{pname}: set in the body*/"),
-                              f"{kind} {m.group('name')}"))
+                              f"{kind} {name}"))
     return slots
+
+
+def _listed_owner(entry: str) -> cxx_entry.Segment | None:
+    """The one template argument list of `entry` when it is the function's (`fn<...>`) or its class's
+    (`Cls<...>::run`); None for an entry with no list or more than one."""
+    parts = cxx_entry.segments(entry)
+    listed = [s for s in parts if s.args is not None]
+    return listed[0] if len(listed) == 1 and listed[0] in parts[-2:] else None
 
 
 def _spans(code: str, start: int, end: int) -> list[tuple[int, str]]:
     """Each top-level parameter of the template list code[start:end] with where it starts."""
-    out, depth, begin = [], 0, start
-    for i in range(start, end):
-        ch = code[i]
-        if ch in "<({[":
-            depth += 1
-        elif ch in ">)}]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            out.append(begin)
-            begin = i + 1
-    out.append(begin)
-    spans = []
-    for j, b in enumerate(out):
-        e = out[j + 1] - 1 if j + 1 < len(out) else end
+    out = []
+    for b, e in spans(code, start, end):
         raw = code[b:e]
-        lead = len(raw) - len(raw.lstrip())
-        spans.append((b + lead, raw.strip()))
-    return spans
+        out.append((b + len(raw) - len(raw.lstrip()), raw.strip()))
+    return out

@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from astra.cxx.text import blank
 from astra.optimize import cpp_args, entry_templates, warp_geometry
 
 _ALIGNED = re.compile(r"\bAlignedVector\s*<\s*[\w:]+(?:\s*<[^<>]*>)?\s*,\s*(?P<value>\d+)\s*>")
@@ -49,7 +50,6 @@ _NOT_TUNABLE = re.compile(r"(?i)(warp_?size|warp_?threads|max|min|per_?sm)")
 _MIN = re.compile(r"\bstd::min\s*(?:<[^<>();]*>)?\s*\(")
 _MAX = re.compile(r"\bstd::max\s*(?:<[^<>();]*>)?\s*\(")
 _LAUNCH = re.compile(r"\bLaunchKernel\s*\(|<<<")
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ABOUT_THREADS = re.compile(r"(?i)thread|block|dim3|tpb|cta")
 _FLOOR_OF = re.compile(r"(?i)thread|tpb|cta_?size")
 MAX_THREADS = cpp_args.MAX_THREADS
@@ -85,16 +85,16 @@ def _tunable(name: str) -> bool:
 
 
 def find_params(text: str, entries: list[str] = ()) -> list[Param]:
-    """Every tunable literal of `text` (see the module docstring) outside comments, grouped by kind;
-    `entries` (the spec's wrapper entries) add the template arguments they pass as literals."""
+    """Every tunable literal of `text` (see the module docstring) outside comments and string literals,
+    grouped by kind; `entries` (the spec's wrapper entries) add the template arguments they pass as literals."""
     params: list[Param] = []
     seen_names: dict[str, int] = {}
     taken: set[int] = set()
-    comments = [(m.start(), m.end()) for m in _COMMENT.finditer(text)]
+    code = blank(text)  # a literal in a comment or a string literal is not one to tune
 
     def add(name: str, kind: str, start: int, end: int, value: int, choices: tuple[int, ...], insert: str = "",
             links: tuple = (), note: str = "", fixed: tuple = ()) -> None:
-        if (not choices or (start in taken and not insert) or any(a <= start < b for a, b in comments)
+        if (not choices or (start in taken and not insert) or (start < len(text) and code[start] != text[start])
                 or any(a in taken for a, _, _ in links)):
             return
         taken.update([start, *(a for a, _, _ in links)])

@@ -24,7 +24,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from astra.optimize import cpp_args, decl_chunks
+from astra.cxx.brackets import closing, enclosing, opening
+from astra.cxx.text import blank
 
 _ARRAY = re.compile(r"^[ \t]*(?P<type>(?:const\s+)?[\w:]+)\s+(?P<name>\w+)\s*\[\s*(?P<size>\w+)\s*\]\s*;[ \t]*\n", re.M)
 _FILL = r"^[ \t]*{name}\s*\[\s*(?P<idx>\w+)\s*\]\s*=\s*(?P<src>\w+)\s*\[(?P<expr>[^\[\];]*)\]\s*;[ \t]*\n"
@@ -44,24 +45,16 @@ class Remat:
 
 def _enclosing_body(code: str, pos: int) -> tuple[int, int] | None:
     """The outermost brace pair around `pos` that is a function body (its `{` follows a `)`)."""
-    depth, best = 0, None
-    for i in range(pos - 1, -1, -1):
-        if code[i] == "}":
-            depth += 1
-        elif code[i] == "{":
-            if depth == 0:
-                if re.search(r"\)\s*(?:const\s*)?$", code[max(0, i - 200):i]):
-                    best = i
-            else:
-                depth -= 1
-    close = cpp_args.closing(code, best) if best is not None else None
+    best = next((i for i in enclosing(code, pos) if code[i] == "{"
+                 and re.search(r"\)\s*(?:const\s*)?$", code[max(0, i - 200):i])), None)
+    close = closing(code, best) if best is not None else None
     return (best, close) if close is not None else None
 
 
 def _signature_start(code: str, body_start: int) -> int:
     """Where the parameter list of the function whose body opens at `body_start` begins."""
     close = code.rfind(")", 0, body_start)
-    opened = _open_before(code, close) if close != -1 else None
+    opened = opening(code, close) if close != -1 else None
     return opened if opened is not None else body_start
 
 
@@ -75,7 +68,7 @@ def _local_arrays(body: str) -> set[str]:
 
 def find(text: str) -> list[Remat]:
     """One rematerialization per qualifying array of `text` (see the module docstring)."""
-    code = decl_chunks.blank_code(text)
+    code = blank(text)
     out: list[Remat] = []
     for decl in _ARRAY.finditer(code):
         name, size, elem = decl.group("name"), decl.group("size"), decl.group("type")
@@ -123,7 +116,7 @@ def _loop_around(code: str, pos: int, not_before: int):
     """The `for (int i = 0; i < N; ...) {` whose body holds `pos` (the nearest one, after `not_before`)."""
     best = None
     for m in _FOR.finditer(code, not_before, pos):
-        close = cpp_args.closing(code, m.end() - 1)
+        close = closing(code, m.end() - 1)
         if close is not None and m.end() <= pos < close:
             best = m
     return best
@@ -137,13 +130,13 @@ def _loop_end(code: str, pos: int, not_before: int) -> int:
         if m.group().startswith("do"):
             head_end = at
         else:
-            head_end = cpp_args.closing(code, at - 1)
+            head_end = closing(code, at - 1)
             if head_end is None:
                 continue
             head_end += 1
         rest = code[head_end:]
         brace = head_end + len(rest) - len(rest.lstrip())
-        close = cpp_args.closing(code, brace) if code.startswith("{", brace) else code.find(";", head_end)
+        close = closing(code, brace) if code.startswith("{", brace) else code.find(";", head_end)
         if close is not None and close != -1 and head_end <= pos <= close:
             end = max(end, close)
     return end
@@ -168,7 +161,7 @@ def _target_before(code: str, end: int) -> str:
     while i > 0:
         ch = code[i - 1]
         if ch in "])":
-            j = _open_before(code, i - 1)
+            j = opening(code, i - 1)
             if j is None:
                 break
             i = j
@@ -186,19 +179,6 @@ def _target_before(code: str, end: int) -> str:
 def _target_after(code: str, start: int) -> str:
     m = re.match(r"\s*(\*?\s*\w+(?:\s*\[[^\];]*\])*(?:\s*(?:\.|->)\s*\w+)*)", code[start:])
     return m.group(1).strip() if m else ""
-
-
-def _open_before(code: str, close: int) -> int | None:
-    pair = {"]": "[", ")": "("}[code[close]]
-    depth = 0
-    for j in range(close, -1, -1):
-        if code[j] == code[close]:
-            depth += 1
-        elif code[j] == pair:
-            depth -= 1
-            if depth == 0:
-                return j
-    return None
 
 
 def _foreign_store(region: str, locals_: set[str], references: set[str] = frozenset()) -> bool:
@@ -243,7 +223,7 @@ def _rewrite(text, code, decl, fill_at, fill_end, name, src, expr, idx, elem, sr
             if start < pos:
                 continue  # inside an index already handled
             open_at = lo + m.end() - 1
-            close = cpp_args.closing(code, open_at, hi)
+            close = closing(code, open_at, hi)
             if close is None:
                 return None
             inner = subst(open_at + 1, close)

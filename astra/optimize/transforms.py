@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from astra.cxx import decls
+from astra.cxx.text import blank
 from astra.optimize.loop import Proposal
 
 # Integer compile-time constants that shape a launch or a tile (names as SGLang's kernels spell them).
@@ -120,11 +122,9 @@ def early_pdl_trigger(text: str) -> list[Proposal]:
     instead (one proposal per kernel). The trigger only lets the next kernel in the stream launch; its
     own wait still orders memory on our completion, so the move is safe (SGLang's utils.cuh says as
     much) and buys the dependent a head start: launch latency hidden on small, decode-sized grids."""
-    from astra.optimize import decl_chunks
-
-    code = decl_chunks.blank_code(text)
+    code = blank(text)
     out = []
-    for chunk in decl_chunks.chunks(text):
+    for chunk in decls.chunks(text):
         body = code[chunk.start:chunk.end]
         wait = _PDL_WAIT.search(body)
         triggers = list(_PDL_TRIGGER.finditer(body))

@@ -23,7 +23,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from astra.optimize import cpp_args, decl_chunks
+from astra.cxx.brackets import closing
+from astra.cxx.text import blank
+from astra.optimize import cpp_args
 
 WARP = 32
 MAX_THREADS = 1024
@@ -61,15 +63,8 @@ def _body(text: str, open_paren: int) -> tuple[int, int] | None:
     brace = text.find("{", open_paren)
     if brace < 0 or ";" in text[text.find(")", open_paren): brace]:
         return None
-    depth = 0
-    for i in range(brace, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return brace, i
-    return None
+    close = closing(text, brace)
+    return (brace, close) if close is not None else None
 
 
 def _grid_divisor(text: str, span: tuple[int, int], warps: int) -> tuple[int, int] | None:
@@ -121,7 +116,7 @@ def _block_literals(text: str, kernel: str, threads: int, kernels: set[str], def
 
 def find(text: str) -> list[WarpGeometry]:
     """Every kernel of `text` whose warp count is written as linked literals (see the module docstring)."""
-    text = decl_chunks.blank_code(text)
+    text = blank(text)
     out = []
     kernels = list(_KERNEL.finditer(text))
     names = [m.group("name") for m in kernels]

@@ -3,7 +3,7 @@
 `evaluate("kVec == 2 || kVec == 4", {"kVec": 8}, facts)` is False; a name that is neither in `env`
 nor a known `constexpr` definition makes the result None (unknown) unless the rest decides it
 (`false && x` is False). Enumerators compare by name (`kLayout == KVLayout::V4`), `sizeof` and
-`std::is_same_v` know the usual kernel types. `facts` is what astra.sglang.static_asserts read: any
+`std::is_same_v` know the usual kernel types. `facts` is what astra.sglang.source_facts reads: any
 object with `constants` ({name: expression}) and `enums` ({name: an object with `values`}).
 """
 
@@ -14,7 +14,7 @@ import re
 from functools import lru_cache
 from typing import Protocol
 
-from astra.sglang.template_params import balanced
+from astra.cxx.brackets import closing, levels, split_top
 
 TYPE_SIZES = {"bf16_t": 2, "fp16_t": 2, "half": 2, "__half": 2, "__nv_bfloat16": 2, "fp32_t": 4, "float": 4,
               "double": 8, "fp8_e4m3_t": 1, "fp8_e5m2_t": 1, "int8_t": 1, "uint8_t": 1, "int16_t": 2,
@@ -90,14 +90,9 @@ def _ternaries(text: str) -> str | None:
     out, i = [], 0
     while i < len(text):
         if text[i] == "(":
-            depth, j = 0, i
-            while j < len(text):
-                depth += {"(": 1, ")": -1}.get(text[j], 0)
-                if depth == 0:
-                    break
-                j += 1
-            inner = _ternaries(text[i + 1:j])
-            if inner is None or j >= len(text):
+            j = closing(text, i)
+            inner = _ternaries(text[i + 1:j]) if j is not None else None
+            if inner is None:
                 return None
             out.append(f"({inner})")
             i = j + 1
@@ -107,10 +102,10 @@ def _ternaries(text: str) -> str | None:
     flat = "".join(out)
     if "?" not in flat:
         return flat
-    depth, ask, nested = 0, -1, 0
-    for k, c in enumerate(flat):
-        depth += {"(": 1, ")": -1}.get(c, 0)
-        if depth:
+    ask, nested = -1, 0
+    for k, depth, role in levels(flat):
+        c = flat[k]
+        if depth or role:
             continue
         if c == "?":
             if ask < 0:
@@ -233,59 +228,34 @@ def _enum_value(text: str, facts: KnownNames | None):
 
 def conjuncts(cond: str) -> list[str]:
     """The parts of `a && (b && c)` joined by a top-level `&&`, outer parentheses dropped, flattened."""
-    parts = split_logical(_unwrap(cond), "&&")
+    parts = split_top(_unwrap(cond), "&&")
     return parts if len(parts) == 1 else [c for p in parts for c in conjuncts(p)]
 
 
 def comparison(text: str) -> tuple[str, str, str] | None:
-    """(left, operator, right) of a single top-level comparison (`a + b == c`); None otherwise. A `<`
-    right after a name and before no space opens template arguments (`is_same_v<A, B>`)."""
-    found, depth, angle, i = [], 0, 0, 0
-    while i < len(text):
+    """(left, operator, right) of a single top-level comparison (`a + b == c`); None otherwise. What is
+    inside brackets, template arguments included (`is_same_v<A, B> == x`), is not at the top level
+    (astra.cxx.brackets tells a template's `<` from a comparison)."""
+    found, skip = [], 0
+    for i, depth, role in levels(text):
         c, two = text[i], text[i:i + 2]
-        if c in "([":
-            depth += 1
-        elif c in ")]":
-            depth -= 1
-        elif depth or two in ("<<", ">>", "&&", "||", "->"):
-            i += 1 + (not depth)
+        if i < skip or depth or role:
             continue
-        elif c == "<" and i and (text[i - 1].isalnum() or text[i - 1] == "_") and text[i + 1:i + 2] not in " =":
-            angle += 1
-        elif c == ">" and angle:
-            angle -= 1
-        elif not angle and two in ("==", "!=", "<=", ">="):
+        if two in ("<<", ">>", "&&", "||", "->"):
+            skip = i + 2
+        elif two in ("==", "!=", "<=", ">="):
             found.append((i, two))
-            i += 2
-            continue
-        elif not angle and c in "<>":
+            skip = i + 2
+        elif c in "<>":
             found.append((i, c))
-        i += 1
     if len(found) != 1:
         return None
     at, op = found[0]
     return _unwrap(text[:at]), op, _unwrap(text[at + len(op):])
 
 
-def split_logical(text: str, op: str) -> list[str]:
-    """`text` split at top-level `op` (`&&` or `||`)."""
-    out, depth, start, i = [], 0, 0, 0
-    while i < len(text):
-        if text[i] in "([{":
-            depth += 1
-        elif text[i] in ")]}":
-            depth -= 1
-        elif depth == 0 and text.startswith(op, i):
-            out.append(text[start:i].strip())
-            start = i + len(op)
-            i += len(op)
-            continue
-        i += 1
-    return [*out, text[start:].strip()]
-
-
 def _unwrap(text: str) -> str:
     text = text.strip()
-    while text.startswith("(") and balanced(text, 0, "(", ")") == len(text):
+    while text.startswith("(") and closing(text, 0) == len(text) - 1:
         text = text[1:-1].strip()
     return text

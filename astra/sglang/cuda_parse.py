@@ -8,10 +8,15 @@
   - tensor constraints: each `TensorMatcher({...})` chain (dims as written, chained calls, the
     tensor given to `.verify(...)`), read from the tokens of the function holding it;
   - includes: the include closure restricted to SGLang's own files;
-  - diagnostics: errors and fatal errors only, as `file:line: message`.
+  - diagnostics: errors and fatal errors only, as `file:line: message` (errors clang raises on code
+    nvcc accepts are kept apart, as `clang_only_errors`);
+  - the names declared at namespace scope (astra.optimize.band_dispatch renames them), and every host
+    function with its class and line extent (astra.optimize.entry_reach follows a spec's entry through them).
 
-`parse_tree_report` parses every .cu/.cuh of an SGLang tree, two files at a time.
-The compiler arguments and where clang, CUDA and tvm-ffi are found live in `astra.clang_env`.
+`parse_tree_report` parses every .cu/.cuh of an SGLang tree in worker processes and says which parse
+cleanly; `parse_buildable` does so for the sources of every sm_90a-buildable module, each with the -D
+flags its call site passes. The compiler arguments and where clang, CUDA and tvm-ffi are found live in
+astra.sglang.clang_env.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from astra.cxx.brackets import levels
 from astra.errors import AstraError
 from astra.sglang.clang_env import clang_env, code_tokens, load_cindex, nvcc_accepts, prefix_pch, tree_include_dirs
 from astra.sglang.tensor_matchers import MatcherCall, TensorConstraint, find_tensor_matchers, join_tokens  # noqa: F401
@@ -140,11 +146,15 @@ def parse_source(path: str | os.PathLike, include_dirs: list[str], defines: dict
 
 
 def _class_of(cursor) -> str | None:
+    """The name of the class or struct `cursor` is a member of; None for a free function."""
     parent = cursor.semantic_parent
     return parent.spelling if parent is not None and parent.kind.name in _CLASSES else None
 
 
 def _parse_tu(path: Path, include_dirs: list[str], defines: dict | None, pch: bool):
+    """The translation unit of `path` (incomplete parses allowed: a template's errors do not stop the
+    rest). With `pch`, tvm-ffi's headers come precompiled; when clang refuses that prefix the file is
+    parsed again without it. Raises AstraError when libclang cannot parse the file at all."""
     cindex = load_cindex()
     env = clang_env()
     args = env.args([str(d) for d in include_dirs], defines)
@@ -183,6 +193,7 @@ def _own_decls(cursor, main_file: str):
 
 
 def _attr_kinds(cursor) -> set[str]:
+    """The attributes written on a declaration (`CUDAGLOBAL_ATTR`, `CUDAHOST_ATTR`, ...)."""
     return {c.kind.name for c in cursor.get_children() if c.kind.name.endswith("_ATTR")}
 
 
@@ -191,11 +202,14 @@ def _is_global(cursor) -> bool:
 
 
 def _is_host(cursor) -> bool:
+    """Whether a function runs on the host: not a kernel, and `__host__` or not `__device__` (a plain
+    C++ function is host code)."""
     attrs = _attr_kinds(cursor)
     return "CUDAGLOBAL_ATTR" not in attrs and ("CUDAHOST_ATTR" in attrs or "CUDADEVICE_ATTR" not in attrs)
 
 
 def _qualified_name(cursor) -> str:
+    """`ns::Class::name` through the semantic parents; anonymous namespaces and classes are left out."""
     parts = [cursor.spelling]
     parent = cursor.semantic_parent
     while parent is not None and parent.kind.name != "TRANSLATION_UNIT":
@@ -206,6 +220,8 @@ def _qualified_name(cursor) -> str:
 
 
 def _template_params(cursor) -> list[TemplateParam]:
+    """The template parameters `cursor` declares itself (not its class's), in order, with the type
+    of a non-type parameter and each default argument as written."""
     params = []
     for child in cursor.get_children():
         kind = _TEMPLATE_PARAM_KINDS.get(child.kind.name)
@@ -217,15 +233,12 @@ def _template_params(cursor) -> list[TemplateParam]:
 
 
 def _default_argument(cursor) -> str | None:
-    """The text after the top-level `=` of a template parameter, if it has one."""
+    """The text after the top-level `=` of a template parameter, if it has one (`typename T =
+    std::conditional_t<(N > 4), A, B>` has `std::conditional_t<(N > 4), A, B>`)."""
     tokens = code_tokens(cursor)
-    depth = 0
-    for i, token in enumerate(tokens):
-        if token.spelling in ("<", "(", "{", "["):
-            depth += 1
-        elif token.spelling in (">", ")", "}", "]"):
-            depth -= 1
-        elif token.spelling == "=" and depth == 0:
+    spellings = [t.spelling for t in tokens]
+    for i, depth, role in levels(spellings):
+        if spellings[i] == "=" and depth == 0 and not role:
             return join_tokens(tokens[i + 1:]) or None
     return None
 
@@ -304,6 +317,7 @@ def _includes(tu, roots: list[Path]) -> list[str]:
 
 
 def _format(diag) -> str:
+    """A diagnostic as `file:line: message` (`<command line>: message` when it has no file)."""
     loc = diag.location
     where = f"{loc.file.name}:{loc.line}" if loc.file is not None else "<command line>"
     return f"{where}: {diag.spelling}"
@@ -336,6 +350,8 @@ def parse_tree_report(tree, files: list | None = None, workers: int | None = Non
 
 
 def _report_one(job: tuple) -> ParseResult:
+    """One file's `ParseResult` (a worker's job: path, csrc dir, include dirs, defines); a file libclang
+    gives up on is a failed result, not a failed report."""
     path, csrc, include_dirs, defines = job
     started = time.perf_counter()
     rel = Path(path).relative_to(csrc).as_posix()
@@ -354,7 +370,7 @@ def _report_one(job: tuple) -> ParseResult:
     )
 
 
-# ---------------------------------------------------------------- TensorMatcher chains (tokens)
+# ---------------------------------------------------------------- the buildable modules
 
 
 def parse_buildable(tree) -> list:

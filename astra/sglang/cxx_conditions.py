@@ -14,7 +14,8 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-from astra.sglang.cxx_tokens import closing, tokenize
+from astra.cxx.brackets import closing
+from astra.sglang.cxx_tokens import tokenize
 
 UNKNOWN = "_unknown_"
 _INT_TYPES = {"int", "int32_t", "int64_t", "uint32_t", "uint64_t", "size_t", "long", "unsigned", "int16_t",
@@ -131,12 +132,16 @@ class _Parser:
             self.take()
             return f"({tok}{self.unary()})"
         if tok == "(" and self._is_cast():
-            self.i = closing(self.toks, self.i) + 1
+            self.i = self._close(self.i) + 1
             return self.unary()
         return self.postfix(self.primary())
 
+    def _close(self, at: int) -> int:
+        """The index of the bracket closing the one at `at`; the last token when none does."""
+        return closing(self.toks, at) or len(self.toks) - 1
+
     def _is_cast(self) -> bool:
-        close = closing(self.toks, self.i)
+        close = self._close(self.i)
         inner = [t for t in self.toks[self.i + 1:close] if t not in ("const", "unsigned", "signed", "long", "::",
                                                                       "std", "*")]
         return close > self.i + 1 and len(inner) <= 1 and (not inner or inner[0] in _INT_TYPES) \
@@ -173,7 +178,7 @@ class _Parser:
             return f"({inner})"
         if tok == "sizeof":
             self.take("(")
-            close = closing(self.toks, self.i - 1)
+            close = self._close(self.i - 1)
             name = [t for t in self.toks[self.i:close] if t not in ("const", "::")]
             self.i = close + 1
             return self._sizeof(name[-1] if name else "")

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from astra.cxx.brackets import closing, enclosing, split_top
+from astra.cxx.entry import entry_parts
 from astra.sglang import host_checks
 from astra.sglang.clang_env import code_tokens
 from astra.sglang.cuda_parse import TemplateParam, _parse_tu, _qualified_name, _template_params
@@ -91,64 +93,20 @@ class EntryFacts:
 
 @lru_cache(maxsize=4)
 def _tu(path: str, include_dirs: tuple, defines: tuple):
+    """The libclang translation unit of one kernel file under one build (its -I dirs and -D macros, as
+    sorted pairs), parsed once: a module's wrappers often share a file, and each entry reads it."""
     return _parse_tu(Path(path), list(include_dirs), dict(defines) or None, True)
 
 
 def is_tensor_type(ctype: str) -> bool:
+    """Whether a parameter of C++ type `ctype` is a tensor (`TensorView`, `const tvm::ffi::Tensor&`,
+    `Optional<TensorView>`), not a scalar."""
     return "TensorView" in ctype or re.search(r"\bTensor\b", ctype) is not None
 
 
-def split_top(text: str, sep: str = ",") -> list[str]:
-    """`text` split at top-level `sep` (not inside (), [], {}, <>)."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "([{<":
-            depth += 1
-        elif ch in ")]}>":
-            depth -= 1
-        if ch == sep and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    if "".join(cur).strip():
-        parts.append("".join(cur).strip())
-    return parts
-
-
-def entry_parts(entry: str) -> tuple[str | None, str, list[str], list[str]]:
-    """`ns::Cls<a, b>::run<c>` -> ("Cls", "run", ["a", "b"], ["c"])."""
-    parts, depth, cur = [], 0, ""
-    i = 0
-    while i < len(entry):
-        ch = entry[i]
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        if depth == 0 and entry.startswith("::", i):
-            parts.append(cur)
-            cur = ""
-            i += 2
-            continue
-        cur += ch
-        i += 1
-    parts.append(cur)
-
-    def name_args(part: str) -> tuple[str, list[str]]:
-        if "<" not in part:
-            return part.strip(), []
-        head, _, rest = part.partition("<")
-        return head.strip(), split_top(rest[: rest.rfind(">")])
-
-    fn, fn_args = name_args(parts[-1])
-    if len(parts) >= 2:
-        cls, cls_args = name_args(parts[-2])
-        return cls, fn, cls_args, fn_args
-    return None, fn, [], fn_args
-
-
 def _walk_functions(cursor, roots: list[str], out: dict[str, list]) -> None:
+    """Every function definition under `cursor` whose file lies under one of `roots` (SGLang's own
+    sources, not the toolkit's headers), by name into `out`, through namespaces and classes."""
     for child in cursor.get_children():
         loc = child.location.file
         if loc is None or not any(loc.name.startswith(r) for r in roots):
@@ -165,6 +123,7 @@ def _params(cursor) -> list[tuple[str, str]]:
 
 
 def _normalize_tensor(arg: str) -> str:
+    """A call argument as the tensor it passes: `std::move(x)`, `*x` and `x.value()` are `x`."""
     arg = arg.strip()
     arg = re.sub(r"^std::move\((.*)\)$", r"\1", arg)
     arg = re.sub(r"^\*", "", arg)
@@ -173,6 +132,8 @@ def _normalize_tensor(arg: str) -> str:
 
 
 def _find(functions: dict, fn: str, cls: str | None):
+    """The definition of function `fn` among `functions`: a method of class `cls`, or (cls None) the
+    first of that name."""
     for cand in functions.get(fn, []):
         parent = cand.semantic_parent
         if cls is None or (parent is not None and parent.spelling == cls):
@@ -182,7 +143,11 @@ def _find(functions: dict, fn: str, cls: str | None):
 
 def entry_facts(kernel_path: Path, include_dirs: list[str], entry: str, source_roots: list[str],
                 defines: dict | None = None, hints: list[str] = ()) -> EntryFacts:
-    """The facts of `entry` (a rendered wrapper entry) in `kernel_path`; `hints`: the loader's class names, for a hole."""
+    """The facts of `entry` (a wrapper's C++ entry as rendered) in `kernel_path`, parsed with the
+    build's `include_dirs` and `defines`; calls are followed into functions defined under
+    `source_roots`. `hints`: class names the Python loader mentions (string literals), tried when the
+    entry's class is a hole (`{kernel_class}`) or an alias libclang cannot resolve. An entry that is
+    not found gives `found=False` and a note, not an error."""
     tu = _tu(str(Path(kernel_path).resolve()), tuple(include_dirs), tuple(sorted((defines or {}).items())))
     functions: dict[str, list] = {}
     _walk_functions(tu.cursor, [str(Path(r).resolve()) for r in source_roots], functions)
@@ -264,6 +229,11 @@ def _evaluated_constants(tu, roots: list[str]) -> dict[str, str]:
 
 def _analyze(cursor, rename: dict[str, str], facts: EntryFacts, functions: dict, depth: int, seen: set,
              aliases: dict[str, str] | None = None) -> None:
+    """Add to `facts` what the function `cursor` states: its SymbolicSizes, host checks, TensorMatcher
+    chains and pointer casts, read in the entry's names (`rename`: this function's tensor parameters ->
+    the entry's tensors; `aliases`: its scalar and template parameters -> what the caller passed), then
+    the same for the file's functions it passes tensors to, at most 3 calls deep; `seen` stops a
+    function being read twice under the same names."""
     aliases = aliases or {}
     key = (cursor.hash, tuple(sorted(rename.items())), tuple(sorted(aliases.items())))
     if key in seen or depth > 3:
@@ -297,6 +267,8 @@ def _analyze(cursor, rename: dict[str, str], facts: EntryFacts, functions: dict,
 
 
 def _checks(cursor, tokens: list, names: dict[str, str], facts: EntryFacts) -> None:
+    """The host checks of one function (astra.sglang.host_checks), in the entry's `names`, each with
+    the function's local definitions; a check already found at the same line is kept once."""
     spellings, lines = host_checks.renamed(tokens, names)
     found = host_checks.checks_in(spellings, lines, _qualified_name(cursor))
     if not found:
@@ -310,6 +282,7 @@ def _checks(cursor, tokens: list, names: dict[str, str], facts: EntryFacts) -> N
 
 
 def _cast(facts: EntryFacts, name: str | None, elem: str, const: bool) -> None:
+    """Record that tensor `name` (None: not one of the entry's) is read as `elem*`, const or not."""
     if name is None:
         return
     fact = facts.tensors[name]
@@ -322,6 +295,9 @@ def _cast(facts: EntryFacts, name: str | None, elem: str, const: bool) -> None:
 
 
 def _sizes(text: str, facts: EntryFacts) -> None:
+    """SymbolicSize declarations with their labels (`SymbolicSize N{"num_tokens"}`, `auto N =
+    SymbolicSize{...}`), `A.unwrap() == B.unwrap()` equalities, and the first `N.set_value(expr)` of
+    each size that does not stand in the fallback branch of a matcher that binds it."""
     for m in re.finditer(r"\bSymbolicSize\s+([^;]*);", text):
         for part in split_top(m.group(1)):
             lm = _LABEL.match(part.strip())
@@ -342,16 +318,8 @@ def _sizes(text: str, facts: EntryFacts) -> None:
 def _fallback_value(text: str, at: int, var: str) -> bool:
     """Whether the `set_value` at `at` runs in an `if`/`else` block while a TensorMatcher binds `var`
     (`if (k.has_value()) TensorMatcher({B, K, D})...; else K.set_value(0);`): the other branch's value."""
-    depth, i = 0, at
-    while i > 0:
-        i -= 1
-        if text[i] == "}":
-            depth += 1
-        elif text[i] == "{":
-            if depth == 0:
-                break
-            depth -= 1
-    head = text[:i].rstrip()
+    braces = [i for i in enclosing(text, at) if text[i] == "{"]
+    head = text[:braces[-1] if braces else 0].rstrip()
     conditional = head.endswith("else") or (head.endswith(")") and re.search(r"\bif\s*(constexpr\s*)?\([^{};]*$", head))
     bound = re.search(rf"TensorMatcher\s*\(\s*\{{[^}}]*\b{re.escape(var)}\b", text) is not None
     return bool(conditional) and bound
@@ -367,12 +335,9 @@ def _follow_calls(cursor, text: str, rename: dict[str, str], facts: EntryFacts, 
             continue
         for m in re.finditer(r"\b" + re.escape(name) + r"\s*(?:<([^;(]*?)>)?\s*\(", text):
             template_args = split_top(m.group(1)) if m.group(1) else []
-            start = m.end()
-            depth_paren, i = 1, start
-            while i < len(text) and depth_paren:
-                depth_paren += {"(": 1, ")": -1}.get(text[i], 0)
-                i += 1
-            args = [_normalize_tensor(a) for a in split_top(text[start:i - 1])]
+            close = closing(text, m.end() - 1)
+            close = len(text) if close is None else close
+            args = [_normalize_tensor(a) for a in split_top(text[m.end():close])]
             mapped = {j: rename[a] for j, a in enumerate(args) if a in rename}
             if not mapped:
                 continue

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from astra.cxx.brackets import closing, levels, split_top
 from astra.sglang.cxx_conditions import UNKNOWN, CondEnv, conjuncts, shape_placeholder, to_python
-from astra.sglang.cxx_tokens import OPEN, closing, joined, renamed, split_commas, tokenize
+from astra.sglang.cxx_tokens import joined, renamed, tokenize
 
 __all__ = ["UNKNOWN", "CondEnv", "HostCheck", "checks_in", "conjuncts", "locals_in", "renamed",
            "shape_placeholder", "to_python", "tokenize"]
@@ -53,6 +54,7 @@ def checks_in(spellings: list[str], lines: list[int], function: str) -> list[Hos
     """Every host check in a function's token spellings (see the module docstring)."""
     found: list[HostCheck] = []
     n = len(spellings)
+    last = n - 1  # a bracket that does not close runs to the last token
     guards = _guards(spellings)
     for i, s in enumerate(spellings):
         before = len(found)
@@ -60,16 +62,16 @@ def checks_in(spellings: list[str], lines: list[int], function: str) -> list[Hos
         if nxt != "(" or (i and spellings[i - 1] in ("struct", "define", ".", "->")):
             continue
         if s in _CHECK_CALLS or s in _CMP_CHECKS:
-            close = closing(spellings, i + 1)
+            close = closing(spellings, i + 1) or last
             inner = spellings[i + 2:close]
             if s in _CMP_CHECKS:
-                parts = split_commas(inner)
+                parts = split_top(inner)
                 if len(parts) != 2:
                     continue
                 cond = f"( {joined(parts[0])} ) {_CMP_CHECKS[s]} ( {joined(parts[1])} )"
                 message = _message(_stream(spellings, close + 1))
             elif s == "RuntimeCheck":
-                parts = split_commas(inner)
+                parts = split_top(inner)
                 if parts and parts[0] and parts[0][0] in ("location", "DebugInfo"):
                     parts = parts[1:]
                 if not parts or not parts[0]:
@@ -81,13 +83,13 @@ def checks_in(spellings: list[str], lines: list[int], function: str) -> list[Hos
         elif s == "switch":
             found += _switch_check(spellings, lines, i, function)
         elif s == "if":
-            close = closing(spellings, i + 1)
+            close = closing(spellings, i + 1) or last
             body = spellings[close + 1:close + 4]
             body = body[1:] if body[:1] == ["{"] else body
             if body[:1] == ["host"] and body[1:2] == ["::"]:
                 body = body[2:]
             if body[:1] and body[0] in _PANICS:
-                after = spellings[close + 1:closing(spellings, close + 1) + 1] if body[0] != "throw" else []
+                after = spellings[close + 1:(closing(spellings, close + 1) or last) + 1] if body[0] != "throw" else []
                 found.append(HostCheck(f"! ( {joined(spellings[i + 2:close])} )", _message(after), lines[i], function))
         for check in found[before:]:
             check.guard = guards[i]
@@ -106,7 +108,7 @@ def _guards(spellings: list[str]) -> list[str | None]:
     i, n = 0, len(spellings)
     while i < n:
         s = spellings[i]
-        if s in ("if", "else"):
+        if s in ("if", "else") and _statement(spellings, i):
             prefix = None  # the negations an `else` adds
             if s == "else":
                 prev = closed.get(len(stack))
@@ -118,7 +120,7 @@ def _guards(spellings: list[str]) -> list[str | None]:
             chain = None
             if s == "if":
                 j = i + 1 + (spellings[i + 1:i + 2] == ["constexpr"])
-                close = closing(spellings, j)
+                close = closing(spellings, j) or n - 1
                 chain = (prefix, f"( {joined(spellings[j + 1:close])} )")
                 cond = _conjoin(*chain)
                 out.extend([_join(stack, single)] * (close + 1 - i))
@@ -156,6 +158,20 @@ def _guards(spellings: list[str]) -> list[str | None]:
     return out
 
 
+def _statement(spellings: list[str], i: int) -> bool:
+    """Whether the `if` or `else` at `i` is a C++ statement: not a preprocessor line's (`#if`, `#else`),
+    and an `if` (or `else if`, `if constexpr`) followed by its parenthesized condition."""
+    if i and spellings[i - 1] == "#":
+        return False
+    k = i
+    if spellings[k] == "else":
+        if spellings[k + 1:k + 2] != ["if"]:
+            return True
+        k += 1
+    k += 1 + (spellings[k + 1:k + 2] == ["constexpr"])
+    return spellings[k:k + 1] == ["("]
+
+
 def _conjoin(a: str | None, b: str | None) -> str | None:
     return f"{a} && {b}" if a and b else a or b
 
@@ -177,19 +193,16 @@ def _stream(spellings: list[str], start: int) -> list[str]:
 
 def _switch_check(spellings: list[str], lines: list[int], i: int, function: str) -> list[HostCheck]:
     """`switch (x) { case A: ... default: Panic(...) }` -> `x == A || x == B`."""
-    close = closing(spellings, i + 1)
+    close = closing(spellings, i + 1) or len(spellings) - 1
     subject = spellings[i + 2:close]
     if close + 1 >= len(spellings) or spellings[close + 1] != "{":
         return []
-    end = closing(spellings, close + 1)
+    end = closing(spellings, close + 1) or len(spellings) - 1
     body = spellings[close + 2:end]
-    values, default_panics, depth = [], False, 0
-    for j, s in enumerate(body):
-        if s in OPEN:
-            depth += 1
-        elif s in OPEN.values():
-            depth -= 1
-        if depth:
+    values, default_panics = [], False
+    for j, depth, role in levels(body):
+        s = body[j]
+        if depth or role:
             continue
         if s == "case":
             k = j + 1

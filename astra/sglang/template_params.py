@@ -1,9 +1,13 @@
-"""C++ source text read by hand (no compiler, no libclang): comments, balanced brackets, template
-parameter lists and the conditions of calls such as `static_assert(...)`.
+"""Template parameter lists, call conditions and scopes of C++ source text read by hand (no compiler,
+no libclang), for astra.sglang.source_facts.
 
-These are the text helpers of astra.sglang.static_asserts: `template_params(text, "Kernel")` reads the
-parameters of `template <int kVec, typename T = float> struct Kernel`, `call_condition(text, i)` the
-first argument of the call whose `(` is at `i`, `split_top` splits at commas outside brackets.
+`template_params(text, "Kernel")` reads the parameters of `template <int kVec, typename T = float>
+struct Kernel` (`parse_param` one of them), `class_templates` the class templates a text defines and
+`fits_template_param` which of them a template template parameter accepts; `call_condition(text, i)`
+is the first argument of the call whose `(` is at `i` (a `static_assert`'s condition); `drop_inactive`
+blanks the `#ifdef USE_ROCM`-like branches a CUDA compile skips; `Scopes` are the `{...}` blocks of a
+text with the named scope and the `if constexpr` guards around a position. Brackets and top-level
+commas follow astra.cxx.brackets; the text given is blanked first (astra.cxx.text).
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ import bisect
 import re
 from dataclasses import dataclass
 
+from astra.cxx.brackets import closing, levels, spans, split_top
+from astra.cxx.text import blank
+
 
 @dataclass(frozen=True)
 class TemplateParam:
@@ -19,50 +26,6 @@ class TemplateParam:
     kind: str  # "type" | "value" | "template" | "pack"
     type: str  # the declared type of a value parameter ("" for a type parameter)
     default: str | None = None
-
-
-def strip_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    return re.sub(r"//[^\n]*", "", text)
-
-
-def balanced(text: str, start: int, open_: str, close: str) -> int:
-    """Index just past the bracket that closes the one at `start` (-1 when unbalanced). Angle brackets
-    inside parentheses are skipped, so `<(a < b)>` closes where C++ closes it."""
-    depth, paren = 0, 0
-    for i in range(start, len(text)):
-        c = text[i]
-        if open_ == "<" and c in "()":
-            paren += 1 if c == "(" else -1
-            continue
-        if paren:
-            continue
-        if c == open_:
-            depth += 1
-        elif c == close:
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        elif open_ == "<" and c in ";{}":
-            return -1
-    return -1
-
-
-def split_top(text: str, sep: str = ",") -> list[str]:
-    """Split at `sep` outside any (), <>, [] and {}."""
-    out, depth, current = [], 0, []
-    for c in text:
-        if c in "(<[{":
-            depth += 1
-        elif c in ")>]}":
-            depth -= 1
-        if c == sep and depth == 0:
-            out.append("".join(current).strip())
-            current = []
-        else:
-            current.append(c)
-    tail = "".join(current).strip()
-    return out + [tail] if tail or out else out
 
 
 def parse_param(text: str) -> TemplateParam | None:
@@ -87,10 +50,10 @@ def parse_param(text: str) -> TemplateParam | None:
 def template_params(text: str, name: str) -> list[TemplateParam] | None:
     """The template parameters of class or function template `name` (its first primary declaration)."""
     for m in re.finditer(r"\btemplate\s*<", text):
-        end = balanced(text, m.end() - 1, "<", ">")
-        if end < 0:
+        close = closing(text, m.end() - 1)
+        if close is None:
             continue
-        head = text[end:end + 600]
+        head = text[close + 1:close + 601]
         declared = re.match(r"\s*(?:struct|class)\s+(?:\[\[[^\]]*\]\]\s*)?(?:\w+::)*(\w+)\s*(<)?", head)
         if declared:
             if declared.group(1) != name or declared.group(2):
@@ -101,7 +64,7 @@ def template_params(text: str, name: str) -> list[TemplateParam] | None:
             call = re.search(r"\b(\w+)\s*\(", before_call)
             if not call or call.group(1) != name:
                 continue
-        params = [parse_param(p) for p in split_top(text[m.end():end - 1])]
+        params = [parse_param(p) for p in split_top(text[m.end():close])]
         return [p for p in params if p is not None]
     return None
 
@@ -110,9 +73,9 @@ def class_templates(text: str) -> list[str]:
     """Names of the class templates `text` defines (`template <...> struct Name {`), in order."""
     out = []
     for m in re.finditer(r"\btemplate\s*<", text):
-        end = balanced(text, m.end() - 1, "<", ">")
-        declared = re.match(r"\s*(?:struct|class)\s+(?:\[\[[^\]]*\]\]\s*)?(\w+)\s*(?::[^;{]*)?\{", text[end:end + 400]) \
-            if end > 0 else None
+        close = closing(text, m.end() - 1)
+        declared = re.match(r"\s*(?:struct|class)\s+(?:\[\[[^\]]*\]\]\s*)?(\w+)\s*(?::[^;{]*)?\{",
+                            text[close + 1:close + 401]) if close is not None else None
         if declared:
             out.append(declared.group(1))
     return list(dict.fromkeys(out))
@@ -129,26 +92,18 @@ def fits_template_param(param: TemplateParam, params: list[TemplateParam]) -> bo
                for w, p in zip(wanted, params))
 
 
-def call_condition(text: str, start: int) -> str | None:
-    """The first argument of the call whose '(' is at `start`: up to the first comma outside brackets,
-    where `<` opens a bracket only right after a name and before no space (`is_same_v<A, B>`)."""
-    end = balanced(text, start, "(", ")")
-    if end < 0:
+def call_condition(text: str, start: int, code: str | None = None) -> str | None:
+    """The first argument of the call whose '(' is at `start` (`static_assert(std::is_same_v<A, B> &&
+    x < y, "...")` -> `std::is_same_v<A, B> && x < y`), as `text` writes it with white space folded;
+    None when the call does not close or has no argument. Brackets and commas are read in `code`,
+    `text` with its comments and literals blanked (astra.cxx.text.blank; made here when not given)."""
+    code = blank(text) if code is None else code
+    close = closing(code, start)
+    pieces = spans(code, start + 1, close) if close is not None else []
+    if not pieces:
         return None
-    inner, depth, angle = text[start + 1:end - 1], 0, 0
-    for i, c in enumerate(inner):
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == "<" and i and (inner[i - 1].isalnum() or inner[i - 1] == "_") and inner[i + 1:i + 2] not in " =<":
-            angle += 1
-        elif c == ">" and angle:
-            angle -= 1
-        elif c == "," and depth == 0 and angle == 0:
-            inner = inner[:i]
-            break
-    return " ".join(inner.split()) or None
+    begin, end = pieces[0]
+    return " ".join(text[begin:end].split()) or None
 
 
 def namespace_of(text: str) -> str:
@@ -166,13 +121,14 @@ _UNDEFINED = {"USE_ROCM", "__HIP_PLATFORM_AMD__", "__HIPCC__", "USE_HIP", "__HIP
 
 def drop_inactive(text: str) -> str:
     """`text` without the branches of `#ifdef USE_ROCM`-like blocks a CUDA compile skips (lines
-    blanked, so offsets stay); a condition on anything else keeps every branch."""
+    blanked, so offsets stay); a condition on anything else keeps every branch. Give it text whose
+    comments are blanked (astra.cxx.text.blank)."""
     lines = text.split("\n")
     stack: list[bool | None] = []  # per open #if: True/False (branch taken) or None (unknown)
     for i, line in enumerate(lines):
         m = _PP.match(line)
         if m:
-            kind, cond = m.group(1), m.group(2).split("//")[0].strip()
+            kind, cond = m.group(1), m.group(2).strip()
             if kind in ("if", "ifdef", "ifndef"):
                 stack.append(_known_branch(kind, cond))
             elif kind in ("elif", "else") and stack:
@@ -211,7 +167,7 @@ class Scopes:
     holds a position, and which `if constexpr` conditions guard it."""
 
     def __init__(self, text: str):
-        masked = re.sub(r'"(?:\\.|[^"\\\n])*"', lambda m: '"' + " " * (len(m.group(0)) - 2) + '"', text)
+        masked = blank(text)
         self.blocks: list[Block] = []
         stack: list[int] = []
         last_child: dict[int, int] = {}
@@ -303,10 +259,10 @@ def block_name(header: str) -> str | None:
     lambda, enum, initializer)."""
     text = header
     while (m := re.search(r"\btemplate\s*<", text)) is not None:  # drop the template heads
-        end = balanced(text, m.end() - 1, "<", ">")
-        if end < 0:
+        close = closing(text, m.end() - 1)
+        if close is None:
             break
-        text = text[:m.start()] + " " + text[end:]
+        text = text[:m.start()] + " " + text[close + 1:]
     if re.search(r"\b(namespace|enum)\b|^extern\b", text):
         return None
     m = re.search(r"\b(?:struct|class|union)\s+(?:\[\[[^\]]*\]\]\s*)?(?:alignas\s*\([^)]*\)\s*)?(\w+)", text)
@@ -314,15 +270,20 @@ def block_name(header: str) -> str | None:
         return m.group(1)
     if re.match(r"(else|do|try)\b", text) or "=" in text.split("(")[0]:
         return None
-    depth, name = 0, None
-    for m in re.finditer(r"[()]|\b(\w+)\s*(?=\()", text):
-        if m.group(0) == "(":
-            depth += 1
-        elif m.group(0) == ")":
-            depth -= 1
-        elif depth == 0 and m.group(1) not in _NOT_NAMES:
-            name = m.group(1)
-    return name
+    top, flat, opened = set(), list(text), None  # flat: `text` without its top-level template arguments
+    for i, depth, role in levels(text):
+        if depth:
+            continue
+        if not role:
+            top.add(i)
+        elif role == "open" and text[i] == "<":
+            opened = i
+        elif role == "close" and text[i] == ">" and opened is not None:
+            flat[opened:i + 1] = " " * (i + 1 - opened)
+            opened = None
+    called = [m.group(1) for m in re.finditer(r"\b(\w+)\s*(?=\()", "".join(flat))
+              if m.start() in top and m.group(1) not in _NOT_NAMES]  # `dequant<half2, id()>(...)` names dequant
+    return called[-1] if called else None
 
 
 def inline_names(cond: str, local: dict[str, str], depth: int = 0) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from astra.cxx.brackets import closing, spans
+
 
 @dataclass
 class MatcherCall:
@@ -23,7 +25,6 @@ class TensorConstraint:
     text: str  # the whole chain, whitespace collapsed
 
 
-_OPEN = {"(": ")", "[": "]", "{": "}"}
 _TIGHT_AFTER = {"(", "[", "{", ".", "::", "->", "~", "!"}
 _TIGHT_BEFORE = {")", "]", "}", ".", ",", "::", "->", ";", "(", "["}
 
@@ -42,7 +43,9 @@ def find_tensor_matchers(tokens: list, function: str) -> list[TensorConstraint]:
 
 
 def _matcher_chain(tokens: list, start: int, function: str) -> tuple[TensorConstraint, int]:
-    close = _closing(tokens, start + 1)
+    spellings = [t.spelling for t in tokens]
+    last = len(tokens) - 1  # a bracket that does not close runs to the last token
+    close = closing(spellings, start + 1) or last
     dims = _dims(tokens[start + 2:close])
     calls: list[MatcherCall] = []
     i = close + 1
@@ -53,11 +56,11 @@ def _matcher_chain(tokens: list, start: int, function: str) -> tuple[TensorConst
         name, j = tokens[j].spelling, j + 1
         template_args = None
         if j < len(tokens) and tokens[j].spelling == "<":
-            end = _closing_angle(tokens, j)
+            end = closing(spellings, j) or last
             template_args, j = join_tokens(tokens[j + 1:end]), end + 1
         if j >= len(tokens) or tokens[j].spelling != "(":
             break
-        end = _closing(tokens, j)
+        end = closing(spellings, j) or last
         calls.append(MatcherCall(name, template_args, join_tokens(tokens[j + 1:end])))
         i = end + 1
     verify = next((c.args for c in reversed(calls) if c.name == "verify"), None)
@@ -65,57 +68,12 @@ def _matcher_chain(tokens: list, start: int, function: str) -> tuple[TensorConst
     return TensorConstraint(function, tokens[start].location.line, dims, calls, verify, text), i
 
 
-def _closing(tokens: list, open_index: int) -> int:
-    """Index of the bracket closing the one at `open_index` (or the last token)."""
-    stack = []
-    for i in range(open_index, len(tokens)):
-        spelling = tokens[i].spelling
-        if spelling in _OPEN:
-            stack.append(_OPEN[spelling])
-        elif stack and spelling == stack[-1]:
-            stack.pop()
-            if not stack:
-                return i
-    return len(tokens) - 1
-
-
-def _closing_angle(tokens: list, open_index: int) -> int:
-    """Index of the `>` closing the `<` at `open_index`, ignoring brackets inside parentheses."""
-    depth, nested = 0, 0
-    for i in range(open_index, len(tokens)):
-        spelling = tokens[i].spelling
-        if spelling in _OPEN:
-            nested += 1
-        elif spelling in _OPEN.values():
-            nested -= 1
-        elif nested == 0 and spelling in ("<", ">", ">>"):
-            depth += {"<": 1, ">": -1, ">>": -2}[spelling]
-            if depth <= 0:
-                return i
-    return len(tokens) - 1
-
-
 def _dims(arg_tokens: list) -> list[str]:
     """`{N, D}` -> ["N", "D"]; any other argument is kept whole."""
     if len(arg_tokens) >= 2 and arg_tokens[0].spelling == "{" and arg_tokens[-1].spelling == "}":
-        return [join_tokens(part) for part in _split_top_level(arg_tokens[1:-1]) if part]
+        inner = arg_tokens[1:-1]
+        return [join_tokens(inner[a:b]) for a, b in spans([t.spelling for t in inner]) if b > a]
     return [join_tokens(arg_tokens)] if arg_tokens else []
-
-
-def _split_top_level(tokens: list) -> list[list]:
-    parts: list[list] = [[]]
-    depth = 0
-    for token in tokens:
-        spelling = token.spelling
-        if spelling in _OPEN or spelling == "<":
-            depth += 1
-        elif spelling in _OPEN.values() or spelling == ">":
-            depth -= 1
-        if spelling == "," and depth == 0:
-            parts.append([])
-        else:
-            parts[-1].append(token)
-    return parts
 
 
 def join_tokens(tokens: list) -> str:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-from astra.sglang.cxx_facts import EntryFacts, entry_parts
+from astra.cxx.entry import entry_parts
+from astra.sglang.cxx_facts import EntryFacts
 from astra.spec import meanings
 from astra.spec.argument_kinds import CPP_TO_DTYPE, MAIN_DTYPES
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from astra.sglang.cxx_facts import split_top
+from astra.cxx.brackets import split_top
 from astra.spec.argument_kinds import CPP_TO_DTYPE, INDEX_NAMES, LEN_NAMES, scalar_dtype, tensor_dtype, tensor_init
 from astra.spec.constraint_fit import satisfy, violated
 from astra.spec.draft_dims import Dims, bind_template, dims_from_facts, ident, token_dim_of, translate

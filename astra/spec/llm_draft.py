@@ -24,10 +24,12 @@ from itertools import takewhile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from astra.cxx import decls
+from astra.cxx.entry import entry_parts
+from astra.cxx.text import blank
 from astra.errors import AstraError, SpecError
 from astra.llm import templates
 from astra.sglang import registry, srt_gates, wrapper_facts
-from astra.sglang.cxx_facts import entry_parts
 from astra.sglang.srt_gates_text import format_reach
 from astra.sglang.tree import SglangTree
 from astra.spec import checks
@@ -45,19 +47,7 @@ PROTECTED = ("name", "module", "source", "build", "entry", "signature")  # read 
 SOURCE_CHARS, WRAPPER_CHARS, SITES_CHARS, PROBE_CHARS = 24_000, 8_000, 6_000, 6_000
 AGENT_MARK = "# Drafted by the testing agent"
 
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _IDENT = re.compile(r"[A-Za-z_]\w*")
-_NAMESPACE = re.compile(r'(?:inline\s+)?namespace\b[\w:\s]*|extern\s+"C(?:\+\+)?"')
-_TYPE = re.compile(r"^(?:\[\[.*?\]\]\s*)*(?:struct|class|union|enum(?:\s+class)?)\s+"
-                   r"(?:(?:alignas|__align__)\s*\([^)]*\)\s*|\[\[.*?\]\]\s*)*([A-Za-z_]\w*)")
-_USING = re.compile(r"^using\s+([A-Za-z_]\w*)\s*=")
-_DEFINE = re.compile(r"^#\s*define\s+([A-Za-z_]\w*)")
-_CALLABLE = re.compile(r"([A-Za-z_]\w*)\s*(?:<[^;{}()]*>\s*)?\(")
-_QUALIFIED = re.compile(r"([A-Za-z_]\w*)\s*(?:<[^;{}()]*>)?\s*::\s*~?[A-Za-z_]\w*\s*\(")
-_VARIABLE = re.compile(r"([A-Za-z_]\w*)\s*(?:\[[^\]]*\]\s*)?(?:=|\{)")
-_NOT_NAMES = frozenset("if for while switch return sizeof alignof decltype static_assert noexcept template "
-                       "__launch_bounds__ alignas __align__ __attribute__ __declspec operator defined".split())
-_DIRECTIVE, _SEMICOLON, _EMPTY = re.compile(r"#(?:\\\n|[^\n])*"), re.compile(r"\s*;"), re.compile("")
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.S)
 _CHANGES = re.compile(r"^[\s*_>]*CHANGES[*_]*:[*_]*\s*(.+)$", re.M | re.I)
 
@@ -66,113 +56,20 @@ def _cut(text: str, limit: int, comment: str = "#") -> str:
     return text if len(text) <= limit else text[:limit] + f"\n{comment} [... cut at {limit:,} characters ...]\n"
 
 
-def _literal_end(text: str, i: int) -> int:
-    """The index after the string or character literal starting at `i` (raw strings included)."""
-    if text[i] == '"' and i and text[i - 1] == "R":
-        open_ = text.find("(", i)
-        end = text.find(")" + text[i + 1:open_] + '"', open_) if open_ >= 0 else -1
-        return len(text) if end < 0 else end + open_ - i + 1
-    j = i + 1
-    while j < len(text) and text[j] not in (text[i], "\n"):
-        j += 2 if text[j] == "\\" else 1
-    return j + 1
-
-
-def _blocks(text: str) -> list[tuple[int, int, bool]] | None:
-    """(start, end, is_namespace_line) of each top-level declaration of a C++ file, leading comments
-    included; namespaces are entered, their opening and closing braces kept as blocks of their own.
-    None when the braces do not balance."""
-    out: list[tuple[int, int, bool]] = []
-    stack: list[bool] = []  # True: a namespace's brace
-    i, n, depth, start, lead = 0, len(text), 0, None, None
-    while i < n:
-        c = text[i]
-        if text.startswith(("//", "/*"), i):
-            close = "\n" if text[i + 1] == "/" else "*/"
-            end = text.find(close, i + 2)
-            lead = i if depth == 0 and start is None and lead is None else lead
-            i = n if end < 0 else end + len(close)
-            continue
-        if c in "\"'" and not (c == "'" and i and text[i - 1].isdigit()):  # 1'000 is a digit separator
-            i = _literal_end(text, i)
-            continue
-        if c == "#" and depth == 0 and start is None:
-            end = _DIRECTIVE.match(text, i).end()
-            out.append((lead if lead is not None else i, end, False))
-            i, lead = end, None
-            continue
-        if c == "{":
-            head = _COMMENT.sub(" ", text[start:i]).strip() if start is not None else ""
-            if depth == 0 and _NAMESPACE.fullmatch(head):
-                stack.append(True)
-                out.append((start, i + 1, True))
-                start = lead = None
-            else:
-                stack.append(False)
-                depth += 1
-                start = i if start is None else start
-        elif c == "}":
-            if not stack:
-                return None
-            if stack.pop():
-                if start is not None:  # a declaration without `;` (a macro) before the namespace closes
-                    out.append((lead if lead is not None else start, i, False))
-                out.append((i, i + 1, True))
-                start = lead = None
-            else:
-                depth -= 1
-                if depth == 0 and start is not None:
-                    end = (_SEMICOLON.match(text, i + 1) or _EMPTY.match(text, i + 1)).end()
-                    out.append((lead if lead is not None else start, end, False))
-                    i, start, lead = end, None, None
-                    continue
-        elif c == ";" and depth == 0 and start is not None:
-            out.append((lead if lead is not None else start, i + 1, False))
-            start = lead = None
-        elif depth == 0 and start is None and not c.isspace():
-            start = i
-        i += 1
-    return out if not stack and depth == 0 else None
-
-
-def _strip_template(head: str) -> str:
-    while head.startswith("template") and "<" in head:
-        level, k = 0, head.find("<")
-        for k in range(k, len(head)):
-            level += {"<": 1, ">": -1}.get(head[k], 0)
-            if level == 0:
-                break
-        head = head[k + 1:].lstrip()
-    return head
-
-
-def _names(code: str) -> set[str]:
-    """The names a top-level declaration (comments removed) defines."""
-    code = code.strip()
-    if m := _DEFINE.match(code):
-        return {m.group(1)}
-    head = _strip_template(re.split(r"[{;]", code, maxsplit=1)[0].strip())
-    for pattern in (_USING, _TYPE):
-        if m := pattern.match(head):
-            return {m.group(1)}
-    called = [m.group(1) for m in _CALLABLE.finditer(head) if m.group(1) not in _NOT_NAMES]
-    if called and not re.match(r"[^(]*=", head):
-        return {called[0], *(m.group(1) for m in _QUALIFIED.finditer(head))}
-    m = _VARIABLE.search(head)
-    return {m.group(1)} if m else set()
-
-
 def kernel_excerpt(text: str, entry: str, limit: int = SOURCE_CHARS) -> str:
     """The kernel file trimmed to the entry's declaration and those it uses, transitively (breadth first,
     within `limit` characters), with the #include lines and namespaces; omitted lines are marked. The
     whole file, cut at `limit`, when the entry is not found."""
     cls, fn, _, _ = entry_parts(entry.strip().lstrip("&").strip())
     root = cls or fn
-    blocks = _blocks(text)
-    if blocks is None or not _IDENT.fullmatch(root or ""):
+    layout = decls.layout(text)
+    if layout is None or not _IDENT.fullmatch(root or ""):
         return _cut(text, limit, "//")
-    codes = [_COMMENT.sub(" ", text[s:e]) for s, e, _ in blocks]
-    names = [set() if ns else _names(code) for code, (_, _, ns) in zip(codes, blocks)]
+    blanked = blank(text)
+    blocks = [(p.start if p.kind in (decls.NAMESPACE, decls.CLOSE) else p.lead, p.end,
+               p.kind in (decls.NAMESPACE, decls.CLOSE)) for p in layout]
+    codes = [blanked[s:e] for s, e, _ in blocks]
+    names = [p.names for p in layout]
     queue = deque(i for i, found in enumerate(names) if root in found)
     seen, chosen, size = set(queue), set(), 0
     while queue:

@@ -15,11 +15,13 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from astra.sglang import registry, static_asserts, variants
+from astra.cxx import entry as cxx_entry
+from astra.sglang import registry, variants
+from astra.sglang.assert_solver import numeric_candidates
 from astra.sglang.discovery import CallSite
 from astra.sglang.includes import include_closure
-from astra.sglang.static_asserts import SourceFacts
-from astra.sglang.template_params import TemplateParam, split_top
+from astra.sglang.source_facts import SourceFacts
+from astra.sglang.template_params import TemplateParam
 from astra.sglang.tree import SglangTree
 from astra.spec import meanings
 from astra.spec.expr import render
@@ -48,7 +50,7 @@ class EntrySources:
                       if str(f) not in texts})
         facts = SourceFacts.read(texts, {str(f) for f in kernel_files})
         entry = (spec["build"].get("wrappers") or [{}])[0].get("entry", "")
-        return cls(spec, site, facts.for_entry(entry_owner_names(entry)))
+        return cls(spec, site, facts.for_entry(cxx_entry.owner_names(entry)))
 
 
 @dataclass
@@ -80,20 +82,14 @@ class Slot:
 
 def arg_lists(entry: str) -> list[ArgList]:
     """The top-level template argument lists of an entry (`ns::Cls<a, b>::run<c>`), in order."""
-    out, i = [], 0
-    while i < len(entry):
-        if entry[i] == "<":
-            depth, j = 0, i
-            while j < len(entry):
-                depth += {"<": 1, ">": -1}.get(entry[j], 0)
-                if depth == 0:
-                    break
-                j += 1
-            owner = re.search(r"(\w+)\s*$", entry[:i])
-            out.append(ArgList(owner.group(1) if owner else "", i + 1, j, split_top(entry[i + 1:j])))
-            i = j
-        i += 1
-    return out
+    return [ArgList(_owner(s.name), s.start, s.end, list(s.args)) for s in cxx_entry.segments(entry)
+            if s.args is not None]
+
+
+def _owner(name: str) -> str:
+    """The name right before an argument list (`Cls` of `Cls<...>`; "" when none)."""
+    m = re.search(r"(\w+)\s*$", name)
+    return m.group(1) if m else ""
 
 
 def rebuild(entry: str, lists: list[ArgList]) -> str:
@@ -109,15 +105,6 @@ def rebuild(entry: str, lists: list[ArgList]) -> str:
         out.append(entry[pos:lst.start] + ", ".join(lst.args))
         pos = lst.end
     return "".join(out) + entry[pos:]
-
-
-def entry_owner_names(entry: str) -> list[str]:
-    """Names in the entry that may be templates missing their argument list (`Cls::run`)."""
-    text = entry.lstrip("&")
-    while (shorter := re.sub(r"<[^<>]*>", "", text)) != text:
-        text = shorter
-    parts = text.split("::")
-    return [p.strip() for p in parts if re.fullmatch(r"\w+", p.strip())]
 
 
 def show(value) -> str:
@@ -152,7 +139,7 @@ def lists_with_params(src: EntrySources, entry: str) -> tuple[list[ArgList], lis
     for lst in lists:
         lst.params = src.facts.params_of(lst.owner)
     owners = {lst.owner for lst in lists}
-    for name in entry_owner_names(entry):
+    for name in cxx_entry.owner_names(entry):
         if name in owners:
             continue
         params = src.facts.params_of(name)
@@ -282,12 +269,12 @@ def slots(src: EntrySources, lists: list[ArgList], names: dict) -> tuple[list[Sl
             elif dim and dim == token and isinstance(value, int):
                 out.append(Slot(li, ai, param, "token", arg, [value], dim, value))
             elif dim and isinstance(value, int):
-                cands = static_asserts.numeric_candidates(param.name, value, model_values(dim), src.facts)
+                cands = numeric_candidates(param.name, value, model_values(dim), src.facts)
                 if used_outside_entry(spec, dim) or dim != hole.group(1):
                     cands = [v for v in cands if v > 0]
                 out.append(Slot(li, ai, param, "dim", arg, cands, dim, value))
             elif isinstance(value, int) and lst.repaired:
-                cands = static_asserts.numeric_candidates(param.name, value, [], src.facts)
+                cands = numeric_candidates(param.name, value, [], src.facts)
                 out.append(Slot(li, ai, param, "number", arg, cands))
             elif value is not None:
                 fixed[param.name] = value

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from astra import paths
+from astra.cxx.text import blank
 from astra.sglang.constexpr_eval import evaluate
-from astra.sglang.template_params import call_condition, strip_comments
+from astra.sglang.template_params import call_condition
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec.model import KernelSpec
@@ -158,7 +159,7 @@ def failed_condition(log: str) -> str | None:
         line = Path(m.group(1)).read_text(errors="replace").splitlines()[int(m.group(2)) - 1]
     except (OSError, IndexError):
         return None
-    d = re.search(r"\bconstexpr\b[^=;]*=\s*([^;]+);", strip_comments(line))
+    d = re.search(r"\bconstexpr\b[^=;]*=\s*([^;]+);", blank(line, literals=False))
     return d.group(1).strip() if d else None
 
 
@@ -171,7 +172,7 @@ def failed_assert(log: str) -> str | None:
         lines = Path(m.group(1)).read_text(errors="replace").splitlines()
     except OSError:
         return None
-    text = strip_comments("\n".join(lines[int(m.group(2)) - 1:int(m.group(2)) + 8]))
+    text = blank("\n".join(lines[int(m.group(2)) - 1:int(m.group(2)) + 8]), literals=False)
     at = re.search(r"\bstatic_assert\s*\(", text)
     return call_condition(text, at.end() - 1) if at else None
 

@@ -8,13 +8,13 @@ original does not compile, search for template arguments that do.
    `{dim}` holes, also through a derived name that only renames a dim, guessed literals and type
    arguments, enum and template-template parameters, mapped onto the parameters the sources declare;
    an argument list that is missing, too long or too short is repaired first, from the call site's
-   symbols of the same names); astra.sglang.static_asserts reads the conditions that apply to the
-   entry (its own kernel and what it instantiates, `if constexpr` branches as guards) and proposes
-   values: an assert's equality gives its parameter's value (or computes it from the others), bounds
-   and `% k == 0` give candidates and rule out the rest, then the models' values of the dim's meaning
-   and powers of two, the nearest to the drafted ones first. Each proposal is compiled until one
-   builds or the budget (compiles, cached ones free) is spent; a failed static_assert rules out the
-   values it names, a failed bound its whole failing side;
+   symbols of the same names); astra.sglang.source_facts reads the conditions that apply to the
+   entry (its own kernel and what it instantiates, `if constexpr` branches as guards) and
+   astra.sglang.assert_solver proposes values: an assert's equality gives its parameter's value (or
+   computes it from the others), bounds and `% k == 0` give candidates and rule out the rest, then the
+   models' values of the dim's meaning and powers of two, the nearest to the drafted ones first. Each
+   proposal is compiled until one builds or the budget (compiles, cached ones free) is spent; a failed
+   static_assert rules out the values it names, a failed bound its whole failing side;
 3. the values found go into the spec (a `derived` constant, the entry's literal, the sweep's value
    when the token dim is one an equality computes), a dtype whose variants alone fail is dropped,
    and cases of variants that still fail go to `shapes.exclude` with the compiler's reason. Every
@@ -29,7 +29,8 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from astra.sglang import registry, static_asserts
+from astra.sglang import assert_solver, registry
+from astra.sglang.constexpr_eval import evaluate
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec.expr import ExprError, render
@@ -88,16 +89,20 @@ class _Context:
         self.notes: list[str] = []  # what writing the values found changed besides the entry
 
     def check(self, keys: list[str] | None = None) -> dict[str, CheckResult]:
+        """Compile the draft's variants `keys` (None: all) as the spec stands now; a result nvcc had
+        to produce (not a cached one) counts against the budget."""
         results = check_variants(self.spec, self.tree, keys, self.workers)
         self.compiles += sum(not r.cached for r in results.values())
         return results
 
     def check_request(self, request: BuildRequest) -> CheckResult:
+        """Compile one build request (a variant with candidate template arguments), counted likewise."""
         result = check_request(request)
         self.compiles += not result.cached
         return result
 
     def request_of(self, variant: str) -> BuildRequest | None:
+        """The build request of the draft's variant `variant` (None: no such variant)."""
         return next((req for key, req in spec_requests(self.spec, self.tree) if key == variant), None)
 
 
@@ -146,6 +151,7 @@ def settle(tree: SglangTree, module: registry.JitModule, spec: dict, *, workers:
 
 
 def _first_variant_per_dtype(cases) -> dict[str, str]:
+    """{dtype: the build variant of its first case}: one compile per dtype tells whether it builds."""
     out: dict[str, str] = {}
     for case in cases:
         out.setdefault(case.dtype, case.variant)
@@ -153,6 +159,8 @@ def _first_variant_per_dtype(cases) -> dict[str, str]:
 
 
 def _drop_dtypes(spec: dict, failing: list[str], results, by_dtype, out: Settlement) -> None:
+    """Drop the dtypes `failing` from the spec (with a note quoting nvcc for each) when another dtype
+    builds: the kernel does not support them. Nothing changes when no dtype would be left."""
     kept = [dt for dt in spec["dtypes"] if dt not in failing]
     if not kept:
         return
@@ -186,6 +194,13 @@ def _exclude_failing_variants(ctx: _Context, out: Settlement) -> None:
 
 
 def _search(ctx: _Context, ks: KernelSpec, cases, first: CheckResult, out: Settlement) -> None:
+    """Search template arguments for the main dtype's first case when its drafted ones (`first`) do not
+    compile (step 2 of the module docstring): the entry's slots and their candidates, narrowed by the
+    static_asserts (only the entry's own ones when all of them together have no solution), are
+    proposed by astra.sglang.assert_solver and compiled one assignment at a time within the budget;
+    each failure adds a nogood (`_nogood`) and reorders a bound's candidates to the side that may
+    pass. The first that builds is written into the spec (`_apply`); otherwise `out` says why none
+    did (the target cannot build it at all, no value meets the asserts, or what was tried)."""
     spec = ctx.spec
     wrapper = spec["build"]["wrappers"][0]
     entry0 = wrapper["entry"]
@@ -208,10 +223,10 @@ def _search(ctx: _Context, ks: KernelSpec, cases, first: CheckResult, out: Settl
         return
     facts = ctx.sources.facts
     drafted = {s.param.name: s.candidates for s in found}
-    candidates = static_asserts.narrow(drafted, fixed, facts)
-    if found and (not all(candidates.values()) or static_asserts.solve(candidates, fixed, facts) is None):
+    candidates = assert_solver.narrow(drafted, fixed, facts)
+    if found and (not all(candidates.values()) or assert_solver.solve(candidates, fixed, facts) is None):
         facts = facts.strict()  # the asserts of what only some paths instantiate may not hold together
-        candidates = static_asserts.narrow(drafted, fixed, facts)
+        candidates = assert_solver.narrow(drafted, fixed, facts)
     nogoods: list[dict] = []
     tried: list[str] = []
     last = first
@@ -219,7 +234,7 @@ def _search(ctx: _Context, ks: KernelSpec, cases, first: CheckResult, out: Settl
     for _ in range(4 * ctx.budget):  # the budget counts compiles: a cached result costs nothing
         if ctx.compiles - start >= ctx.budget:
             break
-        assignment = static_asserts.solve(candidates, fixed, facts, nogoods) if found else {}
+        assignment = assert_solver.solve(candidates, fixed, facts, nogoods) if found else {}
         if assignment is None:
             break
         entry = render_entry(entry0, lists, found, assignment)
@@ -251,7 +266,7 @@ def _search(ctx: _Context, ks: KernelSpec, cases, first: CheckResult, out: Settl
         failed.add(cond)
         for name, bad in nogood.items():  # past a bound the assert names (or, failing again, reaches): the
             if isinstance(bad, tuple) and (again or re.search(rf"\b{name}\b", cond)):  # value furthest next
-                past = sorted(v for v in candidates[name] if not static_asserts.rules_out(v, bad))
+                past = sorted(v for v in candidates[name] if not assert_solver.rules_out(v, bad))
                 past = past if bad[0] == ">=" else past[::-1]
                 candidates[name] = past + [v for v in candidates[name] if v not in past]
     out.builds = False
@@ -277,6 +292,8 @@ def _arch_limit(ctx: _Context, result: CheckResult) -> str | None:
 
 
 def _loader_refuses(ctx: _Context) -> str | None:
+    """Why the module's Python loader refuses an sm_90a GPU (it raises for major 9), if it does: no
+    template argument can help then (astra.spec.template_check.loader_refusal)."""
     site = ctx.sources.site
     try:
         return loader_refusal((ctx.tree.root / site.file).read_text(errors="replace"), site.loader)
@@ -296,7 +313,7 @@ def _nogood(ctx: _Context, result: CheckResult | None, env: dict, names: set[str
     typed = {n for n in names if env[n] in TYPES and re.search(rf"\b{env[n]}\b", result.error if result else "")}
     if not named:
         return {n: env[n] for n in (typed or names)}  # an error about a type: the type arguments that are it
-    side = static_asserts.failing_side(cond, env, facts, named)
+    side = assert_solver.failing_side(cond, env, facts, named)
     return {n: (side[n], env[n]) if n in side and type(env[n]) is int else env[n] for n in named}
 
 
@@ -361,13 +378,13 @@ def _fix_token(ctx: _Context, slot: Slot, found: list[Slot], assignment: dict, f
     """The sweep's dim is a template argument that a static_assert's equality computes from the others
     (`NC == NUM_RED_LOG + NUM_GPUS`): each model entry's tokens (and each edge shape's) become that value."""
     spec = ctx.spec
-    expr = static_asserts.dependents([s.param.name for s in found], ctx.sources.facts).get(slot.param.name)
+    expr = assert_solver.dependents([s.param.name for s in found], ctx.sources.facts).get(slot.param.name)
     ks = KernelSpec(path=Path("draft.yaml"), raw=spec)
     values: dict[str, int] = {}
     for case in ks.shape_cases():
         names = ks.names_for(case.dims, spec["dtypes"][0])
         env = {**fixed, **assignment, **{s.param.name: names[s.dim] for s in found if s.dim in names and s is not slot}}
-        value = static_asserts.evaluate(expr, env, ctx.sources.facts) if expr else None
+        value = evaluate(expr, env, ctx.sources.facts) if expr else None
         if isinstance(value, int) and value > 0:
             values.setdefault(case.label if not case.edge else f"edge{len(values)}", value)
             if case.edge:
@@ -391,6 +408,7 @@ def _fix_dim(spec: dict, dim: str, value: int) -> None:
 
 
 def _drop_dim(spec: dict, dim: str) -> None:
+    """Remove `dim` from the spec's dims and from every model entry and edge shape that gives it."""
     spec["dims"].pop(dim, None)
     for entry in spec["shapes"].get("models") or []:
         (entry.get("dims") or {}).pop(dim, None)

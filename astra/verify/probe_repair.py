@@ -27,8 +27,8 @@ from typing import Callable, Iterable, Protocol
 
 import yaml
 
+from astra.cxx.brackets import closing, split_top
 from astra.errors import AstraError, NoGpu, SpecError, UnknownKernel
-from astra.sglang import cxx_facts
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec import model as spec_mod
@@ -306,14 +306,8 @@ def source_statement(tree: SglangTree, file: str, line: int) -> tuple[list[str],
     text = " ".join(lines[start:end + 1])
     dims: list[str] = []
     head = text.find("TensorMatcher")
-    if head >= 0 and (brace := text.find("{", head)) >= 0:
-        depth, i = 0, brace
-        while i < len(text):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                dims = cxx_facts.split_top(text[brace + 1:i])
-                break
-            i += 1
+    if head >= 0 and (brace := text.find("{", head)) >= 0 and (close := closing(text, brace)) is not None:
+        dims = split_top(text[brace + 1:close])
     return dims, _VERIFY.findall(text)
 
 

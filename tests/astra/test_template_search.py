@@ -13,10 +13,11 @@ import re
 
 import pytest
 
-from astra.sglang import registry, static_asserts
+from astra.cxx.brackets import split_top
+from astra.sglang import assert_solver, registry
 from astra.sglang.constexpr_eval import evaluate
-from astra.sglang.static_asserts import SourceFacts
-from astra.sglang.template_params import TemplateParam, call_condition, split_top, template_params
+from astra.sglang.source_facts import SourceFacts
+from astra.sglang.template_params import TemplateParam, call_condition, template_params
 from astra.spec import template_search
 from astra.spec.draft import draft_module
 from astra.spec.template_args import ArgList, EntrySources, arg_lists, rebuild
@@ -214,30 +215,30 @@ def test_constant_expressions_in_three_valued_logic():
 
 def test_candidates_and_the_solver_respect_the_static_asserts():
     facts = _facts()
-    cands = static_asserts.numeric_candidates("kVec", 16, [], facts)
+    cands = assert_solver.numeric_candidates("kVec", 16, [], facts)
     assert cands[0] == 16 and {2, 4, 8} <= set(cands)
     assert cands.index(8) < cands.index(2)  # nearest to the drafted value first
-    assert {48, 96} <= set(static_asserts.numeric_candidates("n", None, [], facts))  # the host check's
-    assert static_asserts.literals(["n % 3 == 0", "k < 1000000"]) == [3, 6, 12, 0]
+    assert {48, 96} <= set(assert_solver.numeric_candidates("n", None, [], facts))  # the host check's
+    assert assert_solver.literals(["n % 3 == 0", "k < 1000000"]) == [3, 6, 12, 0]
     fixed = {"T": "float", "kPdl": False}
     candidates = {"kVec": cands, "kLanes": [64, 32, 8]}
-    first = static_asserts.solve(candidates, fixed, facts)
+    first = assert_solver.solve(candidates, fixed, facts)
     assert first == {"kVec": 8, "kLanes": 32}
     # a compile that failed on kVec=8 rules it out; the next proposal still satisfies every assert
-    second = static_asserts.solve(candidates, fixed, facts, [{"kVec": 8}])
+    second = assert_solver.solve(candidates, fixed, facts, [{"kVec": 8}])
     assert second["kVec"] in (2, 4) and second["kLanes"] == 32
-    assert static_asserts.solve({"kVec": [16, 32]}, fixed, facts) is None
+    assert assert_solver.solve({"kVec": [16, 32]}, fixed, facts) is None
 
 
 def test_proposals_come_nearest_first_without_building_the_whole_product():
     for sizes in ([3, 1, 4], [2, 2], [5], [4, 3, 5, 2], [3, 0, 2], []):
         whole = sorted(itertools.product(*[range(n) for n in sizes]), key=lambda ix: (sum(ix), ix))
-        assert list(static_asserts.ranked_indices(sizes)) == whole, sizes
-    many = list(itertools.islice(static_asserts.ranked_indices([12] * 9), 50))  # 5e9 tuples in all
+        assert list(assert_solver.ranked_indices(sizes)) == whole, sizes
+    many = list(itertools.islice(assert_solver.ranked_indices([12] * 9), 50))  # 5e9 tuples in all
     assert many[0] == (0,) * 9 and all(sum(ix) <= 1 for ix in many[:10]) and sum(many[-1]) == 2
     facts = _facts()
     wide = {f"kUnused{i}": [0, 1, 2] for i in range(10)}  # 59049 combinations no assert rules out
-    assert static_asserts.solve({**wide, "kVec": [16, 8]}, {}, facts) == {**{n: 0 for n in wide}, "kVec": 8}
+    assert assert_solver.solve({**wide, "kVec": [16, 8]}, {}, facts) == {**{n: 0 for n in wide}, "kVec": 8}
 
 
 def test_entry_argument_lists_round_trip():
@@ -325,20 +326,20 @@ def test_facts_are_those_of_the_entrys_kernel_and_what_it_instantiates():
 
 def test_a_static_assert_is_solved_for_the_parameters_it_names():
     facts = _kernel_facts()
-    narrowed = static_asserts.narrow({"kDim": [4096, 2048, 1024, 256], "kRope": [128, 256],
+    narrowed = assert_solver.narrow({"kDim": [4096, 2048, 1024, 256], "kRope": [128, 256],
                                       "kLayout": ["A", "B"]}, {}, facts)
     assert narrowed["kRope"] == [64]  # the equality gives the value
     assert narrowed["kDim"][0] == 256 and set(narrowed["kDim"]) <= {32 * i for i in range(1, 16)}  # range, multiple
     assert narrowed["kLayout"] == ["B"]  # enumerators the asserts rule out are not tried
-    assert static_asserts.solved_for("kDim", "kDim >= 32 && kDim < 512", {}, facts) == {"==": [], "~": [32, 32, 511, 256]}
+    assert assert_solver.solved_for("kDim", "kDim >= 32 && kDim < 512", {}, facts) == {"==": [], "~": [32, 32, 511, 256]}
     # an equality between parameters computes one of them from the others
-    assert static_asserts.dependents(["NC", "A", "B"], facts) == {"NC": "A + B"}
-    assert static_asserts.solve({"NC": [5], "A": [3, 2], "B": [4]}, {}, facts) == {"NC": 7, "A": 3, "B": 4}
+    assert assert_solver.dependents(["NC", "A", "B"], facts) == {"NC": "A + B"}
+    assert assert_solver.solve({"NC": [5], "A": [3, 2], "B": [4]}, {}, facts) == {"NC": 7, "A": 3, "B": 4}
     # what a failed bound rules out is its whole failing side
     cond = "kOcc >= 1 && kOcc * kBytes <= 1000"
-    side = static_asserts.failing_side(cond, {"kOcc": 8}, facts, {"kOcc"})
-    assert side == {"kOcc": ">="} and static_asserts.rules_out(16, (">=", 8)) and not static_asserts.rules_out(4, (">=", 8))
-    assert static_asserts.solve({"kOcc": [8, 16, 4, 1]}, {}, facts, [{"kOcc": (">=", 8)}]) == {"kOcc": 4}
+    side = assert_solver.failing_side(cond, {"kOcc": 8}, facts, {"kOcc"})
+    assert side == {"kOcc": ">="} and assert_solver.rules_out(16, (">=", 8)) and not assert_solver.rules_out(4, (">=", 8))
+    assert assert_solver.solve({"kOcc": [8, 16, 4, 1]}, {}, facts, [{"kOcc": (">=", 8)}]) == {"kOcc": 4}
 
 
 def test_template_template_parameters_and_ternaries():
