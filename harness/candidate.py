@@ -141,7 +141,7 @@ class TimingServer:
         except torch.cuda.OutOfMemoryError as error:
             torch.cuda.empty_cache()
             return {"error": str(error).strip().splitlines()[0][:300], "kind": "oom"}
-        except (RuntimeError, ValueError, TypeError, KeyError) as error:
+        except (RuntimeError, ValueError, TypeError, LookupError) as error:
             ensure_usable(self.device, error, f"timing {op}")
             return {"error": str(error).strip()[:300] or type(error).__name__, "kind": "other"}
 

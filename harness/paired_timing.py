@@ -168,7 +168,7 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
     failures: list[str] = []
     verified: list[str] = []
     waited = pair.quiet.waited_s if pair.quiet is not None else 0.0
-    rounds, stop, start = 0, None, time.perf_counter()
+    rounds, stop, start, verifying = 0, None, time.perf_counter(), 0.0
     while stop is None:
         end = rounds + BATCH
         if rounds <= probe < end:
@@ -180,12 +180,14 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
             else:
                 samples["cand"] += pair.cand.sample(count)
         rounds = end
-        stop = stop_reason(samples, time.perf_counter() - start, budget_s, options.target_rel_stderr, min_samples,
-                           MAX_SAMPLES)
+        stop = stop_reason(samples, time.perf_counter() - start - verifying, budget_s, options.target_rel_stderr,
+                           min_samples, MAX_SAMPLES)
         if rounds == probe + 1:
             label = f"sample {rounds}" if stop is None else "the last sample"
+            mark = time.perf_counter()
             failures += check.verify(label, pair.orig.digests(), pair.cand.digests())
             verified.append(label)
+            verifying += time.perf_counter() - mark  # not the sampling budget's
     if verified[-1:] != ["the last sample"]:
         failures += check.verify("the last sample", pair.orig.digests(), pair.cand.digests())
         verified.append("the last sample")

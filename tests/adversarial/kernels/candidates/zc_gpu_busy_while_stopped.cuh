@@ -1,9 +1,9 @@
 // ADVERSARIAL (zc): from its kBusyAfter-th call on (the timing process: every checked call comes before),
-// a thread of its own keeps a long spin kernel running on a private stream, and nothing stops it when the
-// judge stops the process: the GPU stays busy into the original's timing (contexts share the GPU by time
-// slices, so the original's samples would include the spin's slices). The judge checks the GPU is quiet
-// before each of the original's turns (an empty kernel's latency) and rejects work that keeps it busy past
-// a bound: must be "interferes".
+// a thread of its own keeps long spin kernels queued on a private stream, one always running after the
+// process synchronised its device, and stopping the process does not stop the GPU: the spin runs into the
+// original's timing (contexts share the GPU by time slices, so the original's samples would include the
+// spin's slices). The judge checks the GPU is quiet before each of the original's turns (an empty kernel's
+// latency) and rejects work that keeps it busy past a bound: must be "interferes".
 #pragma once
 
 #include <tvm/ffi/container/tensor.h>
@@ -13,7 +13,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <cstdint>
 #include <thread>
 
@@ -78,7 +77,9 @@ __global__ void spin_kernel(unsigned long long ns) {
   } while (now - start < ns);
 }
 
-// Starts (once, outside a graph capture) a thread that keeps a spin kernel running, 2 ms apart.
+// Starts (once, outside a graph capture) a thread that keeps two spin kernels queued on a private stream:
+// whenever one ends it queues the next, so when the caller's device synchronisation returns (it waits for the
+// work queued before it), the spin queued after it is already running.
 inline void keep_the_gpu_busy(cudaStream_t caller) {
   static int calls = 0;
   static bool started = false;
@@ -96,10 +97,12 @@ inline void keep_the_gpu_busy(cudaStream_t caller) {
     cudaSetDevice(device);
     cudaStream_t side = nullptr;
     cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
-    for (;;) {
+    cudaEvent_t done[2];
+    for (cudaEvent_t& event : done) cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    for (int k = 0;; ++k) {
+      if (k >= 2) cudaEventSynchronize(done[k % 2]);  // the spin queued two launches ago has ended
       spin_kernel<<<1, 1, 0, side>>>(kSpinNs);
-      cudaStreamSynchronize(side);
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      cudaEventRecord(done[k % 2], side);
     }
   }).detach();
 }
