@@ -3,7 +3,7 @@
     python -m harness run job.json --out verdict.json    the judge: evaluate one job, write its signed verdict
     python -m harness candidate request.json --work DIR --phase outputs|timing   the candidate process
     python -m harness env [--no-measure]                 GPU, driver, CUDA, torch, tvm-ffi, L2, bandwidth
-    python -m harness sanitize job.json [--out report.json] [--tools memcheck,racecheck]
+    python -m harness sanitize job.json [--out report.json] [--tools memcheck,racecheck,initcheck]
     python -m harness probe job.json --out result.json  the ORIGINAL on every case (harness.probe.processes)
     python -m harness probe-cases request.json --results cases.jsonl   the probe's case runner
 
@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_env)
     p = sub.add_parser("sanitize", help="compute-sanitizer on a job's smallest cases")
     p.add_argument("job")
-    p.add_argument("--tools", default="memcheck,racecheck")
+    p.add_argument("--tools", default="memcheck,racecheck,initcheck")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per tool")
     p.add_argument("--out", help="write the report here instead of stdout")
     p.set_defaults(handler=cmd_sanitize)

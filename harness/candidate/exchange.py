@@ -6,10 +6,12 @@ deletes):
     signatures.json        {variant: {export: "typed signature" | null}}
     case-00003/            one directory per case, renamed into place complete (written as .tmp-case-00003/)
         manifest.json      {"case": id, "trials": [{"kind", "seed", "error", "tensors": {name: {shape, dtype}}}],
-                            "determinism": [sha256, sha256] | null}
+                            "determinism": [sha256, sha256] | null,
+                            "chain": {"error": str} | {"launches": [{"tensors": ...}, {"tensors": ...}]} | null}
         t0-a2.bin          raw bytes of tensor argument 2 after trial 0's call (C order, no header; a
                            strided view's whole storage, shape[0] * row_stride elements)
-    timings.json           {case id: {mode: {"orig": Stats, "cand": Stats, "info": {...}} | {"error", "side", "kind"}}}
+        c1-a2.bin          the same after two launches back to back, of the second launch (harness.back_to_back)
+    timed-outputs/s7-a2.bin   timing: the outputs of timed set 7 the judge asked for (harness.timed_outputs)
     done                   the outputs phase finished every case
 
 No pickle, no torch.save: tensors are raw bytes, everything else JSON. The judge computes every file
@@ -38,7 +40,6 @@ from harness.timing.stats import Stats
 BACKLOG = 2
 MAX_ERROR_CHARS = 300
 SIGNATURES = "signatures.json"
-TIMINGS = "timings.json"
 DONE = "done"
 
 
@@ -50,15 +51,31 @@ def case_dir(work: Path, index: int) -> Path:
     return Path(work) / f"case-{index:05d}"
 
 
-def tensor_file(trial: int, arg_index: int) -> str:
-    return f"t{trial}-a{arg_index}.bin"
+def tensor_file(trial: int, arg_index: int, prefix: str = "t") -> str:
+    return f"{prefix}{trial}-a{arg_index}.bin"
 
 
-def stored_args(case: Case) -> list[tuple[int, str]]:
+def stored_args(case: Case, outputs_only: bool = False) -> list[tuple[int, str]]:
     """(index, name) of every tensor argument written back: present ones, not `scratch` (never judged),
-    aliases once (they are the same tensor)."""
+    aliases once (they are the same tensor); with `outputs_only`, the `out` and `inout` ones."""
     return [(i, a.name) for i, a in enumerate(case.args)
-            if a.kind == "tensor" and a.present and a.role not in ("alias", "scratch")]
+            if a.kind == "tensor" and a.present and a.role not in ("alias", "scratch")
+            and (not outputs_only or a.role in ("out", "inout"))]
+
+
+def write_tensors(directory: Path, prefix: str, index: int, case: Case, args: dict[str, Any],
+                  outputs_only: bool = False) -> dict[str, dict[str, Any]]:
+    """Write the stored tensors of `args` as raw bytes ({prefix}{index}-a{arg}.bin); their {name: {shape, dtype}}."""
+    tensors: dict[str, dict[str, Any]] = {}
+    for arg_index, name in stored_args(case, outputs_only):
+        tensor, arg = args[name], case.args[arg_index]
+        stored = tensor
+        if arg.row_stride is not None:  # the whole storage: the judge checks the gaps too
+            stored = tensor.as_strided((storage_numel(arg),), (1,), 0)
+        data = stored.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+        data.tofile(Path(directory) / tensor_file(index, arg_index, prefix))
+        tensors[name] = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
+    return tensors
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -86,23 +103,23 @@ class CaseWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir()
         self.case = case
-        self.manifest: dict[str, Any] = {"case": case.id, "trials": [], "determinism": None}
+        self.manifest: dict[str, Any] = {"case": case.id, "trials": [], "determinism": None, "chain": None}
 
     def add_trial(self, kind: str, seed: int, error: str | None, args: dict[str, Any] | None) -> None:
         """Trial results: the launch error, or every tensor argument after the call."""
         t = len(self.manifest["trials"])
         entry: dict[str, Any] = {"kind": kind, "seed": seed, "error": error, "tensors": {}}
         if error is None and args is not None:
-            for arg_index, name in stored_args(self.case):
-                tensor, arg = args[name], self.case.args[arg_index]
-                stored = tensor
-                if arg.row_stride is not None:  # the whole storage: the judge checks the gaps too
-                    stored = tensor.as_strided((storage_numel(arg),), (1,), 0)
-                data = stored.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
-                data.tofile(self.tmp / tensor_file(t, arg_index))
-                entry["tensors"][name] = {"shape": list(tensor.shape),
-                                          "dtype": str(tensor.dtype).removeprefix("torch.")}
+            entry["tensors"] = write_tensors(self.tmp, "t", t, self.case, args)
         self.manifest["trials"].append(entry)
+
+    def add_chain(self, error: str | None, launches: list[dict[str, Any]] | None) -> None:
+        """Two launches back to back (harness.back_to_back): the error, or each launch's tensor arguments after both."""
+        if error is not None or launches is None:
+            self.manifest["chain"] = {"error": error or "an error without a message"}
+            return
+        self.manifest["chain"] = {"launches": [{"tensors": write_tensors(self.tmp, "c", i, self.case, args)}
+                                               for i, args in enumerate(launches)]}
 
     def finish(self, determinism: list[str] | None) -> None:
         self.manifest["determinism"] = determinism
@@ -140,6 +157,12 @@ def read_manifest(directory: Path, case: Case, trials: list[tuple[str, int]]) ->
     det = manifest.get("determinism")
     if det is not None and not (isinstance(det, list) and len(det) == 2 and all(isinstance(d, str) for d in det)):
         raise Malformed("malformed determinism digests")
+    chain = manifest.get("chain")
+    if chain is not None and not (isinstance(chain, dict) and (
+            isinstance(chain.get("error"), str) or (isinstance(chain.get("launches"), list)
+                                                    and len(chain["launches"]) == 2
+                                                    and all(isinstance(e, dict) for e in chain["launches"])))):
+        raise Malformed("malformed back-to-back launches")
     return manifest
 
 
@@ -153,11 +176,12 @@ def trial_error(entry: dict[str, Any]) -> str | None:
     return error[:MAX_ERROR_CHARS] or "an error without a message"
 
 
-def read_trial(directory: Path, trial: int, entry: dict[str, Any], case: Case,
-               device: torch.device) -> dict[str, torch.Tensor]:
-    """Every tensor argument of one trial, from raw bytes, validated against the job; aliases filled."""
-    tensors = entry.get("tensors")
-    expected = stored_args(case)
+def read_trial(directory: Path, trial: int, entry: dict[str, Any], case: Case, device: torch.device,
+               prefix: str = "t", outputs_only: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor argument of one trial (`prefix` "t"; "c": a back-to-back launch; "s": a timed set, outputs
+    only), from raw bytes, validated against the job; aliases filled."""
+    tensors = entry.get("tensors") if isinstance(entry, dict) else None
+    expected = stored_args(case, outputs_only)
     if not isinstance(tensors, dict) or sorted(tensors) != sorted(name for _, name in expected):
         raise Malformed(f"trial {trial}: tensors {sorted(tensors) if isinstance(tensors, dict) else tensors!r} "
                         f"are not the case's {sorted(name for _, name in expected)}")
@@ -171,7 +195,7 @@ def read_trial(directory: Path, trial: int, entry: dict[str, Any], case: Case,
                             f"expected {shape}")
         if meta.get("dtype") != str(dtype).removeprefix("torch."):
             raise Malformed(f"trial {trial}: {name} has dtype {meta.get('dtype')}, expected {arg.dtype}")
-        path = directory / tensor_file(trial, arg_index)
+        path = Path(directory) / tensor_file(trial, arg_index, prefix)
         nbytes = storage_numel(arg) * dtype.itemsize
         size = path.stat().st_size if path.is_file() and not path.is_symlink() else -1
         if size != nbytes:
@@ -213,14 +237,3 @@ def valid_stats(data: Any) -> Stats:
     if not values[1] <= values[0] <= values[2]:
         raise Malformed(f"timing percentiles out of order {data}")
     return stats
-
-
-def read_timings(work: Path) -> dict[str, Any]:
-    """timings.json as a dict (validated entry by entry by the judge)."""
-    try:
-        data = json.loads((Path(work) / TIMINGS).read_text())
-    except (OSError, ValueError) as error:
-        raise Malformed(f"unreadable timings: {error}") from error
-    if not isinstance(data, dict):
-        raise Malformed("timings is not an object")
-    return data

@@ -6,18 +6,23 @@ Started by the judge (harness.judge.evaluate) as
 
 in its own process group, with a scrubbed environment (harness.worker.process_group.scrub_env) and its own temporary
 directory as cwd, HOME and TMPDIR. The request (written by the judge) holds the job, the device, the
-.so paths of the candidate (and, for timing, of the original), the exports per variant and the judge's
-trial list per case. Results go to DIR in the formats of harness.candidate.exchange; nothing is printed as a result.
+.so paths of the candidate (never the original's), the exports per variant, the judge's trial list per
+case and, for timing, the numbers of the link's pipes. Results go to DIR in the formats of harness.candidate.exchange
+or up the link; nothing is printed as a result.
 
 - `outputs`: the export signatures of the candidate's modules first, then for every case and every
   trial the inputs generated here (harness.judge.correctness.trial_inputs: the same data the judge generates),
   one stream-ordered call with poisoned outputs (harness.judge.correctness.run_side), every tensor argument's
-  bytes after the call; then two runs on identical inputs for determinism (sha256 of each). Cases are
-  streamed one directory at a time, with backpressure (harness.candidate.exchange.wait_for_room).
-- `timing`: both modules, every timed case in every mode of the job (graph and cold, interleaved,
-  harness.timing.modes): {mode: {orig, cand, info}} or {mode: {error, side, kind}} per case, in timings.json;
-  then, per case, one call made the way each mode times it, whose output digest the judge compares with
-  the checked call's (harness.judge.timed_outputs).
+  bytes after the call; then two runs on identical inputs for determinism (sha256 of each), then two
+  launches back to back on the first seed's inputs (harness.judge.back_to_back). Cases are streamed one
+  directory at a time, with backpressure (harness.candidate.exchange.wait_for_room).
+- `timing`: the candidate's modules ONLY (the original is timed in the judge, out of this process's
+  reach); the candidate's side of the paired timing (harness.timing.timing_side), driven by the judge over the
+  two pipes whose numbers the request carries (harness.timing.timing_link: estimate, prepare, sample, digests,
+  dump, close, exit). The judge stops this process's group between its turns (harness.timing.quiet_gpu).
+
+Every phase runs inside the OS sandbox (harness.sandbox): the trusted warm-up, then the seal, then the
+candidate's modules are loaded, then no new executable mappings.
 
 A CUDA fault that leaves the context unusable escapes as `ContextLost` (exit status 1, the CUDA error
 on stderr), which the judge reports as "crashed".
@@ -36,7 +41,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from harness.candidate.exchange import DONE, SIGNATURES, TIMINGS, CaseWriter, wait_for_room, write_json_atomic
+from harness.candidate.exchange import DONE, SIGNATURES, CaseWriter, wait_for_room, write_json_atomic
 from harness.sandbox import Confinement, SandboxUnavailable
 
 log = logging.getLogger(__name__)
@@ -77,6 +82,7 @@ def run_outputs(request: dict[str, Any], work: Path, box: Confinement) -> None:
     """The `outputs` phase (see the module docstring)."""
     from harness.building.module_loading import export_signatures, load_module
     from harness.job import Job
+    from harness.judge.back_to_back import chained_call
     from harness.judge.correctness import determinism_digests, run_side, trial_inputs
 
     job = Job.from_dict(request["job"])
@@ -101,78 +107,108 @@ def run_outputs(request: dict[str, Any], work: Path, box: Confinement) -> None:
             args, error = run_side(launch, inputs, case, device, f"{case.id}: cand seed {seed} ({kind})")
             writer.add_trial(kind, seed, error, None if error else args)
             del inputs, args
+        if launch is None:
+            writer.add_chain(f"no export {job.entry}", None)
+        else:
+            launches, error = chained_call(launch, trial_inputs(case, ("seed", seed0), device), case, device,
+                                           f"{case.id}: cand back to back")
+            writer.add_chain(error, launches)
+            del launches
         writer.finish(determinism_digests(launch, case, seed0, device) if launch is not None else None)
     (work / DONE).touch()
 
 
-def measure_case(case, launches: dict, job, device) -> dict[str, dict[str, Any]]:
-    """Both sides of one case in every mode: {mode: {orig, cand, info}} or {mode: {error, side, kind}}."""
-    import torch
+class TimingServer:
+    """The candidate's side of the paired timing: one `harness.timing.timing_side.TimingSide` at a time,
+    driven by the judge's commands (harness.timing.timing_link); errors are replies ("capture", "oom",
+    "other"), a lost CUDA context ends the process."""
 
-    from harness.judge.correctness import ensure_usable
-    from harness.judge.inputs import clone_inputs, make_inputs, set_bytes, to_call_args
-    from harness.timing.modes import CaptureError, time_cold, time_graph
+    def __init__(self, job, launches: dict[str, Any], device, work: Path) -> None:
+        self.job, self.launches, self.device, self.work = job, launches, device, work
+        self.side = None
 
-    opts = job.options
-    base = make_inputs(case, opts.seeds[0] if opts.seeds else 0, device)
-    args0 = to_call_args(base, case.args)
-    results: dict[str, dict[str, Any]] = {}
-    for mode in opts.modes:
-        common = {"budget_ms": opts.budget_ms_per_case, "target_rel_stderr": opts.target_rel_stderr, "device": device}
+    def _side(self, index: Any):
+        from harness.timing.timing_side import TimingSide
+
+        if not isinstance(index, int) or not 0 <= index < len(self.job.cases):
+            raise ValueError(f"no case {index!r}")
+        case = self.job.cases[index]
+        launch = self.launches.get(case.variant)
+        if launch is None:
+            raise ValueError(f"no export {self.job.entry} for {case.variant}")
+        return TimingSide("cand", launch, case, self.device)
+
+    def handle(self, command: dict[str, Any]) -> dict[str, Any] | None:
+        import torch
+
+        from harness.judge.correctness import ensure_usable
+        from harness.timing.modes import CaptureError
+
+        op = command.get("op")
+        if op == "exit":
+            return None
         try:
-            if mode == "graph":
-                timing = time_graph(launches, lambda i: args0 if i == 0 else to_call_args(clone_inputs(base), case.args),
-                                    set_bytes(base), **common)
-            elif mode == "cold":
-                timing = time_cold(launches, args0, **common)
-            else:
-                results[mode] = {"error": f"unknown timing mode {mode!r}", "side": None, "kind": "unknown"}
-                continue
+            return self._run(op, command)
         except CaptureError as error:
-            ensure_usable(device, error, f"{case.id}: {mode} timing")
-            results[mode] = {"error": str(error)[:300], "side": error.side, "kind": "capture"}
-            continue
+            ensure_usable(self.device, error, f"timing {op}")
+            return {"error": str(error)[:300], "kind": "capture"}
         except torch.cuda.OutOfMemoryError as error:
             torch.cuda.empty_cache()
-            results[mode] = {"error": str(error).strip().splitlines()[0][:300], "side": None, "kind": "oom"}
-            continue
-        except RuntimeError as error:
-            ensure_usable(device, error, f"{case.id}: {mode} timing")
-            results[mode] = {"error": str(error).strip()[:300], "side": None, "kind": "other"}
-            continue
-        results[mode] = {side: timing.stats[side].to_dict() for side in ("orig", "cand")}
-        results[mode]["info"] = timing.info
-    return results
+            return {"error": str(error).strip().splitlines()[0][:300], "kind": "oom"}
+        except (RuntimeError, ValueError, TypeError, LookupError) as error:
+            ensure_usable(self.device, error, f"timing {op}")
+            return {"error": str(error).strip()[:300] or type(error).__name__, "kind": "other"}
+
+    def _run(self, op: Any, command: dict[str, Any]) -> dict[str, Any]:
+        from harness.candidate.exchange import write_tensors
+        from harness.judge.timed_outputs import dump_dir
+
+        if op == "estimate":
+            return {"us": self._side(command.get("case")).estimate(int(command["seed"]))}
+        if op == "prepare":
+            self.close()
+            self.side = self._side(command.get("case"))
+            self.side.prepare(str(command["view"]), [int(seed) for seed in command["seeds"]])
+            return {}
+        if op == "close":
+            self.close()
+            return {}
+        if self.side is None:
+            raise ValueError(f"{op} before prepare")
+        if op == "sample":
+            return {"us": self.side.sample(int(command["count"]))}
+        if op == "digests":
+            return {"digests": self.side.digests()}
+        if op == "dump":
+            directory = dump_dir(self.work)
+            directory.mkdir(exist_ok=True)
+            return {"tensors": {str(i): write_tensors(directory, "s", int(i), self.side.case, self.side.set_args(int(i)),
+                                                      outputs_only=True) for i in command["sets"]}}
+        raise ValueError(f"unknown command {op!r}")
+
+    def close(self) -> None:
+        if self.side is not None:
+            self.side.close()
+            self.side = None
 
 
 def run_timing(request: dict[str, Any], work: Path, box: Confinement) -> None:
     """The `timing` phase (see the module docstring)."""
-    import torch
-
     from harness.building.module_loading import load_module
     from harness.job import Job
-    from harness.judge import timed_outputs
+    from harness.timing.timing_link import serve
 
     job = Job.from_dict(request["job"])
     device = _device(request["device"])
     box.warm_up(device)
     box.seal()
-    launches = {variant: {"orig": _launch(load_module(request["orig_so"][variant]), job.entry),
-                          "cand": _launch(load_module(path), job.entry)}
-                for variant, path in request["cand_so"].items()}
+    launches = {variant: _launch(load_module(path), job.entry) for variant, path in request["cand_so"].items()}
     box.lock_exec()
-    timings: dict[str, Any] = {}
-    digests: dict[str, Any] = {}
-    for case in job.cases:
-        if case.id not in request["timed"]:
-            continue
-        log.info("candidate timing %s", case.id)
-        timings[case.id] = measure_case(case, launches[case.variant], job, device)
-        timed = [mode for mode, entry in timings[case.id].items() if "error" not in entry]
-        digests[case.id] = timed_outputs.timed_digests(case, launches[case.variant]["cand"], job, device, timed)
-        torch.cuda.empty_cache()
-    timed_outputs.write(work, digests)  # before timings.json: the judge reads both once that one exists
-    write_json_atomic(work / TIMINGS, timings)
+    server = TimingServer(job, launches, device, work)
+    link = request["link"]
+    log.info("candidate timing: serving the judge")
+    serve(int(link["commands"]), int(link["replies"]), server.handle)
+    server.close()
 
 
 def main(request_path: str, work: str, phase: str) -> int:
@@ -181,8 +217,7 @@ def main(request_path: str, work: str, phase: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     request = json.loads(Path(request_path).read_text())
     work_dir = Path(work)
-    modules = [*request["cand_so"].values(), *(request.get("orig_so") or {}).values()]
-    box = Confinement(request.get("sandbox"), writable=[Path.cwd(), work_dir], readable=modules)
+    box = Confinement(request.get("sandbox"), writable=[Path.cwd(), work_dir], readable=request["cand_so"].values())
     try:
         box.begin()
     except SandboxUnavailable as error:

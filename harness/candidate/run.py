@@ -13,6 +13,10 @@ The request says whether the candidate process must sandbox itself ("sandbox": "
 
 `failure()` turns an ended or stuck process into (status, reason): "timeout" when it made no progress
 in time (its group is killed), "crashed" when it died (the most telling line of its stderr).
+
+With `link` (phase `timing`), two pipes connect the judge and the process (harness.timing.timing_link): the
+process inherits its ends under the numbers its request names; `remote_side()` is the judge's handle on
+the candidate's timing side, `pause()` the stop/continue of its process group (harness.timing.quiet_gpu).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import Any
 from harness.candidate.exchange import wait_for
 from harness.job import Job
 from harness.sandbox import decide, request_mode
+from harness.timing.quiet_gpu import GroupPause
+from harness.timing.timing_link import RemoteSide
 from harness.worker.judge_channel import current
 from harness.worker.process_group import Isolated, ProcessOutcome, describe_exit, scrub_env, telling_line
 
@@ -40,17 +46,24 @@ class CandidateRun:
     """One candidate process of one phase; use as a context manager (the group is killed on exit)."""
 
     def __init__(self, job: Job, phase: str, *, device: str, cand_so: dict[str, str], deadline: float,
-                 orig_so: dict[str, str] | None = None, exports: dict[str, list[str]] | None = None,
-                 trials: list[list[tuple[str, int]]] | None = None, timed: list[str] | None = None,
-                 python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+                 exports: dict[str, list[str]] | None = None, trials: list[list[tuple[str, int]]] | None = None,
+                 timed: list[str] | None = None, link: bool = False, python: str = sys.executable,
+                 env: dict[str, str] | None = None) -> None:
         self.job, self.phase, self.deadline = job, phase, deadline
         self.root = Path(tempfile.mkdtemp(prefix=f"astra-cand-{phase}-", dir=exchange_base()))
         self.home, self.work = self.root / "home", self.root / "work"
         self.home.mkdir()
         self.work.mkdir()
         request = {"job": json.loads(job.to_json()), "device": device, "cand_so": cand_so,
-                   "orig_so": orig_so or {}, "exports": exports or {}, "trials": trials or [], "timed": timed or [],
+                   "exports": exports or {}, "trials": trials or [], "timed": timed or [],
                    "sandbox": request_mode(decide(job.options.sandbox)[0])}
+        child_fds: tuple[int, ...] = ()
+        self.link_fds: tuple[int, int] | None = None
+        if link:
+            commands_read, commands_write = os.pipe()
+            replies_read, replies_write = os.pipe()
+            request["link"] = {"commands": commands_read, "replies": replies_write}
+            child_fds, self.link_fds = (commands_read, replies_write), (commands_write, replies_read)
         request_path = self.root / "request.json"
         request_path.write_text(json.dumps(request))
         config = current()
@@ -58,10 +71,16 @@ class CandidateRun:
         self.wrap_exitcode = config.wrap_exitcode
         command = [*config.wrap, python, "-m", "harness", "candidate", str(request_path), "--work", str(self.work),
                    "--phase", phase]
-        self.process = Isolated(command, env=scrub_env(dict(os.environ if env is None else env), self.home),
-                                cwd=self.home, logs=self.root, die_with_parent=True)
+        try:
+            self.process = Isolated(command, env=scrub_env(dict(os.environ if env is None else env), self.home),
+                                    cwd=self.home, logs=self.root, die_with_parent=True, pass_fds=child_fds)
+        finally:
+            for fd in child_fds:  # the child's ends: only the child holds them now
+                os.close(fd)
         self.outcome: ProcessOutcome | None = None
         self.stalled = False
+        self._pause: GroupPause | None = None
+        self._remote: RemoteSide | None = None
 
     def __enter__(self) -> "CandidateRun":
         return self
@@ -108,9 +127,30 @@ class CandidateRun:
             return "crashed", f"candidate process ({self.phase}) exited without {waiting_for}"
         return "crashed", f"candidate process {describe_exit(outcome.returncode)}" + (f": {line}" if line else "")
 
+    def pause(self) -> GroupPause:
+        """The stop/continue of this process's group (it leads its own group)."""
+        if self._pause is None:
+            self._pause = GroupPause(self.process.proc.pid)
+        return self._pause
+
+    def remote_side(self, timeout_s: float) -> RemoteSide:
+        """The judge's handle on the candidate's timing side (needs `link`; one per process): every command
+        first resumes a stopped group and waits at most `timeout_s` (and what is left of the budget) for its
+        reply."""
+        if self.link_fds is None:
+            raise ValueError("a candidate process started without a link")
+        if self._remote is None:
+            self._remote = RemoteSide(*self.link_fds, alive=self.alive, timeout_s=timeout_s,
+                                      before_call=self.pause().resume, remaining=self.remaining)
+        return self._remote
+
     def close(self) -> None:
         if self.outcome is None:
             self.outcome = self.process.kill()
+        if self.link_fds is not None:
+            for fd in self.link_fds:
+                os.close(fd)
+            self.link_fds = None
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -3,7 +3,7 @@
 Split in two so the sides can live in different processes: `run_side` runs ONE side on one trial
 (fresh inputs from `trial_inputs`, `out` tensors poisoned, one stream-ordered call); `judge_trial`
 compares both sides' post-call tensors for one trial. The judge (harness.judge.evaluate) runs the original
-itself and reads the candidate's outputs from the candidate process; `check_case` runs both sides in
+itself and reads the candidate's outputs from the candidate process; `harness.judge.both_sides.check_case` runs both sides in
 one process (CPU tests, trusted code only).
 
 Trials (`trials_for`): every seed of the job, plus, on fresh seeds, a `large`, a `small` and an
@@ -18,7 +18,10 @@ Trials (`trials_for`): every seed of the job, plus, on fresh seeds, a `large`, a
 - with a reference, float outputs are judged by the reference rule (plus the NaN/Inf-position rule);
   the tolerance check against the original is still recorded; integer outputs are always exact.
 
-Determinism (two runs of each side on identical inputs, bitwise) is recorded, never decisive.
+Determinism (two runs of each side on identical inputs, bitwise) is recorded; a candidate that is not
+deterministic where the original is fails the case (`judge_determinism`): bits it may vary by are bits a
+timed launch could hide skipped work in, and they would move its timed checks from bits to values.
+Two launches back to back, the second depending on the first, are checked too (harness.back_to_back).
 A candidate launch that raises fails the case. Fail closed: the original raising raises
 `OriginalFailed`, a reference.py that raises raises `ReferenceFailed` (the judge turns them into the
 "original_failed" and "reference_error" verdicts). If the CUDA context is no longer usable after a
@@ -31,7 +34,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -95,7 +99,7 @@ def ensure_usable(device: torch.device, error: BaseException, where: str) -> Non
         raise ContextLost(f"{where}: {error} (context unusable: {sticky})") from error
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
@@ -129,13 +133,15 @@ def call(launch: Launch, args: dict[str, Any], case: Case, device: torch.device,
         synchronize(device)
     except Exception as error:  # the kernel's own failure is a result, not a crash of the harness
         ensure_usable(device, error, where)
-        return _first_line(error)
+        return first_line(error)
     return None
 
 
-def _ordered_call(launch: Launch, args: dict[str, Any], case: Case, device: torch.device) -> None:
-    tensors = case.tensors()
-    pristine = {a.name: args[a.name].clone() for a in tensors if a.role in ("inout", "scratch")}
+@contextmanager
+def on_check_stream(args: dict[str, Any], case: Case, device: torch.device) -> Iterator[None]:
+    """The body runs on the checking stream behind a delay, after every `out` of `args` was poisoned and every
+    `inout`/`scratch` rewritten with its pristine value on that stream; the device is synchronised after."""
+    pristine = {a.name: args[a.name].clone() for a in case.tensors() if a.role in ("inout", "scratch")}
     stream = _check_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
@@ -143,9 +149,14 @@ def _ordered_call(launch: Launch, args: dict[str, Any], case: Case, device: torc
         poison_outputs(args, case.args)
         for name, value in pristine.items():
             args[name].copy_(value)
-        launch(to_call_args(args, case.args))
-        snapshot = clone_inputs({a.name: args[a.name] for a in tensors})
+        yield
     synchronize(device)
+
+
+def _ordered_call(launch: Launch, args: dict[str, Any], case: Case, device: torch.device) -> None:
+    with on_check_stream(args, case, device):
+        launch(to_call_args(args, case.args))
+        snapshot = clone_inputs({a.name: args[a.name] for a in case.tensors()})
     args.update(snapshot)
 
 
@@ -165,6 +176,19 @@ def reference_args(inputs: dict[str, Any]) -> dict[str, Any]:
     """Float64 copies of float tensors; integer/bool tensors cloned in their dtype (they index)."""
     return {k: (v.to(torch.float64) if v.is_floating_point() else v.clone()) if isinstance(v, torch.Tensor) else v
             for k, v in inputs.items()}
+
+
+def run_reference(reference: Reference, case: Case, args: dict[str, Any], where: str) -> dict[str, Any]:
+    """The reference's outputs on `args` (float64 copies), an in-place output also under the name of the
+    argument that aliases it; raises ReferenceFailed when reference.py raises (fail closed)."""
+    try:
+        ref_out = dict(reference(args, dict(case.dims)))
+    except Exception as error:  # fail closed: the spec's reference is broken, not the candidate
+        raise ReferenceFailed(f"{case.id}: {where}: reference.py raised {first_line(error)}") from error
+    for arg in case.args:
+        if arg.role == "alias" and arg.alias and arg.alias not in ref_out and arg.name in ref_out:
+            ref_out[arg.alias] = ref_out[arg.name]  # the reference names the in-place output
+    return ref_out
 
 
 def trials_for(case: Case, seeds: list[int], extra: bool = True) -> list[Trial]:
@@ -214,7 +238,7 @@ def _merge_check(result: CaseResult, name: str, check: OutputCheck) -> None:
     result.checks[name] = merged.to_dict()
 
 
-def _judge_reference(result: CaseResult, name: str, orig: torch.Tensor, cand: torch.Tensor, ref: torch.Tensor,
+def judge_reference(result: CaseResult, name: str, orig: torch.Tensor, cand: torch.Tensor, ref: torch.Tensor,
                      floor: float, where: str) -> None:
     err_o, err_c = error_vs_reference(orig, ref), error_vs_reference(cand, ref)
     ok, why = reference_verdict(err_c["rel_l2"], err_o["rel_l2"], floor)
@@ -264,26 +288,27 @@ def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: 
     sorted_orig = canonical(case, orig)  # unordered outputs: order is not the result
     unordered = {n for n in sorted_orig if sorted_orig[n] is not orig[n]}  # judged against the original only
     orig, cand = sorted_orig, canonical(case, cand)
-    ref_out: dict[str, Any] = {}
-    if reference is not None:
-        try:
-            ref_out = reference(reference_args(inputs), dict(case.dims))
-        except Exception as error:  # fail closed: the spec's reference is broken, not the candidate
-            raise ReferenceFailed(f"{case.id}: {where}: reference.py raised {_first_line(error)}") from error
-    aliases = {a.alias: a.name for a in case.args if a.role == "alias" and a.alias}
+    ref_out = run_reference(reference, case, reference_args(inputs), where) if reference is not None else {}
+    if result.trials == 1:
+        result.notes += [f"reference gives no {arg.name}: compared with the original's tolerances"
+                         for arg in compared if ref_out and arg.name not in ref_out]
+    judge_outputs(result, case, job, compared, orig, cand, ref_out, unordered, where)
+
+
+def judge_outputs(result: CaseResult, case: Case, job: Job, compared: list, orig: dict[str, Any],
+                  cand: dict[str, Any], ref_out: dict[str, Any], unordered: set[str], where: str) -> None:
+    """Fail `result` for each of the `compared` outputs of `cand` (canonical) that the rules of the module
+    docstring refuse: the reference rule for a float output the reference gives (with the NaN/Inf rule),
+    else the original's tolerance."""
     for arg in compared:
-        if arg.name in aliases and arg.name not in ref_out and aliases[arg.name] in ref_out:
-            ref_out[arg.name] = ref_out[aliases[arg.name]]  # the reference names the in-place output
         tol = tolerance_for(job.tolerance, arg.dtype, case.dtype)
         check = compare_outputs(orig[arg.name], cand[arg.name], tol)
         _merge_check(result, arg.name, check)
         ref = ref_out.get(arg.name)
-        if ref_out and ref is None and result.trials == 1:
-            result.notes.append(f"reference gives no {arg.name}: compared with the original's tolerances")
         if ref is not None and orig[arg.name].is_floating_point() and arg.name not in unordered:
             if check.nonfinite_mismatches:
                 result.fail(f"{where}: {arg.name}: {check.reason}")
-            _judge_reference(result, arg.name, orig[arg.name], cand[arg.name], ref, tol["floor"], where)
+            judge_reference(result, arg.name, orig[arg.name], cand[arg.name], ref, tol["floor"], where)
         elif not check.ok:
             result.fail(f"{where}: {arg.name}: {check.reason}")
 
@@ -297,20 +322,21 @@ def original_outputs(launch: Launch, case: Case, trial: Trial, device: torch.dev
     return inputs, orig
 
 
-def check_case(case: Case, launches: dict[str, Launch], job: Job, device: torch.device | str,
-               reference: Reference | None = None) -> CaseResult:
-    """Correctness of `case` with both sides in this process (see the module docstring); `launches` has
-    "orig" and "cand". Only for trusted code (CPU tests): the judge never runs a candidate itself."""
-    device = torch.device(device)
-    result = new_result(case)
-    for trial in trials_for(case, job.options.seeds, job.options.extra_trials):
-        inputs, orig = original_outputs(launches["orig"], case, trial, device)
-        cand, error = run_side(launches["cand"], inputs, case, device, f"{case.id}: cand {describe(trial)}")
-        judge_trial(result, case, job, trial, inputs, orig, None if error else cand, error, reference)
-    seed = job.options.seeds[0] if job.options.seeds else 0
-    result.deterministic_orig = deterministic(launches["orig"], case, seed, device)
-    result.deterministic_cand = deterministic(launches["cand"], case, seed, device)
-    return result
+def judge_determinism(result: CaseResult) -> None:
+    """Fail `result` when the candidate is not deterministic where the original is (see the module docstring)."""
+    if result.deterministic_orig is not True or result.deterministic_cand is True:
+        return
+    if result.deterministic_cand is None:
+        result.fail("the candidate raised in its determinism runs (two runs on identical inputs)")
+    else:
+        result.fail("the candidate is not deterministic: two runs on identical inputs gave different outputs, "
+                    "where the original's are bit-identical")
+
+
+def same_outputs(case: Case, a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two calls' outputs (every `out` and `inout`, unordered ones canonical) are bit-identical."""
+    a, b = canonical(case, a), canonical(case, b)
+    return all(unchanged(a[name], b[name]) for name in output_names(case))
 
 
 def canonical(case: Case, tensors: dict[str, Any]) -> dict[str, Any]:

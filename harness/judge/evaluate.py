@@ -11,10 +11,14 @@ Runs in the process `harness.worker.judge_process.run_job` starts (`python -m ha
 4. start the candidate process, phase `outputs` (harness.candidate.run): compare its reported export
    signatures with the original's ("missing_export", "signature_mismatch"), then per case compute the
    original's outputs on identical inputs here, read the candidate's raw outputs (harness.candidate.exchange:
-   validated against the job, deleted once judged) and judge every trial (harness.judge.correctness);
-5. when every case is correct, phase `timing` in a new candidate process: its numbers are untrusted,
-   validated, and speedups, floors and suspect flags are computed here (harness.judge.timings); one call
-   per mode made the way it is timed must give the checked call's outputs (harness.judge.timed_outputs).
+   validated against the job, deleted once judged) and judge every trial (harness.judge.correctness), the two launches
+   back to back (harness.judge.back_to_back) and the candidate's determinism (not deterministic where the
+   original is: incorrect);
+5. when every case is correct, the paired timing (harness.judge.timings.time_cases): the ORIGINAL is timed
+   here, the candidate in a new candidate process that loads only the candidate's modules, sample by
+   sample over pipes, the candidate's process group stopped and the GPU checked quiet before each of the
+   original's turns (harness.timing.quiet_gpu: "interferes" when it is not); every timed launch runs on a checked
+   input set and is verified (harness.judge.timed_outputs); speedups, floors and suspect flags are computed here.
 
 Before all of it, the OS sandbox every candidate process closes itself in (harness.sandbox): when it is
 wanted and this kernel cannot provide it, the verdict is "sandbox_unavailable" and nothing is built or
@@ -54,19 +58,26 @@ from harness.candidate.exchange import (
 from harness.candidate.run import CandidateRun, judge_deadline, progress_timeout
 from harness.environment.measured import measured_environment
 from harness.job import Job
-from harness.judge import timed_outputs
+from harness.judge.back_to_back import chained_call, judge_chain
 from harness.judge.correctness import (
     OriginalFailed,
     ReferenceFailed,
     deterministic,
+    judge_determinism,
     judge_trial,
     load_reference,
     new_result,
     original_outputs,
+    output_digest,
+    same_outputs,
+    trial_inputs,
     trials_for,
 )
-from harness.judge.timings import apply_timings
+from harness.judge.timed_outputs import Checked
+from harness.judge.timings import apply_timings, time_cases
 from harness.judge.verdict import CaseResult, Verdict, decide
+from harness.timing.quiet_gpu import Interference, ProcessGone, QuietGpu
+from harness.timing.timing_link import LinkBroken
 
 __all__ = ["evaluate", "default_cache_dir"]
 log = logging.getLogger(__name__)
@@ -192,33 +203,66 @@ def drop_in(job: Job, orig: dict[str, dict], cand: dict[str, dict]) -> tuple[dic
 
 
 def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, device: torch.device,
-               reference, checked: dict[str, str | None]) -> CaseResult | None:
-    """The verdict on one case from the candidate's streamed results (None: they never came); the digest
-    of its first determinism run goes into `checked` (harness.judge.timed_outputs compares timed calls with it)."""
+               reference, checked: dict[str, Checked]) -> CaseResult | None:
+    """The verdict on one case from the candidate's streamed results (None: they never came). What the timed
+    launches are verified against goes into `checked` (harness.judge.timed_outputs): the digest of the candidate's
+    checked outputs on the first seed, computed here from its raw outputs, whether they matched the
+    original's bit for bit on every trial, and both sides' determinism."""
     case = job.cases[index]
     directory = case_dir(run.work, index)
     if not run.wait_for(directory, progress_timeout(job.options.case_timeout_s + (FIRST_CASE_EXTRA_S if index == 0 else 0.0))):
         return None
     result = new_result(case)
+    seed = job.options.seeds[0] if job.options.seeds else 0
+    record = Checked()
     try:
         manifest = read_manifest(directory, case, trials)
+        exact = True
         for t, trial in enumerate(trials):
             entry = manifest["trials"][t]
             error = trial_error(entry)
             inputs, orig = original_outputs(launch, case, trial, device)
             cand = None if error else read_trial(directory, t, entry, case, device)
             judge_trial(result, case, job, trial, inputs, orig, cand, error, reference)
+            exact = exact and cand is not None and same_outputs(case, orig, cand)
+            if cand is not None and tuple(trial) == ("seed", seed):
+                record.digest = output_digest(case, cand)
             del inputs, orig, cand
+        record.bit_exact = exact
+        _judge_chain(directory, manifest, case, job, launch, device, result, reference)
         digests = manifest["determinism"]
         result.deterministic_cand = None if digests is None else digests[0] == digests[1]
-        checked[case.id] = digests[0] if digests else None
+        read = True
     except Malformed as error:
         result.fail(f"the candidate process's results are malformed: {error}")
+        read = False
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    seed = job.options.seeds[0] if job.options.seeds else 0
     result.deterministic_orig = deterministic(launch, case, seed, device)
+    if read:
+        judge_determinism(result)
+    record.deterministic_orig, record.deterministic_cand = result.deterministic_orig, result.deterministic_cand
+    checked[case.id] = record
     return result
+
+
+def _judge_chain(directory: Path, manifest: dict, case, job: Job, launch, device: torch.device,
+                 result: CaseResult, reference) -> None:
+    """Two launches back to back (harness.back_to_back): the original's here, the candidate's from its results."""
+    chain = manifest.get("chain")
+    if chain is None:
+        raise Malformed("no back-to-back launches")
+    seed = job.options.seeds[0] if job.options.seeds else 0
+    inputs = trial_inputs(case, ("seed", seed), device)
+    orig, orig_error = chained_call(launch, inputs, case, device, f"{case.id}: orig back to back")
+    if orig is None:
+        result.notes.append(f"two launches back to back not checked: the original raised {orig_error}")
+        return
+    if "error" in chain:
+        judge_chain(result, case, job, inputs, orig, None, str(chain["error"])[:300])
+        return
+    cand = [read_trial(directory, i, entry, case, device, prefix="c") for i, entry in enumerate(chain["launches"])]
+    judge_chain(result, case, job, inputs, orig, cand, None, reference)
 
 
 def _device(device: torch.device | str | None) -> torch.device:
@@ -303,7 +347,8 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
             return done(outcome)
         results, checked, signatures = outcome
     phases["check_s"] = time.monotonic() - mark
-    return done(_timing_phase(job, device, deadline, keys, paths, cand_so, results, checked, signatures, env, phases))
+    return done(_timing_phase(job, device, deadline, keys, modules, cand_so, results, checked, signatures, env, phases,
+                              reference))
 
 
 def _unchecked(job: Job) -> list[CaseResult]:
@@ -318,11 +363,12 @@ def _unchecked(job: Job) -> list[CaseResult]:
 
 def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[str], cand_so: dict,
                    modules: dict, orig_signatures: dict, reference, env: dict):
-    """The candidate's outputs judged case by case: (results, checked digests, signatures), or a failure."""
+    """The candidate's outputs judged case by case: (results, what the timed launches are verified against,
+    signatures), or a failure."""
     trials = [trials_for(case, job.options.seeds, job.options.extra_trials) for case in job.cases]
     launches = {key: _launch(modules[key], job.entry) for key in keys}
     results: list[CaseResult] = []
-    checked: dict[str, str | None] = {}
+    checked: dict[str, Checked] = {}
     with CandidateRun(job, "outputs", device=str(device), cand_so=cand_so, deadline=deadline,
                       exports={key: _exports(job, key) for key in keys}, trials=trials) as run:
         if not run.wait_for(run.work / SIGNATURES, progress_timeout(STARTUP_S)):
@@ -350,9 +396,11 @@ def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[s
     return results, checked, signatures
 
 
-def _timing_phase(job: Job, device: torch.device, deadline: float, keys: list[str], paths: dict, cand_so: dict,
-                  results: list[CaseResult], checked: dict, signatures: dict, env: dict, phases: dict) -> Verdict:
-    """Both sides timed in one candidate process, then the verdict (see the module docstring)."""
+def _timing_phase(job: Job, device: torch.device, deadline: float, keys: list[str], modules: dict, cand_so: dict,
+                  results: list[CaseResult], checked: dict, signatures: dict, env: dict, phases: dict,
+                  reference=None) -> Verdict:
+    """The original timed here, the candidate in a candidate process of its own, interleaved and every timed
+    launch verified (harness.judge_timing.time_cases); then the verdict (see the module docstring)."""
     mark = time.monotonic()
     notes: list[str] = []
     incomplete: list[str] = []
@@ -360,17 +408,24 @@ def _timing_phase(job: Job, device: torch.device, deadline: float, keys: list[st
     if not all(r.correct for r in results):
         notes.append("timing skipped: the candidate is incorrect")
     elif timed and job.options.modes and device.type == "cuda":
-        orig_so = {key: paths[("orig", key)] for key in keys}
-        log.info("timing %d case(s), %s, original and candidate", len(timed), " and ".join(job.options.modes))
-        with CandidateRun(job, "timing", device=str(device), cand_so=cand_so, orig_so=orig_so, timed=timed,
-                          deadline=deadline) as run:
-            outcome = run.finish()
-            if outcome.timed_out or not run.clean_exit():
+        log.info("timing %d case(s), %s, original here and candidate in its process", len(timed),
+                 " and ".join(job.options.modes))
+        orig_launches = {key: _launch(modules[key], job.entry) for key in keys}
+        quiet = QuietGpu(device)  # the idle GPU's latency, before the candidate process starts
+        with CandidateRun(job, "timing", device=str(device), cand_so=cand_so, timed=timed, deadline=deadline,
+                          link=True) as run:
+            try:
+                timings = time_cases(job, results, checked, orig_launches, run, device, quiet, reference)
+                run.remote_side(job.options.case_timeout_s).exit()
+            except Interference as error:
+                return _failure(job, "interferes", str(error), signatures=signatures, env=env)
+            except (LinkBroken, ProcessGone):
                 status, reason = run.failure("timings")
                 return _failure(job, status, reason, signatures=signatures, env=env)
-            incomplete = apply_timings(run.work, job, results, env, device)
-            if job.options.outputs_checked:  # a timed call must compute the checked result
-                timed_outputs.judge(run.work, job, results, checked)
+            if not run.clean_exit():
+                status, reason = run.failure("a clean exit")
+                return _failure(job, status, f"{reason} (after its timings)", signatures=signatures, env=env)
+        incomplete = apply_timings(timings, job, results, env, device)
     phases["time_s"] = time.monotonic() - mark
     verdict = decide(results, list(job.options.modes), job.options.slowdown_threshold)
     if verdict.status == "correct" and incomplete:

@@ -1,39 +1,97 @@
-"""The judge's half of timing: the candidate's numbers checked against the judge's own environment.
+"""The judge's half of timing: the paired timing of every timed case, the environment it measures itself, and
+the numbers turned into speedups, floors and suspect flags.
 
-The candidate process (harness.candidate.process, phase `timing`) times both sides interleaved, because that
-is where both modules may be loaded. Its numbers are untrusted: `apply_timings` keeps a mode only when both
-sides' statistics are finite, positive and ordered (harness.candidate.exchange.valid_stats), and computes the
-speedup, its noise, both floors and the suspect flags here from the judge's own environment (the `env` of
-harness.environment.measured: the GPU's performance model, harness.timing.perf_model, measured in a judge and
-cached per GPU; the floors, harness.timing.roofline). The input rotation of graph mode is recomputed here from
-the job, never taken from the candidate's `info`. A copy of each shape's bytes is timed here too (a reference,
-harness.timing.copy_reference). A mode that could not be measured (out of memory, the original's capture
-failing, missing or malformed numbers) is returned as an "incomplete" reason; the candidate's own capture
-failing fails its case, as before.
+`time_cases` times each timed case in each view with the original in this process and the candidate in its
+candidate process (harness.judge.paired_timing), and verifies every timed launch (harness.judge.timed_outputs): a
+difference fails the case. `apply_timings` keeps a view only when both sides' statistics are finite, positive
+and ordered (harness.candidate.exchange.valid_stats), and computes the speedup, its noise, both floors and the suspect
+flags from the judge's own environment (the `env` of harness.environment.measured: the GPU's performance
+model, harness.timing.perf_model, measured in a judge and cached per GPU; the floors, harness.timing.roofline). The graph view's input sets are the
+count the judge chose (`info.input_sets`). A copy of each shape's bytes is timed here too (a reference). A
+view that could not be measured (out of memory, the original's capture failing) is returned as an
+"incomplete" reason; the candidate's own capture failing fails its case, as before.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness.candidate.exchange import Malformed, read_timings, valid_stats
-from harness.job import Case, Job, dtype_size
+from harness.candidate.exchange import Malformed, read_trial, valid_stats
+from harness.job import TIMING_MODES, Case, Job, dtype_size
 from harness.judge.inputs import storage_numel
+from harness.judge.paired_timing import Pair, time_view
+from harness.judge.timed_outputs import Checked, LaunchCheck, dump_dir
 from harness.judge.verdict import CaseResult, ModeTiming
 from harness.timing.copy_reference import copy_floor
 from harness.timing.modes import sets_needed
 from harness.timing.perf_model import PerfModel
+from harness.timing.quiet_gpu import QuietGpu
 from harness.timing.roofline import floor_entry, floors, roofline_entry, suspect
 from harness.timing.stats import speedup
+from harness.timing.timing_side import TimingSide
+
+log = logging.getLogger(__name__)
+
+
+def time_cases(job: Job, results: list[CaseResult], checked: dict[str, Checked], orig_launches: dict[str, Any],
+               run, device: torch.device, quiet: QuietGpu | None, reference=None) -> dict[str, dict[str, Any]]:
+    """Every timed case in every view of the job, paired (harness.judge.paired_timing): {case id: {view: entry}}.
+    Verification failures fail their case (notes, when the outputs were not checked: the original timed
+    against itself). `run`: the candidate process (harness.candidate_run.CandidateRun, with a link);
+    `reference`: the spec's reference (values are judged as the checked calls' are). Raises
+    LinkBroken/ProcessGone (the candidate process failed) and Interference."""
+    remote = run.remote_side(job.options.case_timeout_s)
+    timings: dict[str, dict[str, Any]] = {}
+    for index, (case, result) in enumerate(zip(job.cases, results)):
+        if not (case.timed and result.timed):
+            continue
+        log.info("timing %s (%s)", case.id, " and ".join(job.options.modes))
+        remote.case = index
+        orig = TimingSide("orig", orig_launches[case.variant], case, device)
+        pair = Pair(orig, remote, run.pause(), quiet)
+        timings[case.id] = {}
+        for view in job.options.modes:
+            if view not in TIMING_MODES:
+                timings[case.id][view] = {"error": f"unknown timing mode {view!r}", "side": None, "kind": "unknown"}
+                continue
+
+            def make_check(seeds: list[int], case=case, orig=orig, view=view) -> LaunchCheck:
+                return LaunchCheck(case, job, view, seeds, checked.get(case.id) if job.options.outputs_checked else None,
+                                   orig.set_args, lambda indices: _fetch(remote, run.work, case, indices, device),
+                                   reference)
+
+            outcome = time_view(case, view, pair, job.options, make_check, device)
+            timings[case.id][view] = outcome.entry
+            for reason in outcome.failures:
+                if job.options.outputs_checked:
+                    result.fail(reason)
+                else:
+                    result.notes.append(f"timed launches: {reason}")
+        torch.cuda.empty_cache()
+    return timings
+
+
+def _fetch(remote, work: Path, case: Case, indices: list[int], device: torch.device) -> dict[int, dict[str, Any]]:
+    """The candidate's outputs of timed sets `indices`, written by its process and read here (validated)."""
+    entries = remote.dump(indices)
+    directory = dump_dir(work)
+    try:
+        return {i: read_trial(directory, i, {"tensors": entries.get(str(i))}, case, device, prefix="s",
+                              outputs_only=True) for i in indices}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def rotation_sets(case: Case, l2: int) -> int:
-    """The input sets graph mode cycles through for `case`, as harness.timing.modes sizes them: whole storages
-    of the tensors of one set (an alias once, an absent tensor not at all) against L2."""
+    """The input sets graph mode cycles through for `case`, as harness.timing sizes them: whole storages
+    of the tensors of one set (an alias once, an absent tensor not at all) against L2. Used for entries
+    without the judge's own count (`info.input_sets` of the paired timing)."""
     held = sum(storage_numel(a) * dtype_size(a.dtype) for a in case.tensors() if a.role != "alias")
     return sets_needed(held, l2)
 
@@ -63,6 +121,8 @@ def apply_mode(result: CaseResult, mode: str, entry: Any, env: dict[str, Any], c
     result.timings[mode] = ModeTiming(orig=orig, cand=cand, speedup=ratio, ratio_rel_stderr=noise, info=info)
     model = PerfModel.from_env(env)
     sets, in_place = (rotation_sets(case, model.l2_bytes), case.in_place()) if case is not None else (1, True)
+    if isinstance(info.get("input_sets"), int) and info["input_sets"] > 0:  # the judge's own count (paired timing)
+        sets = info["input_sets"]
     if case is not None:
         read, written, _ = case.traffic()
     elif result.bytes_read is not None and result.bytes_written is not None:
@@ -78,13 +138,9 @@ def apply_mode(result: CaseResult, mode: str, entry: Any, env: dict[str, Any], c
     return None
 
 
-def apply_timings(work: Path, job: Job, results: list[CaseResult], env: dict[str, Any],
+def apply_timings(timings: dict[str, Any], job: Job, results: list[CaseResult], env: dict[str, Any],
                   device: torch.device) -> list[str]:
-    """The candidate process's timings.json into `results`; returns the "incomplete" reasons."""
-    try:
-        timings = read_timings(work)
-    except Malformed as error:
-        return [f"timings: {error}"]
+    """The paired timings ({case id: {view: entry}}, `time_cases`) into `results`; returns the "incomplete" reasons."""
     incomplete: list[str] = []
     for case, result in zip(job.cases, results):
         result.bytes_read, result.bytes_written, result.bytes_split = case.traffic()

@@ -23,6 +23,7 @@ STATUSES = (
     "reference_error",  # the spec's reference.py does not load or raises: the spec is broken, not the candidate
     "original_failed",  # the ORIGINAL raised or failed to build on a case of the suite: nothing to compare with
     "incomplete",  # a timing mode could not be measured (e.g. out of memory): the speed claim is unproven
+    "interferes",  # GPU work of the candidate ran on while it was stopped for the original's timing
     "environment_error",  # the machine failed (disk full, ...), not the candidate
     "built",  # compiled only, never run (a dry run)
     "timed",  # the original timed against itself with no outputs compared (`astra survey`, `bench --time-only`)
@@ -32,7 +33,8 @@ STATUSES = (
 
 @dataclass
 class ModeTiming:
-    """Both sides of one case in one timing mode, measured interleaved in one process."""
+    """Both sides of one case in one timing mode, measured interleaved: the original in the judge, the
+    candidate in its own process (harness.paired_timing)."""
 
     orig: Stats
     cand: Stats

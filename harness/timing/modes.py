@@ -1,4 +1,10 @@
-"""GPU timing in two named modes, original and candidate interleaved in one loop so drift cancels.
+"""GPU timing of trusted code in one process, in two named views, sides interleaved in one loop so drift cancels.
+
+What is timed here is trusted: torch's own copies and empty kernels (the floors and the performance model,
+harness.roofline, harness.perf_model, scripts/timing_probe.py). A CANDIDATE is never timed by these
+functions: the judge times the original in its own process and the candidate in the candidate's, sample by
+sample, on checked input sets (harness.paired_timing, harness.timing_side); it shares the settings and the
+stop rule below.
 
 `graph`: one CUDA graph per side holding K launches that cycle through N input sets, where N is the
 smallest count whose bytes reach 3 x the L2 size (so no launch finds its inputs in L2 from the last
@@ -17,8 +23,8 @@ enqueues and a host pause cannot land between a sample's events. This is hardeni
 p90 = 5-7 x median seen once on an H200 did not come back with or without it (docs/known-limitations.md);
 `info.batch_position` records where slow samples fall, should they return. The loop stops once
 every side has `min_samples` samples and each side's `stats.rel_stderr` is under the target, or when
-the budget (`budget_ms` per side) is spent. `min_samples` is honoured past the budget up to
-`_HARD_BUDGET_FACTOR` x the budget, so a pathologically slow kernel cannot hold the worker forever.
+the budget (`budget_ms` per side) is spent (`stop_reason`). `min_samples` is honoured past the budget up to
+`HARD_BUDGET_FACTOR` x the budget, so a pathologically slow kernel cannot hold the worker forever.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ MAX_BUSY_US = 20000.0
 PAUSE_GC = os.environ.get("ASTRA_TIMING_PAUSE_GC", "1") != "0"
 _FIXED_BUSY_US = float(os.environ["ASTRA_TIMING_KEEP_BUSY_US"]) if os.environ.get("ASTRA_TIMING_KEEP_BUSY_US") else None
 _SPIN_CYCLES_PER_US = 2000  # torch.cuda._sleep counts clock cycles; ~2 GHz on H100/H200 (a longer spin is harmless)
-_HARD_BUDGET_FACTOR = 5.0
+HARD_BUDGET_FACTOR = 5.0
 
 Launch = Callable[[Sequence[Any]], Any]  # calls the kernel with positional arguments
 
@@ -85,7 +91,7 @@ def sets_needed(bytes_per_set: int, l2: int, factor: int = ROTATION_FACTOR, cap:
     return max(1, min(cap, math.ceil(factor * l2 / bytes_per_set)))
 
 
-def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+def event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
@@ -94,7 +100,7 @@ def _busy_setting(keep_busy_us: float | None) -> float | None:
     return keep_busy_us if keep_busy_us is not None else _FIXED_BUSY_US
 
 
-def _settings(keep_busy_us: float | None) -> dict[str, Any]:
+def sampling_settings(keep_busy_us: float | None) -> dict[str, Any]:
     """The sampling settings in effect, for `Timing.info`."""
     busy = _busy_setting(keep_busy_us)
     return {"keep_busy_us": "auto" if busy is None else busy, "pause_gc": PAUSE_GC}
@@ -105,6 +111,28 @@ def keep_busy(us: float) -> None:
     sleep = getattr(torch.cuda, "_sleep", None)
     if us > 0 and sleep is not None:
         sleep(int(us * _SPIN_CYCLES_PER_US))
+
+
+def stop_reason(samples: dict[str, list[float]], elapsed_s: float, budget_s: float, target: float,
+                min_samples: int, max_samples: int) -> str | None:
+    """Why sampling stops now ("converged", "max_samples", "budget"), or None to go on: every side has
+    `min_samples` samples with a relative standard error under `target`; or `max_samples`; or the budget
+    (`budget_s`, all sides together) is spent with `min_samples` reached, or `HARD_BUDGET_FACTOR` x it is."""
+    n = min(len(v) for v in samples.values())
+    if n >= min_samples and all(rel_stderr(v) < target for v in samples.values()):
+        return "converged"
+    if n >= max_samples:
+        return "max_samples"
+    if elapsed_s >= budget_s and (n >= min_samples or elapsed_s >= HARD_BUDGET_FACTOR * budget_s):
+        return "budget"
+    return None
+
+
+def spin_us(keep_busy_us: float | None, enqueue_us: float) -> float:
+    """The spin ahead of a batch: the fixed setting, else 1.5 x the host time the last batch took to
+    enqueue, at least KEEP_BUSY_US and at most MAX_BUSY_US."""
+    keep_busy_us = _busy_setting(keep_busy_us)
+    return keep_busy_us if keep_busy_us is not None else min(MAX_BUSY_US, max(KEEP_BUSY_US, 1.5 * enqueue_us))
 
 
 def _sample_loop(run_one: dict[str, Callable[[], tuple[Any, Any]]], per_sample: float, budget_ms: float,
@@ -123,15 +151,13 @@ def _sample_loop(run_one: dict[str, Callable[[], tuple[Any, Any]]], per_sample: 
     forward = list(run_one.items())
     rounds = 0
     enqueue_us = 0.0
-    keep_busy_us = _busy_setting(keep_busy_us)
     collecting = gc.isenabled()
     if PAUSE_GC:
         gc.disable()
     try:
         while True:
             pending = []
-            spin = keep_busy_us if keep_busy_us is not None else min(MAX_BUSY_US, max(KEEP_BUSY_US, 1.5 * enqueue_us))
-            keep_busy(spin)
+            keep_busy(spin_us(keep_busy_us, enqueue_us))
             t0 = time.perf_counter()
             for _ in range(BATCH):
                 order = forward if rounds % 2 == 0 else forward[::-1]  # o c, c o, o c, ...: positions even out
@@ -145,14 +171,9 @@ def _sample_loop(run_one: dict[str, Callable[[], tuple[Any, Any]]], per_sample: 
                 samples[side].append(begin.elapsed_time(end) * 1000.0 / per_sample)
                 first[side].append(side not in seen)
                 seen.add(side)
-            n = min(len(v) for v in samples.values())
-            elapsed = time.perf_counter() - start
-            if n >= min_samples and all(rel_stderr(v) < target for v in samples.values()):
-                return samples, "converged", first
-            if n >= max_samples:
-                return samples, "max_samples", first
-            if elapsed >= budget_s and (n >= min_samples or elapsed >= _HARD_BUDGET_FACTOR * budget_s):
-                return samples, "budget", first
+            stop = stop_reason(samples, time.perf_counter() - start, budget_s, target, min_samples, max_samples)
+            if stop is not None:
+                return samples, stop, first
     finally:
         if collecting:
             gc.enable()
@@ -181,7 +202,7 @@ def batch_position_medians(samples: dict[str, list[float]], flags: dict[str, lis
 def _estimate_us(launch: Launch, args: Sequence[Any]) -> float:
     """One eager launch timed with events (after one untimed launch): the replay sizing estimate."""
     launch(args)
-    begin, end = _event_pair()
+    begin, end = event_pair()
     begin.record()
     launch(args)
     end.record()
@@ -223,7 +244,7 @@ def time_graph(launches: dict[str, Launch], make_args: Callable[[int], Sequence[
 
     def runner(graph: torch.cuda.CUDAGraph) -> Callable[[], tuple[Any, Any]]:
         def run() -> tuple[Any, Any]:
-            begin, end = _event_pair()
+            begin, end = event_pair()
             begin.record()
             graph.replay()
             end.record()
@@ -233,10 +254,18 @@ def time_graph(launches: dict[str, Launch], make_args: Callable[[int], Sequence[
     samples, stop, first = _sample_loop({s: runner(g) for s, g in graphs.items()}, per_replay, budget_ms,
                                         target_rel_stderr, min_samples, max_samples, keep_busy_us)
     info = {"input_sets": n_sets, "launches_per_sample": per_replay, "rotation_bytes": n_sets * bytes_per_set,
-            "l2_bytes": l2, "stop": stop, **_settings(keep_busy_us),
+            "l2_bytes": l2, "stop": stop, **sampling_settings(keep_busy_us),
             "batch_position": batch_position_medians(samples, first)}
     del graphs
     return Timing("graph", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
+
+
+def l2_flush(device: torch.device | str | None = None) -> Callable[[], None]:
+    """A function that enqueues a read of FLUSH_FACTOR x L2 bytes on the current stream: every line of L2
+    is evicted (dirty lines written back, outside whatever is timed next) and L2 is left clean."""
+    buffer = torch.zeros(FLUSH_FACTOR * l2_bytes(device) // 4, dtype=torch.int32, device=torch.device(device or "cuda"))
+    sink = torch.empty((), dtype=torch.int32, device=buffer.device)
+    return lambda: torch.amax(buffer, dim=0, out=sink)  # reads every line, writes 4 bytes
 
 
 def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: float = 400.0,
@@ -249,8 +278,7 @@ def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: fl
     the timed kernel pays. On an H200 that put cold medians of large shapes up to 7.7 us above Nsight
     Compute's gpu__time_duration (whose flush leaves L2 clean); with the read, 3.0 us on the same shape."""
     l2 = l2_bytes(device)
-    flush = torch.zeros(FLUSH_FACTOR * l2 // 4, dtype=torch.int32, device=torch.device(device or "cuda"))
-    sink = torch.empty((), dtype=torch.int32, device=flush.device)
+    flush = l2_flush(device)
     args = list(args)
     for _ in range(warmup):
         for launch in launches.values():
@@ -259,8 +287,8 @@ def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: fl
 
     def runner(launch: Launch) -> Callable[[], tuple[Any, Any]]:
         def run() -> tuple[Any, Any]:
-            torch.amax(flush, dim=0, out=sink)  # reads every line, writes 4 bytes
-            begin, end = _event_pair()
+            flush()
+            begin, end = event_pair()
             begin.record()
             launch(args)
             end.record()
@@ -269,7 +297,7 @@ def time_cold(launches: dict[str, Launch], args: Sequence[Any], *, budget_ms: fl
 
     samples, stop, first = _sample_loop({s: runner(f) for s, f in launches.items()}, 1.0, budget_ms,
                                         target_rel_stderr, min_samples, max_samples, keep_busy_us)
-    info = {"flush_bytes": FLUSH_FACTOR * l2, "flush": "read", "l2_bytes": l2, "stop": stop, **_settings(keep_busy_us),
+    info = {"flush_bytes": FLUSH_FACTOR * l2, "flush": "read", "l2_bytes": l2, "stop": stop, **sampling_settings(keep_busy_us),
             "batch_position": batch_position_medians(samples, first)}
     return Timing("cold", {side: Stats.from_samples(v) for side, v in samples.items()}, info, samples)
 

@@ -111,7 +111,8 @@ def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0
                tools: tuple[str, ...] = DEFAULT_TOOLS, python: str = sys.executable,
                env: dict[str, str] | None = None, progress: Callable[[str], None] | None = None) -> Verdict:
     """`run_job`, then, for a "correct" verdict with `options.sanitizer`, compute-sanitizer (`tools`) over
-    the candidate process on its smallest cases (`harness.worker.sanitizer.sanitize`). Findings turn the verdict
+    the candidate process on its smallest cases and the smallest of every band and build variant
+    (`harness.sanitizer.sanitize`). Findings turn the verdict
     into "sanitizer"; a tool that is missing, ran out of time or could not conclude turns it into
     "sanitizer_unavailable" (fail closed: not a pass). The report is kept as the verdict's `sanitizer`.
     """
@@ -119,7 +120,7 @@ def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0
     if verdict.status != "correct" or not job.options.sanitizer:
         return verdict
     if progress is not None:
-        progress(f"compute-sanitizer ({', '.join(tools)}) on the smallest cases")
+        progress(f"compute-sanitizer ({', '.join(tools)}) on the smallest cases of every band and variant")
     report = sanitize(job, tools=tools, timeout_s=sanitizer_timeout_s, python=python, env=env)
     verdict.sanitizer = report
     if report["findings"]:

@@ -73,17 +73,19 @@ class Isolated:
     `poll()` says whether it ended; `finish(timeout_s)` waits at most that long, kills the whole group
     (SIGKILL: a process stuck in a CUDA call ignores SIGTERM) whatever the end, and returns the
     ProcessOutcome (returncode None when it had to be killed for time). With `die_with_parent` the
-    child gets SIGKILL when the thread that started it dies (Linux PR_SET_PDEATHSIG)."""
+    child gets SIGKILL when the thread that started it dies (Linux PR_SET_PDEATHSIG). `pass_fds`: file
+    descriptors the child inherits under the same numbers (the timing link's pipes, harness.timing_link)."""
 
     def __init__(self, command: list[str], *, env: dict[str, str], cwd: str | Path, logs: str | Path | None = None,
-                 stdin_data: bytes | None = None, die_with_parent: bool = False) -> None:
+                 stdin_data: bytes | None = None, die_with_parent: bool = False, pass_fds: tuple[int, ...] = ()) -> None:
         self.cwd, self.logs = Path(cwd), Path(logs or cwd)
         self.start = time.monotonic()
         self._out = open(self.logs / "stdout.log", "wb")
         self._err = open(self.logs / "stderr.log", "wb")
         stdin = subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL
         self.proc = subprocess.Popen(command, cwd=self.cwd, env=env, stdin=stdin, stdout=self._out, stderr=self._err,
-                                     start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None)
+                                     start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None,
+                                     pass_fds=pass_fds)
         if stdin_data is not None and self.proc.stdin is not None:
             try:
                 self.proc.stdin.write(stdin_data)

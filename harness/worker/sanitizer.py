@@ -1,5 +1,6 @@
-"""compute-sanitizer over a job's smallest cases: out-of-bounds accesses (memcheck), shared-memory races
-(racecheck), each found by running the real kernels under the tool.
+"""compute-sanitizer over a job's smallest cases of every band and build variant: out-of-bounds accesses
+(memcheck), shared-memory races (racecheck), reads of uninitialised device memory (initcheck), each found by
+running the real kernels under the tool.
 
 `sanitize(job)` runs, once per tool, the judge (`python -m harness run small-job.json`, in its own
 process group, killed past `timeout_s`) with the prefix
@@ -8,8 +9,13 @@ process group, killed past `timeout_s`) with the prefix
 
 in its private config (harness.worker.judge_channel), so the judge starts its CANDIDATE process under the tool:
 the candidate's code is what runs under it (the original runs in the judge, outside it). The small job
-keeps the `options.sanitizer_max_cases` smallest cases by bytes, one seed, no timing (`modes=[]`) and
-no nested sanitizer. torch's own kernels in the candidate process run under the tool too.
+(`sanitizer_cases`) keeps the `options.sanitizer_max_cases` smallest cases by footprint, and the smallest
+case of every band (decode, middle, prefill: harness.job.band_of) and of every build variant that these
+leave out, so an access that only a larger shape or another variant makes (tests/adversarial:
+zb_oob_from_128_rows) is run under the tools; one seed, no timing (`modes=[]`) and no nested sanitizer.
+Time stays bounded: the smallest case per band, the extra trials only while every kept case is small
+(`TRIALS_MAX_BYTES`), and `timeout_s` per tool. torch's own kernels in the candidate process run under
+the tool too.
 
 What each tool can see:
 - memcheck: invalid global/shared/local accesses, misaligned accesses, hardware exceptions. torch's
@@ -18,7 +24,11 @@ What each tool can see:
   neighbour inside the same cached block. CUDA API errors are not reported (torch makes some on
   purpose); a fault still shows as the invalid access that caused it.
 - racecheck: hazards on SHARED memory only (RAW/WAR/WAW between threads of a block without a
-  barrier). Races on global memory, across blocks, or between streams are invisible to it.
+  barrier). Races on global memory, across blocks, or between streams are invisible to it (two launches
+  racing each other are checked by value instead: harness.back_to_back).
+- initcheck: device memory read before anything wrote it. It applies to the candidate process because
+  the harness writes every byte of every argument before a call (inputs drawn, outputs poisoned, strided
+  views' gaps drawn), so what it finds is memory the candidate allocated and read unwritten.
 
 `sanitize_command(command)` instead runs a whole harness command under one tool: the probe's case
 runner (harness.probe.processes), which runs the ORIGINAL kernel in-process, so the original is what the
@@ -58,7 +68,7 @@ from harness.worker.process_group import (
 ERROR_EXITCODE = 99
 PRINT_LIMIT = 20
 PADDING_BYTES = 256
-DEFAULT_TOOLS = ("memcheck", "racecheck")
+DEFAULT_TOOLS = ("memcheck", "racecheck", "initcheck")
 TRIALS_MAX_BYTES = 64 << 20  # above this, the sanitizer runs one seed per case and no extra trials
 _PREFIX = "========="
 _SKIP_HEADERS = re.compile(r"^(COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Saved host backtrace)")
@@ -103,14 +113,28 @@ def footprint(case) -> int:
     return total
 
 
+def sanitizer_cases(cases: list, keep: int) -> list:
+    """The `keep` smallest cases by footprint, then the smallest case of each band and of each build variant
+    not among them yet; in order of footprint."""
+    order = sorted(cases, key=lambda case: (footprint(case), case.bytes, case.id))
+    chosen = order[:max(1, keep)]
+    for key in (lambda case: case.band, lambda case: case.variant):
+        covered = {key(case) for case in chosen}
+        for case in order:
+            if key(case) not in covered:
+                chosen.append(case)
+                covered.add(key(case))
+    ids = {case.id for case in chosen}
+    return [case for case in order if case.id in ids]
+
+
 def small_job(job: Job) -> Job:
-    """`job` cut down for the sanitizer: smallest cases by bytes, one seed, no timing, no nested run. The
+    """`job` cut down for the sanitizer: `sanitizer_cases`, one seed, no timing, no nested run. The
     large/small/extreme trials stay only while the kept cases are small (`TRIALS_MAX_BYTES`): the tools
     look for bad accesses, which follow shapes, not values, and under them every trial of a large case
     costs minutes (on an H100, a 512 MiB relayout ran past 4 min under memcheck and racecheck with them)."""
     small = copy.deepcopy(job)
-    keep = max(1, job.options.sanitizer_max_cases)
-    small.cases = sorted(small.cases, key=lambda case: (footprint(case), case.bytes, case.id))[:keep]
+    small.cases = sanitizer_cases(small.cases, job.options.sanitizer_max_cases)
     small.options.seeds = small.options.seeds[:1] or [0]
     small.options.extra_trials = job.options.extra_trials and max(
         (footprint(c) for c in small.cases), default=0) <= TRIALS_MAX_BYTES

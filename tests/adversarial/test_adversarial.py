@@ -2,7 +2,8 @@
 (`harness.worker.judge_process.run_job`: a judge process per job, which runs the candidate only in a candidate process
 of its own) and must get the status its `Expectation` names, with a reason; the sanitizer cases (f, g)
 go through `verify_job` (compute-sanitizer over the candidate process) and must show the tool's finding.
-(h, i, j are decided before any kernel runs; test_candidates_compile.py checks them on the CPU too.)
+(h, i, j are decided before any kernel runs; test_candidates_compile.py checks them on the CPU too; the
+candidates of `TIMED_WORK` run in test_timed_work.py.)
 Every file in kernels/candidates/ must have an `Expectation` (test_every_candidate_has_an_expectation)."""
 
 from __future__ import annotations
@@ -13,18 +14,25 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from rowscale_job import CANDIDATES, Expectation, rowscale_cases, rowscale_job  # noqa: E402
+from rowscale_job import (  # noqa: E402
+    CANDIDATES,
+    TIMED_WORK,
+    assert_verdict,
+    base_of,
+    rowscale_cases,
+    rowscale_job,
+)
 
 from harness.worker.judge_process import run_job, verify_job  # noqa: E402
-from harness.worker.sanitizer import sanitize, sanitizer_path  # noqa: E402
+from harness.worker.sanitizer import DEFAULT_TOOLS, sanitize, sanitizer_path  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 JOB_TIMEOUT_S = 300.0
 HANG_TIMEOUT_S = 60.0
 SANITIZER_TIMEOUT_S = 600.0
 ISOLATION = ("k_null_write", "l_hang", "m_vectorized")  # run back to back in one test
-PLAIN = [e for e in CANDIDATES if e.sanitizer_tool is None and e.name not in ISOLATION]
-SANITIZED = [e for e in CANDIDATES if e.sanitizer_tool is not None]
+PLAIN = [e for e in CANDIDATES if e.sanitizer_tool is None and e.name not in ISOLATION + TIMED_WORK]
+SANITIZED = [e for e in CANDIDATES if e.sanitizer_tool is not None and e.name not in TIMED_WORK]
 BY_NAME = {expect.name: expect for expect in CANDIDATES}
 
 
@@ -33,7 +41,7 @@ def adversarial_job(name: str | None):
     second call per shape); both timing modes on short budgets. c_side_stream is caught by the
     stream-ordered correctness check (harness.judge.correctness.call, run by the candidate process on its side),
     before any timing."""
-    cases = rowscale_cases(tokens=(1, 1025, 4096))
+    cases = rowscale_cases(tokens=(1, 1025, 4096), base=base_of(name))
     return rowscale_job(name, cases=cases, seeds=[0, 1], modes=["graph", "cold"], budget_ms_per_case=20.0,
                         case_timeout_s=30.0)
 
@@ -48,18 +56,9 @@ def prebuilt():
     from harness.judge.evaluate import default_cache_dir
 
     jobs = [adversarial_job(None)] + [adversarial_job(e.name) for e in CANDIDATES]
+    jobs += [rowscale_job(None, base=base, cases=rowscale_cases(tokens=(1,), base=base)) for base in ("rowscale_inplace",)]
     unique = {(r.name, repr(sorted(r.overrides.items()))): r for job in jobs for _, _, r in build_requests(job)}
     build_many(list(unique.values()), default_cache_dir(jobs[0]))
-
-
-def assert_verdict(verdict, expect: Expectation) -> None:
-    print(f"{expect.name}: {verdict.status}: {verdict.reason}")  # shown by -rA: the reasons, for review
-    assert verdict.status in expect.statuses, f"{expect.name}: {verdict.status}: {verdict.reason}"
-    assert verdict.reason.strip(), verdict
-    if expect.statuses == ("correct",):
-        assert verdict.correct is True
-    elif "suspect" not in expect.statuses:  # a suspect verdict has right outputs but impossible timings
-        assert verdict.correct is False
 
 
 def test_original_against_itself_is_correct():
@@ -107,12 +106,13 @@ def test_sanitizer_catches(expect):
 
 
 def test_legitimate_candidate_is_sanitizer_clean():
-    """No false positives from torch's kernels, the original or the harness under either tool."""
+    """No false positives from torch's kernels, the original or the harness under any tool (memcheck, racecheck,
+    initcheck)."""
     if sanitizer_path() is None:
         pytest.skip("compute-sanitizer not found")
     report = sanitize(adversarial_job("m_vectorized"), timeout_s=SANITIZER_TIMEOUT_S)
     assert report["ok"] and report["skipped"] is None, report
-    assert [run["verdict_status"] for run in report["runs"]] == ["correct", "correct"], report
+    assert [run["verdict_status"] for run in report["runs"]] == ["correct"] * len(DEFAULT_TOOLS), report
 
 
 def test_every_candidate_has_an_expectation():

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from rowscale_job import (
     BASE_ROOT,
+    BASES,
     CANDIDATES,
     CPP_TYPE,
-    KERNEL_FILE,
     SCAN_EVADING,
+    base_of,
     candidate_text,
     rowscale_cases,
     rowscale_job,
@@ -30,7 +31,15 @@ from tests.toolchain import needs_nvcc
 
 pytestmark = needs_nvcc
 BY_NAME = {expect.name: expect for expect in CANDIDATES}
-EXPORTS = [(f"rowscale_{CPP_TYPE[dtype]}", f"RowScaleKernel<{CPP_TYPE[dtype]}>::run") for dtype in CPP_TYPE]
+
+
+def exports(base: str = "rowscale") -> list[tuple[str, str]]:
+    """Both dtypes' exports of a base's module: (export name, entry)."""
+    spec = BASES[base]
+    return [(f"{spec.export}_{CPP_TYPE[dtype]}", f"{spec.struct}<{CPP_TYPE[dtype]}>::run") for dtype in CPP_TYPE]
+
+
+EXPORTS = exports()
 
 
 def cache_dir() -> Path:
@@ -38,19 +47,32 @@ def cache_dir() -> Path:
     return Path(os.environ["ASTRA_HOME"]) / "builds"
 
 
-def request(name: str | None) -> BuildRequest:
-    """One module with both dtypes' exports, for the original (None) or a candidate."""
-    overrides = {} if name is None else {KERNEL_FILE: candidate_text(name)}
-    return BuildRequest(name=f"adv_{name or 'base'}", source_root=str(BASE_ROOT), include_dirs=tvm_ffi_include_dirs(),
-                        cuda_files=[KERNEL_FILE], cuda_wrappers=EXPORTS, arch="90a", overrides=overrides)
+def request(name: str | None, base: str | None = None) -> BuildRequest:
+    """One module with both dtypes' exports, for an original (None: `base`, default "rowscale") or a candidate
+    (against its own base)."""
+    spec = BASES[base or base_of(name)]
+    overrides = {} if name is None else {spec.kernel_file: candidate_text(name)}
+    return BuildRequest(name=f"adv_{name or 'base_' + spec.export}", source_root=str(BASE_ROOT),
+                        include_dirs=tvm_ffi_include_dirs(), cuda_files=[spec.kernel_file],
+                        cuda_wrappers=exports(base or base_of(name)), arch="90a", overrides=overrides)
 
 
 @pytest.fixture(scope="module")
 def builds() -> dict:
-    """Every candidate and the original, built in parallel once for the module."""
+    """Every candidate and every original (key None: rowscale; "base:<name>" for each base), built in parallel
+    once for the module."""
     names = [None, *BY_NAME]
-    results = build_many([request(name) for name in names], cache_dir())
-    return dict(zip(names, results))
+    extra = [base for base in BASES if base != "rowscale"]
+    results = build_many([request(name) for name in names] + [request(None, base) for base in extra], cache_dir())
+    built = dict(zip(names, results))
+    built.update({f"base:{base}": result for base, result in zip(extra, results[len(names):])})
+    return built
+
+
+def base_build(builds: dict, name: str):
+    """The build of the original `name` replaces."""
+    base = base_of(name)
+    return builds[None] if base == "rowscale" else builds[f"base:{base}"]
 
 
 @pytest.mark.parametrize("name", list(BY_NAME))
@@ -67,6 +89,10 @@ def test_original_compiles_and_exports_both_dtypes(builds):
     assert builds[None].ok, builds[None].error
     signatures = export_signatures(load_module(builds[None].so_path), [e for e, _ in EXPORTS])
     assert all(sig and sig.count("DLTensor*") == 3 for sig in signatures.values()), signatures
+    in_place = builds["base:rowscale_inplace"]
+    assert in_place.ok, in_place.error
+    signatures = export_signatures(load_module(in_place.so_path), [e for e, _ in exports("rowscale_inplace")])
+    assert all(sig and sig.count("DLTensor*") == 2 for sig in signatures.values()), signatures
 
 
 def test_extra_parameter_changes_the_signature(builds):
@@ -110,7 +136,7 @@ SOURCE_REJECTED = [e.name for e in CANDIDATES if e.statuses == ("rejected_source
 def test_static_scan_rejects_exactly_the_source_attacks(name):
     """rejected_source candidates are named by the text scan; every other candidate (including the
     scan-evading one, by design) passes it."""
-    reason = scan_candidate((BASE_ROOT / KERNEL_FILE).read_text(), candidate_text(name))
+    reason = scan_candidate((BASE_ROOT / BASES[base_of(name)].kernel_file).read_text(), candidate_text(name))
     if name in SOURCE_REJECTED:
         assert reason and reason.startswith("line ") and "\n" not in reason, reason
     else:
@@ -122,7 +148,7 @@ def test_static_scan_rejects_exactly_the_source_attacks(name):
 def test_shared_object_backstop_on_candidates(builds, name):
     """Every source attack also shows in the built module (a new dangerous import or a larger .init_array);
     the scan-evading candidate shows in neither, which is the point of it."""
-    reason = scan_shared_object(builds[None].so_path, builds[name].so_path)
+    reason = scan_shared_object(base_build(builds, name).so_path, builds[name].so_path)
     if name in SOURCE_REJECTED:
         assert reason, name
     else:

@@ -13,7 +13,8 @@ import torch
 from harness.building.job_requests import build_requests
 from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant
 from harness.judge.acceptance import slower_shapes, verified_faster
-from harness.judge.correctness import OriginalFailed, ReferenceFailed, check_case, deterministic
+from harness.judge.both_sides import check_case
+from harness.judge.correctness import OriginalFailed, ReferenceFailed, deterministic
 from harness.judge.evaluate import default_cache_dir
 from harness.judge.verdict import CaseResult, ModeTiming, Verdict, band_speedups, decide
 from harness.timing.modes import sets_needed
@@ -124,19 +125,33 @@ def test_trials_include_small_and_extreme_magnitudes():
     assert trials_for(_case(), [0], extra=False) == [("seed", 0)]  # astra bench: the original against itself
 
 
-def test_nondeterminism_is_reported_not_failed():
+def _jitter():
     state = {"calls": 0}
 
     def jitter(args):
         good(args)
         state["calls"] += 1
         args[0].add_(1e-7 * (state["calls"] % 2))  # within tolerance, not bitwise stable
+    return jitter
+
+
+def test_nondeterminism_where_the_original_is_deterministic_fails():
     job = _job()
     job.tolerance = {"float32": {"atol": 1e-5, "rtol": 1e-5, "floor": 1e-6}}
-    result = check_case(_case(), {"orig": good, "cand": jitter}, job, "cpu")
-    assert result.correct
+    result = check_case(_case(), {"orig": good, "cand": _jitter()}, job, "cpu")
+    assert not result.correct and result.checks["y"]["ok"]  # every value within tolerance, yet
     assert result.deterministic_orig is True and result.deterministic_cand is False
+    assert result.reasons == ["the candidate is not deterministic: two runs on identical inputs gave different "
+                              "outputs, where the original's are bit-identical"]
     assert deterministic(good, _case(), 0, torch.device("cpu")) is True
+
+
+def test_nondeterminism_where_the_original_is_not_deterministic_too_is_reported_not_failed():
+    job = _job()
+    job.tolerance = {"float32": {"atol": 1e-5, "rtol": 1e-5, "floor": 1e-6}}
+    result = check_case(_case(), {"orig": _jitter(), "cand": _jitter()}, job, "cpu")
+    assert result.correct, result.reasons
+    assert result.deterministic_orig is False and result.deterministic_cand is False
 
 
 def _reference(args, dims):

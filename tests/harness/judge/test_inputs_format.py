@@ -8,8 +8,9 @@ import torch
 
 from harness.candidate.exchange import CaseWriter, case_dir, read_manifest, read_trial, stored_args, tensor_file
 from harness.job import ArgSpec, BuildBase, Case, Job, Variant
+from harness.judge.both_sides import check_case
 from harness.judge.compare import DEFAULT_TOLERANCE, gaps_unchanged, tolerance_for
-from harness.judge.correctness import check_case, determinism_digests
+from harness.judge.correctness import determinism_digests
 from harness.judge.inputs import clone_inputs, has_large_trial, make_inputs, poison_outputs, set_bytes, to_call_args
 
 TOKENS, HEADS, DIM, STRIDE = 5, 2, 8, 40  # q: [5, 2, 8] inside rows of 40 elements (a fused qkv output)

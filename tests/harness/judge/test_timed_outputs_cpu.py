@@ -1,110 +1,103 @@
-"""harness.judge.timed_outputs on the CPU: a call made as a mode times it must give the checked call's outputs.
-The GPU half (graph capture, the real candidate process) is tests/adversarial's u_half_when_timed."""
+"""harness.timed_outputs on the CPU: the rules LaunchCheck applies to the digests of the timed launches (the
+whole loop: test_paired_timing_cpu.py; on a GPU with adversarial kernels: tests/adversarial)."""
 
 from __future__ import annotations
 
-import json
-
 import torch
 
-from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant
-from harness.judge import timed_outputs
-from harness.judge.correctness import determinism_digests
-from harness.judge.verdict import CaseResult, ModeTiming, decide
-from harness.timing.stats import Stats
+from harness.candidate.exchange import Malformed
+from harness.judge.timed_outputs import Checked, LaunchCheck, value_difference
+from tests.harness.judge.test_paired_timing_cpu import _case, _job
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+IN = "e" * 64
 
 
-def _case() -> Case:
-    return Case(id="toy/tokens=8", band="decode", label="toy", dtype="float32", dims={"tokens": 8, "hidden": 16},
-                variant="v", bytes=2 * 8 * 16 * 4, timed=True,
-                args=[ArgSpec("y", "tensor", "out", [8, 16], "float32"), ArgSpec("x", "tensor", "in", [8, 16], "float32")])
+def _values(shift: float = 0.0):
+    x = torch.arange(8 * 16, dtype=torch.float32).reshape(8, 16) / 7.0
+    return {"x": x, "w": torch.ones(16), "out": x + shift}
 
 
-def _job() -> Job:
-    base = BuildBase(source_root="/src", include_dirs=[], cuda_files=["toy.cuh"])
-    return Job(name="toy", entry="toy", kernel_file="toy.cuh", build=base, variants={"v": Variant("v", [["toy", "T::run"]])},
-               cases=[_case()], tolerance={"float32": {"atol": 1e-5, "rtol": 1e-5, "floor": 1e-6}},
-               options=Options(modes=["cold"]))
-
-
-def honest(args):
-    y, x = args
-    y.copy_(2 * x)
-
-
-def half_after(calls: int):
-    """Whole rows for the first `calls` calls, then only the first half (the rest keeps the poison)."""
-    count = {"n": 0}
-
-    def run(args):
-        count["n"] += 1
-        y, x = args
-        rows = x.shape[0] if count["n"] <= calls else x.shape[0] // 2
-        y[:rows].copy_(2 * x[:rows])
-    return run
-
-
-def _timed_result(deterministic: bool = True) -> CaseResult:
+def _check(checked: Checked | None, fetch=None, seeds=(0, 10001)) -> LaunchCheck:
     case = _case()
-    result = CaseResult(id=case.id, band=case.band, label=case.label, dtype=case.dtype, dims=case.dims, timed=True,
-                        bytes=case.bytes, deterministic_cand=deterministic)
-    result.timings["cold"] = ModeTiming(orig=Stats(10.0, 9.0, 11.0, 20, 0.005), cand=Stats(5.0, 4.5, 5.5, 20, 0.005), speedup=2.0)
-    return result
+    return LaunchCheck(case, _job(case), "graph", list(seeds), checked, lambda i: _values(),
+                       fetch or (lambda indices: {i: _values() for i in indices}))
 
 
-def _judge(tmp_path, launch, *, checked_calls: int = 2) -> CaseResult:
-    """Phase outputs' determinism digests, then timed calls, then a timed call per mode, then the judge."""
-    job, case, device = _job(), _case(), torch.device("cpu")
-    checked = determinism_digests(launch, case, 0, device)
-    for _ in range(checked_calls):  # the timed calls
-        launch([torch.empty(8, 16), torch.ones(8, 16)])
-    timed_outputs.write(tmp_path, {case.id: timed_outputs.timed_digests(case, launch, job, device, ["cold"])})
-    result = _timed_result(deterministic=checked[0] == checked[1])
-    timed_outputs.judge(tmp_path, job, [result], {case.id: checked[0]})
-    return result
+def d(out: str, inp: str = IN) -> dict[str, str]:
+    return {"out": out, "in": inp}
 
 
-def test_an_honest_candidate_passes(tmp_path):
-    result = _judge(tmp_path, honest)
-    assert result.correct and not result.reasons
+def test_equal_digests_pass_without_fetching():
+    fetched = []
+    check = _check(Checked(digest=A, bit_exact=True, deterministic_orig=True, deterministic_cand=True),
+                   lambda idx: fetched.append(idx) or {})
+    assert check.verify("sample 3", [d(A), d(B)], [d(A), d(B)]) == [] and fetched == []
 
 
-def test_half_the_work_once_timed_is_incorrect(tmp_path):
-    result = _judge(tmp_path, half_after(2), checked_calls=10)  # whole while checked (2 calls), half once timed
-    assert not result.correct
-    assert result.reasons[0].startswith("cold timing: a call made as it is timed")
-    assert "behaves differently when timed" in result.reasons[0]
-    assert decide([result], ["cold"], 0.02).status == "incorrect"
+def test_a_changed_read_only_input_fails_naming_the_launch():
+    failures = _check(None).verify("sample 3", [d(A), d(B)], [d(A), d(B, "f" * 64)])
+    assert failures == ["graph view, timed launch 2 of 2 (inputs of seed 10001), at sample 3: the launch changed a "
+                        "read-only input (the original's leave them as drawn)"]
 
 
-def test_missing_or_failed_timed_calls_fail(tmp_path):
-    job, case = _job(), _case()
-    (tmp_path / timed_outputs.TIMED_DIGESTS).write_text(json.dumps({case.id: {"cold": {"error": "boom"}}}))
-    result = _timed_result()
-    timed_outputs.judge(tmp_path, job, [result], {case.id: "abc"})
-    assert not result.correct and "raised boom" in result.reasons[0]
-    (tmp_path / timed_outputs.TIMED_DIGESTS).write_text(json.dumps({}))
-    result = _timed_result()
-    timed_outputs.judge(tmp_path, job, [result], {case.id: "abc"})
-    assert not result.correct and "no digest" in result.reasons[0]
-    (tmp_path / timed_outputs.TIMED_DIGESTS).write_text("not json")
-    result = _timed_result()
-    timed_outputs.judge(tmp_path, job, [result], {case.id: "abc"})
-    assert not result.correct and "unreadable" in result.reasons[0]
+def test_bitwise_where_the_checks_were_bit_exact():
+    strict = Checked(digest=A, bit_exact=True, deterministic_orig=True, deterministic_cand=True)
+    failures = _check(strict).verify("the last sample", [d(A), d(B)], [d(A), d(C)])
+    assert len(failures) == 1 and "differ bit for bit from the original's" in failures[0]
+    loose = Checked(digest=A, bit_exact=False, deterministic_orig=True, deterministic_cand=True)
+    assert _check(loose).verify("the last sample", [d(A), d(B)], [d(A), d(C)]) == []  # equal by value
 
 
-def test_a_nondeterministic_candidate_gets_a_note_not_a_failure(tmp_path):
-    job, case = _job(), _case()
-    timed_outputs.write(tmp_path, {case.id: {"cold": "something else"}})
-    result = _timed_result(deterministic=False)
-    timed_outputs.judge(tmp_path, job, [result], {case.id: "abc"})
-    assert result.correct and "not deterministic" in result.notes[0]
+def test_values_outside_tolerance_fail_and_a_passing_pair_is_not_fetched_again():
+    calls = []
+
+    def fetch(indices):
+        calls.append(list(indices))
+        return {i: _values(shift=1.0 if i == 1 else 0.0) for i in indices}
+    check = _check(None, fetch)
+    failures = check.verify("sample 2", [d(A), d(B)], [d(C), d(C)])
+    assert len(failures) == 1 and failures[0].startswith("graph view, timed launch 2 of 2") and "out:" in failures[0]
+    assert check.verify("the last sample", [d(A), d(B)], [d(C), d(C)])[0].startswith("graph view, timed launch 2")
+    assert calls == [[0, 1], [1]]  # set 0's pair passed by value once: not fetched again
 
 
-def test_untimed_cases_are_left_alone(tmp_path):
-    job, case = _job(), _case()
-    timed_outputs.write(tmp_path, {})
-    result = _timed_result()
-    result.timings.clear()
-    timed_outputs.judge(tmp_path, job, [result], {case.id: "abc"})
-    assert result.correct and not result.notes
+def test_a_deterministic_candidate_must_repeat_itself_and_give_the_checked_outputs():
+    checked = Checked(digest=A, bit_exact=False, deterministic_orig=True, deterministic_cand=True)
+    check = _check(checked)
+    assert check.verify("sample 4", [d(A), d(B)], [d(A), d(B)]) == []
+    failures = check.verify("the last sample", [d(A), d(B)], [d(A), d(C)])
+    assert any("differ from the same launch's at sample 4" in f for f in failures)
+    other = _check(checked).verify("sample 1", [d(B), d(B)], [d(B), d(B)])
+    assert other and "behaves differently when timed" in other[0]
+    nondeterministic = Checked(digest=A, bit_exact=False, deterministic_orig=False, deterministic_cand=False)
+    assert _check(nondeterministic).verify("sample 1", [d(B), d(B)], [d(C), d(C)]) == []  # by value, not skipped
+
+
+def test_unreadable_values_fail():
+    def fetch(indices):
+        raise Malformed("trial 0: out holds 12 bytes")
+    failures = _check(None, fetch).verify("sample 1", [d(A), d(A)], [d(B), d(A)])
+    assert failures and "could not be read: trial 0: out holds 12 bytes" in failures[0]
+
+
+def test_value_difference_names_the_output():
+    case = _case()
+    assert value_difference(case, _job(case), _values(), _values()) is None
+    assert value_difference(case, _job(case), _values(), _values(1e-7)) is None
+    assert value_difference(case, _job(case), _values(), _values(1.0)).startswith("by value: out: ")
+
+
+def test_values_follow_the_reference_rule_where_the_spec_has_one():
+    """A candidate more accurate than the original passes its checks by the reference rule: its timed launches
+    are judged by the same rule, not by the original's tolerance alone."""
+    case = _case()
+    inputs = _values()
+
+    def reference(args, dims):
+        return {"out": args["x"] * args["w"][None, :]}
+    exact = {**inputs, "out": inputs["x"] * inputs["w"]}
+    sloppy_orig = {**inputs, "out": exact["out"] + 1e-3}  # the original, off by more than the tolerance
+    assert value_difference(case, _job(case), sloppy_orig, exact) is not None  # tolerance alone refuses
+    assert value_difference(case, _job(case), sloppy_orig, exact, inputs, reference) is None
+    assert "reference" in value_difference(case, _job(case), exact, sloppy_orig, inputs, reference)

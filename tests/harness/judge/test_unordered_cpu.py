@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from harness.job import ArgSpec, Case
-from harness.judge.correctness import check_case
+from harness.judge.both_sides import check_case
 from tests.harness.judge.test_evaluate_cpu import _job
 
 

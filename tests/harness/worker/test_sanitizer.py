@@ -43,6 +43,15 @@ RACECHECK_LOG = """\
 
 CLEAN_LOG = "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n"
 
+INITCHECK_LOG = """\
+========= COMPUTE-SANITIZER
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at void rowscale::rowscale_kernel<float>(const T1 *, const T1 *, T1 *, long)+0x80
+=========     by thread (0,0,0) in block (0,0,0)
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
 # A stand-in compute-sanitizer: takes the real options, runs the command, writes a canned log.
 FAKE_TOOL = """#!{python}
 import os, subprocess, sys
@@ -114,6 +123,18 @@ def test_small_job_keeps_the_smallest_cases_one_seed_no_timing():
     assert small.options.extra_trials is True  # small cases keep the large/small/extreme trials
 
 
+def test_small_job_covers_every_band_and_variant():
+    """The smallest cases, then the smallest of each band and of each build variant they leave out: an access
+    that only a larger shape makes (an out-of-bounds read from 128 rows on) still runs under the tools."""
+    job = tiny_job(sanitizer_max_cases=1)
+    job.cases += [sized_case(4, 4000), sized_case(5, 8000), sized_case(6, 9000), sized_case(7, 200)]
+    job.cases[4].band, job.cases[5].band = "middle", "prefill"
+    job.cases[6].band = "middle"
+    job.cases[7].variant = "fp32"
+    assert [c.id for c in small_job(job).cases] == ["c1", "c7", "c4", "c5"]
+    assert [c.id for c in small_job(tiny_job(sanitizer_max_cases=2)).cases] == ["c1", "c3"]  # one band, one variant
+
+
 def test_small_job_of_large_cases_drops_the_extra_trials():
     """Sized by what a case allocates, not by the traffic its spec counts (a large pool read at few rows)."""
     from harness.worker.sanitizer import TRIALS_MAX_BYTES, footprint
@@ -163,22 +184,24 @@ def fake_tool(tmp_path, monkeypatch) -> Path:
 def test_sanitize_reports_findings(fake_tool):
     (fake_tool / "memcheck.log").write_text(MEMCHECK_LOG)
     (fake_tool / "racecheck.log").write_text(RACECHECK_LOG)
+    (fake_tool / "initcheck.log").write_text(INITCHECK_LOG)
     report = sanitize(tiny_job(), timeout_s=60)
     assert report["ok"] is False and report["skipped"] is None
     assert [(f["tool"], f["kind"]) for f in report["findings"]] == [("memcheck", "invalid_global_read"),
-                                                                    ("racecheck", "race")]
-    memcheck, racecheck = report["runs"]
+                                                                    ("racecheck", "race"),
+                                                                    ("initcheck", "uninitialized_read")]
+    memcheck, racecheck, _ = report["runs"]
     assert memcheck["returncode"] == 0 and memcheck["errors"] == 1  # the judge's exit; the candidate's was 99
     assert memcheck["verdict_status"] == "correct"  # the worker under the tool still gave its verdict
     assert [w["kind"] for w in racecheck["warnings"]] == ["race_warning"]
 
 
 def test_sanitize_clean(fake_tool):
-    (fake_tool / "memcheck.log").write_text(CLEAN_LOG)
-    (fake_tool / "racecheck.log").write_text(CLEAN_LOG)
+    for tool in ("memcheck", "racecheck", "initcheck"):
+        (fake_tool / f"{tool}.log").write_text(CLEAN_LOG)
     report = sanitize(tiny_job(), timeout_s=60)
     assert report == {**report, "ok": True, "findings": [], "skipped": None}
-    assert [run["returncode"] for run in report["runs"]] == [0, 0]
+    assert [run["returncode"] for run in report["runs"]] == [0, 0, 0]
 
 
 def test_sanitize_timeout_is_inconclusive(fake_tool):
@@ -198,6 +221,7 @@ def test_sanitizer_timeout_fails_closed(fake_tool):
 def test_verify_job_turns_findings_into_a_sanitizer_verdict(fake_tool):
     (fake_tool / "memcheck.log").write_text(MEMCHECK_LOG)
     (fake_tool / "racecheck.log").write_text(CLEAN_LOG)
+    (fake_tool / "initcheck.log").write_text(CLEAN_LOG)
     verdict = verify_job(tiny_job(), timeout_s=60, sanitizer_timeout_s=60)
     assert verdict.status == "sanitizer" and verdict.correct is False
     assert verdict.reason.startswith("memcheck: Invalid __global__ read of size 2 bytes")
@@ -207,6 +231,7 @@ def test_verify_job_turns_findings_into_a_sanitizer_verdict(fake_tool):
 def test_verify_job_skips_the_sanitizer_when_disabled_or_failing(fake_tool):
     (fake_tool / "memcheck.log").write_text(MEMCHECK_LOG)
     (fake_tool / "racecheck.log").write_text(MEMCHECK_LOG)
+    (fake_tool / "initcheck.log").write_text(MEMCHECK_LOG)
     assert verify_job(tiny_job(sanitizer=False), timeout_s=60).status == "correct"
     assert verify_job(tiny_job("raise"), timeout_s=60).status == "crashed"
 

@@ -1,0 +1,203 @@
+"""The judge's timing of one case in one view: the original in the judge, the candidate in its own process,
+interleaved sample by sample, every timed launch verified.
+
+Candidate code never runs in the judge, and the original never runs where candidate code is loaded: the
+original is timed by a `harness.timing_side.TimingSide` in the judge process (which loads only original
+modules), the candidate by the same class in the candidate process, driven over pipes
+(`harness.timing_link.RemoteSide`). Both sides get the same sets (harness.timed_sets), the same restore,
+flush, events and synchronisation per sample, so the views mean what they meant (harness.timing):
+
+- `graph`: a replay of one CUDA graph per side holding one launch per set, a sample's time divided by the
+  launches. The sets are as many as make a replay last MIN_REPLAY_US on the slower side's eager estimate,
+  bounded by memory (`sets_budget`) and MAX_GRAPH_SETS; no set is read twice within a replay, and L2 is
+  flushed before every replay, so no launch finds its inputs in L2.
+- `cold`: one launch of set 0 per sample after an L2 flush.
+
+Order: ABBA by rounds (o c, c o, o c, ...), consecutive samples of one side run as one turn. Before each of
+the original's turns the candidate process is stopped and the GPU checked quiet (harness.quiet_gpu: an
+`Interference` rejects the candidate); before each command to the candidate it is resumed. The stop rule is
+harness.timing's (`stop_reason`) over both sides' samples, with the case's budget per side.
+
+Verification (harness.timed_outputs.LaunchCheck): after one round drawn at random among the first
+`min_samples` rounds, and after the last sample, both sides' digests of every set (every launch of the
+replay) are compared; a set whose outputs differ from the original's is compared by value (the candidate
+writes its outputs to the work directory) where bit-for-bit equality is not required. A difference fails the
+case, naming the view and the launch.
+
+`time_view` returns the entry the verdict has always carried ({"orig": Stats, "cand": Stats, "info": {...}}, or
+{"error", "side", "kind"} when a side could not be timed) and the verification's failures.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from harness.judge.correctness import ensure_usable
+from harness.timing.modes import (
+    BATCH,
+    COLD_MIN_SAMPLES,
+    MAX_SAMPLES,
+    MIN_REPLAY_US,
+    MIN_SAMPLES,
+    CaptureError,
+    sampling_settings,
+    stop_reason,
+)
+from harness.timing.quiet_gpu import GroupPause, Interference, ProcessGone, QuietGpu
+from harness.timing.stats import Stats
+from harness.timing.timed_sets import set_footprint, timing_seeds
+from harness.timing.timing_link import LinkBroken, SideFailed
+
+MAX_GRAPH_SETS = 4096
+SETS_MAX_BYTES = 8 << 30  # per side: the original's sets in the judge, the candidate's in its process
+SETS_FREE_SHARE = 0.25  # of the GPU memory free in the judge when a view starts
+
+
+@dataclass
+class Pair:
+    """The two sides of one case: `orig` in this process, `cand` (a RemoteSide, or a local side in tests);
+    `pause` stops the candidate process between its turns, `quiet` checks the GPU before the original's."""
+
+    orig: Any
+    cand: Any
+    pause: GroupPause | None = None
+    quiet: QuietGpu | None = None
+
+    def hold_candidate(self) -> None:
+        """Before the original's turn: the candidate process stopped, the GPU quiet."""
+        if self.pause is not None and not self.pause.stopped:
+            self.pause.stop()
+        if self.quiet is not None:
+            self.quiet.wait()
+
+    def release_candidate(self) -> None:
+        if self.pause is not None:
+            self.pause.resume()
+
+
+@dataclass
+class ViewOutcome:
+    """One view of one case: the entry for the verdict and what verification found."""
+
+    entry: dict[str, Any]
+    failures: list[str] = field(default_factory=list)
+
+
+def sets_budget(device: torch.device) -> int:
+    """Bytes one side may hold in timed sets: a share of the GPU memory free now, at most SETS_MAX_BYTES."""
+    if device.type != "cuda":
+        return SETS_MAX_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(min(SETS_MAX_BYTES, SETS_FREE_SHARE * free))
+
+
+def graph_sets(estimate_us: float, footprint: int, budget: int) -> int:
+    """Launches (= sets) per graph replay: enough to last MIN_REPLAY_US, within `budget` bytes and
+    MAX_GRAPH_SETS, at least one."""
+    wanted = math.ceil(MIN_REPLAY_US / max(estimate_us, 1e-3))
+    room = budget // footprint if footprint > 0 else MAX_GRAPH_SETS
+    return max(1, min(wanted, MAX_GRAPH_SETS, room))
+
+
+def abba(first_round: int, end_round: int) -> list[tuple[str, int]]:
+    """Turns (side, samples) of rounds [first_round, end_round): o c, c o, o c, ..., runs of one side merged."""
+    order: list[str] = []
+    for r in range(first_round, end_round):
+        order += ["orig", "cand"] if r % 2 == 0 else ["cand", "orig"]
+    turns: list[tuple[str, int]] = []
+    for side in order:
+        if turns and turns[-1][0] == side:
+            turns[-1] = (side, turns[-1][1] + 1)
+        else:
+            turns.append((side, 1))
+    return turns
+
+
+def time_view(case, view: str, pair: Pair, options, make_check: Callable[[list[int]], Any],
+              device: torch.device, rng: random.Random | None = None) -> ViewOutcome:
+    """Time `case` in `view` on both sides of `pair` and verify the timed launches (see the module docstring).
+    `make_check(seeds)` gives the LaunchCheck of this view's sets. Raises LinkBroken, ProcessGone or
+    Interference (the candidate process failed or interfered); a side that cannot be timed gives an entry
+    with an error instead."""
+    rng = rng or random.Random()
+    broken = False
+    try:
+        return _time_view(case, view, pair, options, make_check, device, rng)
+    except (LinkBroken, ProcessGone, Interference):
+        broken = True
+        raise
+    except SideFailed as error:
+        return ViewOutcome({"error": str(error)[:300], "side": "cand", "kind": error.kind})
+    except CaptureError as error:  # the original's capture (the candidate's comes as SideFailed)
+        return ViewOutcome({"error": str(error)[:300], "side": error.side, "kind": "capture"})
+    except torch.cuda.OutOfMemoryError as error:
+        torch.cuda.empty_cache()
+        return ViewOutcome({"error": str(error).strip().splitlines()[0][:300], "side": None, "kind": "oom"})
+    except RuntimeError as error:
+        ensure_usable(device, error, f"{case.id}: {view} timing")
+        return ViewOutcome({"error": str(error).strip()[:300], "side": None, "kind": "other"})
+    finally:
+        pair.orig.close()
+        if not broken:
+            try:
+                pair.cand.close()
+            except SideFailed:
+                pass  # a side that cannot free its sets changes no number; the next command shows the rest
+
+
+def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.device,
+               rng: random.Random) -> ViewOutcome:
+    seeds = timing_seeds(options.seeds, 1)
+    estimate = None
+    if view == "graph":
+        estimate = max(pair.orig.estimate(seeds[0]), pair.cand.estimate(seeds[0]))
+        seeds = timing_seeds(options.seeds, graph_sets(estimate, set_footprint(case), sets_budget(device)))
+    info = dict(pair.orig.prepare(view, seeds))
+    pair.cand.prepare(view, seeds)
+    check = make_check(seeds)
+    samples: dict[str, list[float]] = {"orig": [], "cand": []}
+    min_samples = MIN_SAMPLES if view == "graph" else COLD_MIN_SAMPLES
+    budget_s = options.budget_ms_per_case / 1000.0 * 2
+    probe = rng.randrange(min_samples)  # the round after which every launch is verified once during sampling
+    failures: list[str] = []
+    verified: list[str] = []
+    waited = pair.quiet.waited_s if pair.quiet is not None else 0.0
+    rounds, stop, start, verifying = 0, None, time.perf_counter(), 0.0
+    while stop is None:
+        end = rounds + BATCH
+        if rounds <= probe < end:
+            end = probe + 1
+        for side, count in abba(rounds, end):
+            if side == "orig":
+                pair.hold_candidate()
+                samples["orig"] += pair.orig.sample(count)
+            else:
+                samples["cand"] += pair.cand.sample(count)
+        rounds = end
+        stop = stop_reason(samples, time.perf_counter() - start - verifying, budget_s, options.target_rel_stderr,
+                           min_samples, MAX_SAMPLES)
+        if rounds == probe + 1:
+            label = f"sample {rounds}" if stop is None else "the last sample"
+            mark = time.perf_counter()
+            failures += check.verify(label, pair.orig.digests(), pair.cand.digests())
+            verified.append(label)
+            verifying += time.perf_counter() - mark  # not the sampling budget's
+    if verified[-1:] != ["the last sample"]:
+        failures += check.verify("the last sample", pair.orig.digests(), pair.cand.digests())
+        verified.append("the last sample")
+    info.update({"stop": stop, "rounds": rounds, "verified": verified, "seeds": [seeds[0], seeds[-1]],
+                 **sampling_settings(None)})
+    if estimate is not None:
+        info["estimate_us"] = estimate
+    if pair.quiet is not None:
+        info["quiet_wait_ms"] = round((pair.quiet.waited_s - waited) * 1000.0, 3)
+        info["quiet_bound_us"] = round(pair.quiet.bound_us, 1)
+    entry = {side: Stats.from_samples(values).to_dict() for side, values in samples.items()}
+    entry["info"] = info
+    return ViewOutcome(entry, failures)

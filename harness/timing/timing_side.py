@@ -1,0 +1,174 @@
+"""One side of the paired timing: one kernel (the original in the judge, the candidate in the candidate
+process) timed on one case, a few samples at a time, as the judge's coordinator asks (harness.paired_timing).
+
+Both sides run exactly this code, so what one side's sample contains the other's contains too:
+
+- `estimate(seed)`: one eager launch timed after an untimed one (sizes the graph view's replay);
+- `prepare(view, seeds)`: the timed sets (harness.timed_sets), one per seed; for `graph`, a CUDA graph
+  holding one launch per set (each launch its own set: no set is read twice within a replay), then two
+  warm-up replays (cold: three warm-up launches), each after a restore;
+- `sample(count)`: per sample, OUTSIDE the events: restore every set (outputs poisoned, in-place tensors
+  back to their drawn inputs) and flush L2 by reading 2 x L2 bytes; then the replay (or the launch of set 0)
+  between two CUDA events. The samples are enqueued behind a spin sized to the host's enqueue time (as
+  harness.timing does), with the garbage collector paused; then the WHOLE DEVICE is synchronised
+  (`torch.cuda.synchronize`, cudaDeviceSynchronize: every stream of the process, private ones included),
+  so nothing this side queued is left running when it hands the GPU back. Returns us per launch.
+- `digests()`: the sets' output digests as the last sample left them (what the judge verifies);
+- `close()`: frees the graph and the sets.
+
+On the CPU (tests) a "graph" is the launches called in order and times come from the host clock.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from harness.job import Case
+from harness.timing.modes import CaptureError, event_pair, keep_busy, l2_bytes, l2_flush, spin_us
+from harness.timing.timed_sets import TimedSets
+
+WARMUP_REPLAYS = 2
+WARMUP_LAUNCHES = 3
+MIN_ESTIMATE_US = 0.5
+
+Launch = Callable[[Sequence[Any]], Any]
+
+
+class TimingSide:
+    """`launch` timed on `case` (see the module docstring); `name` ("orig" or "cand") names it in errors."""
+
+    def __init__(self, name: str, launch: Launch, case: Case, device: torch.device | str) -> None:
+        self.name, self.launch, self.case = name, launch, case
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.view: str | None = None
+        self.sets: TimedSets | None = None
+        self.graph: Any = None
+        self._flush: Callable[[], Any] | None = None
+        self._enqueue_us = 0.0
+
+    # ------------------------------------------------------------ set-up
+
+    def estimate(self, seed: int) -> float:
+        """Microseconds of one eager launch on a fresh set of `seed` (after an untimed launch)."""
+        sets = TimedSets(self.case, [seed], self.device)
+        self.launch(sets.call_args[0])
+        sets.restore()
+        self._synchronize()
+        if self.cuda:
+            begin, end = event_pair()
+            begin.record()
+            self.launch(sets.call_args[0])
+            end.record()
+            end.synchronize()
+            elapsed = begin.elapsed_time(end) * 1000.0
+        else:
+            start = time.perf_counter()
+            self.launch(sets.call_args[0])
+            elapsed = (time.perf_counter() - start) * 1e6
+        return max(elapsed, MIN_ESTIMATE_US)
+
+    def prepare(self, view: str, seeds: list[int]) -> dict[str, Any]:
+        """The sets of `seeds` for `view`, captured (graph) and warmed up; raises CaptureError when the
+        capture fails. Returns what the view's info records."""
+        self.close()
+        self.view = view
+        self.sets = TimedSets(self.case, seeds, self.device)
+        if self.cuda:
+            self._flush = l2_flush(self.device)
+            self._synchronize()
+        if view == "graph" and self.cuda:
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    for args in self.sets.call_args:
+                        self.launch(args)
+            except Exception as error:  # the side's code ran during capture: any failure is a result
+                raise CaptureError(self.name, error) from error
+            self.graph = graph
+        for _ in range(WARMUP_REPLAYS if view == "graph" else WARMUP_LAUNCHES):
+            self.sets.restore()
+            self._run()
+        self._synchronize()
+        return {"input_sets": len(self.sets), "launches_per_sample": self.launches_per_sample(),
+                "l2_bytes": l2_bytes(self.device) if self.cuda else 0}
+
+    def launches_per_sample(self) -> int:
+        return len(self.sets or []) if self.view == "graph" else 1
+
+    # ------------------------------------------------------------ sampling
+
+    def _run(self) -> None:
+        """One sample's launches: the replay, or the launches in order (CPU), or set 0's launch (cold)."""
+        assert self.sets is not None
+        if self.view == "graph":
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                for args in self.sets.call_args:
+                    self.launch(args)
+        else:
+            self.launch(self.sets.call_args[0])
+
+    def sample(self, count: int) -> list[float]:
+        """`count` samples (see the module docstring); microseconds per launch, one value per sample."""
+        if self.sets is None:
+            raise RuntimeError(f"{self.name}: sample before prepare")
+        per = self.launches_per_sample()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            if not self.cuda:
+                return [self._host_sample() / per for _ in range(count)]
+            pending = []
+            keep_busy(spin_us(None, self._enqueue_us))
+            start = time.perf_counter()
+            for _ in range(count):
+                self.sets.restore()
+                assert self._flush is not None
+                self._flush()
+                begin, end = event_pair()
+                begin.record()
+                self._run()
+                end.record()
+                pending.append((begin, end))
+            self._enqueue_us = (time.perf_counter() - start) * 1e6
+            self._synchronize()
+            return [begin.elapsed_time(end) * 1000.0 / per for begin, end in pending]
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _host_sample(self) -> float:
+        assert self.sets is not None
+        self.sets.restore()
+        start = time.perf_counter()
+        self._run()
+        return (time.perf_counter() - start) * 1e6
+
+    def digests(self) -> list[dict[str, str]]:
+        """The sets' digests as the last sample left them (harness.timed_sets.TimedSets.digests)."""
+        if self.sets is None:
+            raise RuntimeError(f"{self.name}: digests before prepare")
+        self._synchronize()
+        return self.sets.digests()
+
+    def set_args(self, index: int) -> dict[str, Any]:
+        """Set `index`'s tensors by name, as the last sample left them."""
+        if self.sets is None:
+            raise RuntimeError(f"{self.name}: no sets")
+        return self.sets.inputs[index]
+
+    def close(self) -> None:
+        self.graph, self.sets, self._flush, self.view = None, None, None, None
+        if self.cuda:
+            self._synchronize()
+            torch.cuda.empty_cache()
+
+    def _synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # cudaDeviceSynchronize: every stream of this process

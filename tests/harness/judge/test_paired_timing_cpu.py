@@ -1,0 +1,225 @@
+"""harness.paired_timing and harness.timed_outputs on the CPU: the ABBA turns, the candidate held while the
+original samples, and every timed launch verified (a launch that skips work fails its case, naming the view
+and the launch). Both sides are local TimingSides with Python kernels; the GPU half is tests/adversarial."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from harness.job import BuildBase, Case, Job, Options, Variant
+from harness.judge.correctness import output_digest
+from harness.judge.inputs import make_inputs, poison_outputs
+from harness.judge.paired_timing import MAX_GRAPH_SETS, Pair, abba, graph_sets, time_view
+from harness.judge.timed_outputs import Checked, LaunchCheck
+from harness.timing.stats import Stats
+from harness.timing.timing_side import TimingSide
+from tests.harness.timing.test_timed_sets_cpu import rowscale_case
+
+ROWS, COLS = 8, 16
+
+
+def _case(in_place: bool = False) -> Case:
+    return rowscale_case(in_place, ROWS, COLS)
+
+
+def _job(case: Case, seeds: tuple[int, ...] = (0, 1)) -> Job:
+    return Job(name="rs", entry="rs", kernel_file="rs.cuh", variants={"v": Variant("v", [["rs", "R::run"]])},
+               build=BuildBase(source_root="/src", include_dirs=[], cuda_files=["rs.cuh"]), cases=[case],
+               tolerance={"float32": {"atol": 1e-5, "rtol": 1e-5, "floor": 1e-6}},
+               options=Options(seeds=list(seeds), budget_ms_per_case=5.0))
+
+
+def rowscale(args):
+    x, w, out = args
+    out.copy_(x * w)
+
+
+def half_after(calls: int):
+    """Whole rows for the first `calls` calls, then only the first half: the rest keeps the poison."""
+    count = {"n": 0}
+
+    def run(args):
+        count["n"] += 1
+        x, w, out = args
+        rows = x.shape[0] if count["n"] <= calls else x.shape[0] // 2
+        out[:rows].copy_(x[:rows] * w)
+    return run
+
+
+def off_by_ulp(args):
+    x, w, out = args
+    out.copy_(x * w)
+    out.view(torch.int32)[:, 0] ^= 1  # within tolerance, never bit-identical
+
+
+def checked_for(case: Case, launch, *, bit_exact: bool, deterministic: bool = True) -> Checked:
+    args = poison_outputs(make_inputs(case, 0, "cpu"), case.args)
+    launch([args["x"], args["w"], args["out"]])
+    return Checked(digest=output_digest(case, args), bit_exact=bit_exact, deterministic_orig=True,
+                   deterministic_cand=deterministic)
+
+
+def run_view(view: str, cand_launch, checked: Checked | None, *, orig_launch=rowscale, case: Case | None = None,
+             pair_factory=Pair):
+    case = case or _case()
+    job = _job(case)
+    orig, cand = TimingSide("orig", orig_launch, case, "cpu"), TimingSide("cand", cand_launch, case, "cpu")
+    fetched: list[list[int]] = []
+
+    def fetch(indices):
+        fetched.append(list(indices))
+        return {i: cand.set_args(i) for i in indices}
+
+    def make_check(seeds):
+        return LaunchCheck(case, job, view, seeds, checked, orig.set_args, fetch)
+
+    outcome = time_view(case, view, pair_factory(orig, cand), job.options, make_check, torch.device("cpu"),
+                        random.Random(1))
+    return outcome, fetched
+
+
+@pytest.mark.parametrize("view", ["graph", "cold"])
+def test_an_honest_candidate_is_timed_and_verified(view):
+    outcome, fetched = run_view(view, rowscale, checked_for(_case(), rowscale, bit_exact=True))
+    assert outcome.failures == [] and fetched == []
+    entry = outcome.entry
+    assert Stats.from_dict(entry["orig"]).n >= 1 and Stats.from_dict(entry["cand"]).n >= 1
+    info = entry["info"]
+    assert info["verified"][-1] == "the last sample" and len(info["verified"]) in (1, 2)
+    if view == "graph":
+        assert info["input_sets"] == info["launches_per_sample"] > 1 and info["estimate_us"] > 0
+    else:
+        assert info["input_sets"] == info["launches_per_sample"] == 1
+
+
+@pytest.mark.parametrize("view", ["graph", "cold"])
+def test_a_launch_that_skips_work_once_timed_fails_naming_the_view_and_launch(view):
+    outcome, _ = run_view(view, half_after(3), checked_for(_case(), rowscale, bit_exact=True))
+    assert outcome.failures, outcome.entry
+    assert outcome.failures[0].startswith(f"{view} view, timed launch ")
+    assert "(inputs of seed 0)" in outcome.failures[0] or "(inputs of seed 100" in outcome.failures[0]
+
+
+def test_a_candidate_that_differs_within_tolerance_is_compared_by_value():
+    checked = checked_for(_case(), off_by_ulp, bit_exact=False)
+    outcome, fetched = run_view("graph", off_by_ulp, checked)
+    assert outcome.failures == [] and fetched  # the values were fetched and passed
+    assert len(fetched) == 1  # the same digests at the last sample are not fetched again
+    strict = Checked(digest=checked.digest, bit_exact=True, deterministic_orig=True, deterministic_cand=True)
+    outcome, _ = run_view("graph", off_by_ulp, strict)
+    assert outcome.failures and "bit for bit" in outcome.failures[0]
+
+
+def test_the_first_set_must_give_the_checked_outputs():
+    checked = checked_for(_case(), rowscale, bit_exact=False)
+    checked.digest = "0" * 64  # the checked call gave something else on these inputs
+    outcome, _ = run_view("cold", rowscale, checked)
+    assert any("behaves differently when timed" in f for f in outcome.failures)
+
+
+def test_skipped_rows_fail_by_value_even_when_nothing_was_checked_bitwise():
+    outcome, _ = run_view("cold", half_after(2), None)  # the original against itself: values only
+    assert outcome.failures and "NaN/Inf" in outcome.failures[0]
+
+
+def test_writing_a_read_only_input_while_timed_fails():
+    def scribbles(args):
+        rowscale(args)
+        args[0][0, 0] = 0.0
+    outcome, _ = run_view("cold", scribbles, None)
+    assert any("changed a read-only input" in f for f in outcome.failures)
+
+
+def test_in_place_skipping_of_own_results_is_undone_by_the_restore():
+    from tests.harness.timing.test_timed_sets_cpu import SkipsOwnResults
+
+    def scale(args):
+        args[0].mul_(args[1])
+    skipper = SkipsOwnResults()
+    outcome, _ = run_view("graph", skipper, None, orig_launch=scale, case=_case(in_place=True))
+    assert outcome.failures == [] and skipper.skipped == 0
+
+
+def test_a_side_that_raises_gives_an_error_entry():
+    def boom(args):
+        raise RuntimeError("launch failed")
+    outcome, _ = run_view("cold", boom, None)
+    assert outcome.entry == {"error": "launch failed", "side": None, "kind": "other"}
+
+
+class RecordingPause:
+    def __init__(self, log):
+        self.stopped, self.log = False, log
+
+    def stop(self):
+        self.stopped = True
+        self.log.append("stop")
+
+    def resume(self):
+        if self.stopped:
+            self.log.append("resume")
+        self.stopped = False
+
+
+class RecordingQuiet:
+    waited_s, bound_us = 0.0, 10.0
+
+    def __init__(self, log):
+        self.log = log
+
+    def wait(self):
+        self.log.append("quiet")
+        return 0.0
+
+
+def test_the_candidate_is_stopped_and_the_gpu_quiet_whenever_the_original_samples():
+    log: list[str] = []
+    pause = RecordingPause(log)
+
+    class Held(TimingSide):  # the original: samples only while the candidate is stopped
+        def sample(self, count):
+            assert pause.stopped and log[-1] == "quiet"
+            log.append(f"orig x{count}")
+            return super().sample(count)
+
+    class Remote(TimingSide):  # the candidate: every command resumes it first (RemoteSide.before_call)
+        def _resumed(self):
+            pause.resume()
+            assert not pause.stopped
+
+        def sample(self, count):
+            self._resumed()
+            log.append(f"cand x{count}")
+            return super().sample(count)
+
+        def digests(self):
+            self._resumed()
+            return super().digests()
+
+    case = _case()
+    job = _job(case)
+    orig, cand = Held("orig", rowscale, case, "cpu"), Remote("cand", rowscale, case, "cpu")
+    pair = Pair(orig, cand, pause, RecordingQuiet(log))
+    outcome = time_view(case, "cold", pair, job.options,
+                        lambda seeds: LaunchCheck(case, job, "cold", seeds, None, orig.set_args, lambda i: {}),
+                        torch.device("cpu"), random.Random(0))
+    assert outcome.failures == []
+    samples = [entry for entry in log if entry.startswith(("orig", "cand"))]
+    assert samples[:4] == ["orig x1", "cand x2", "orig x2", "cand x2"]  # o c | c o | o c | ...
+    assert log[:3] == ["stop", "quiet", "orig x1"]
+
+
+def test_turns_alternate_abba_and_merge():
+    assert abba(0, 3) == [("orig", 1), ("cand", 2), ("orig", 2), ("cand", 1)]
+    assert abba(1, 2) == [("cand", 1), ("orig", 1)]
+
+
+def test_graph_sets_fill_the_replay_within_memory():
+    assert graph_sets(5.0, 1000, 1 << 30) == 100  # 500 us of 5 us launches
+    assert graph_sets(1000.0, 1000, 1 << 30) == 1
+    assert graph_sets(5.0, 1 << 20, 10 << 20) == 10  # bounded by memory
+    assert graph_sets(0.001, 1, 1 << 40) == MAX_GRAPH_SETS
+    assert graph_sets(5.0, 1 << 40, 1 << 30) == 1
