@@ -6,11 +6,13 @@ import json
 import time
 
 from astra.cli.common import check_output, tree_for_spec, write_text
+from astra.cli.testing import check_llm_config
 from astra.errors import AstraError
 from astra.optimize.evaluation import run_eval
 from astra.optimize.rundir import RunDir
 from astra.optimize.session import OptimizeOptions, emit_best_patch, run_optimize
 from astra.report import run_text, table
+from astra.report.run_text import readable_run
 from astra.report.safe_text import one_line
 from astra.spec.resolve import resolve
 
@@ -48,8 +50,15 @@ def _finish(run, spec, t) -> None:
     print(f"report: {run_html.write(run)}")
 
 
+def _check_config(args) -> None:
+    """The built-in agents read $ASTRA_HOME/config.yaml unless --offline or --agent: refuse a bad one first."""
+    if not args.offline and not args.agent:
+        check_llm_config()
+
+
 def cmd_optimize(args) -> int:
     opts = loop_options(args)
+    _check_config(args)
     spec = resolve(args.name)
     t = tree_for_spec(args, str(spec.path))
     run, state = run_optimize(spec, t, opts, events=_printer)
@@ -60,6 +69,7 @@ def cmd_optimize(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    _check_config(args)
     if args.kernels is None:
         from astra.optimize.evaluation import survey_targets
 
@@ -69,6 +79,9 @@ def cmd_eval(args) -> int:
         names = [n.strip() for n in args.kernels.split(",") if n.strip()]
     if not names:
         raise AstraError("--kernels: name at least one spec, e.g. --kernels rmsnorm,qknorm (see `astra spec-check`)")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise AstraError(f"--kernels {args.kernels}: {', '.join(twice)} named more than once; name each spec once")
     specs = [resolve(n) for n in names]
     check_output(args.json)
     opts = loop_options(args)
@@ -110,6 +123,11 @@ def cmd_runs(args) -> int:
 
 
 def cmd_show(args) -> int:
+    from astra import paths
+
+    root = paths.sub("runs") / args.run
+    if "/" not in args.run and args.run.strip(".") and (root / "state.json").exists():
+        readable_run(root)  # a FIFO or a link to /dev/zero as state.json: one line, not a hang
     run = RunDir.open(args.run)
     if args.html:
         from astra.report import run_html
