@@ -17,6 +17,7 @@ to do next. The exit codes (docs/exit-codes.md is the table users read):
     11  recheck could not verify (base version missing, sources not compared, GPU checks not run)
     12  bad input: a value or file the command cannot use                      BadInput (AstraError)
     13  the LLM endpoint failed (unreachable, wrong key, unknown model, garbage) LLMError
+        or $ASTRA_HOME/config.yaml cannot be used                               astra.config.ConfigFileError
     14  a run directory is unusable (corrupt state, another kernel's run)       RunStateError
     15  the machine failed, not the kernel (disk full, out of memory)          EnvironmentFailure
     16  the OS sandbox cannot be enforced here (doctor; a check refused)       SandboxMissing

@@ -7,6 +7,7 @@ patches) that turns arguments into typed options, calls the library, and prints.
 from __future__ import annotations
 
 import errno
+import importlib
 import sys
 
 from astra.cli.parser import build_parser
@@ -20,29 +21,41 @@ def _message(err: AstraError) -> str:
     return str(err)
 
 
-def _handlers() -> dict:
-    from astra.cli import doctor, kernels, mcp, optimize, patches, probe_drafts, survey, verify
+_HANDLERS = {  # command -> (module of astra.cli, function); only the command's own module is imported
+    "list": ("kernels", "cmd_list"), "extract": ("kernels", "cmd_extract"), "build": ("kernels", "cmd_build"),
+    "parse-check": ("kernels", "cmd_parse_check"), "spec-check": ("kernels", "cmd_spec_check"),
+    "check": ("verify", "cmd_check"), "bench": ("verify", "cmd_bench"),
+    "optimize": ("optimize", "cmd_optimize"), "eval": ("optimize", "cmd_eval"), "runs": ("optimize", "cmd_runs"),
+    "show": ("optimize", "cmd_show"),
+    "patch": ("patches", "cmd_patch"), "apply": ("patches", "cmd_apply"), "recheck": ("patches", "cmd_recheck"),
+    "diff-versions": ("patches", "cmd_diff_versions"), "probe": ("probe_drafts", "cmd_probe"),
+    "survey": ("survey", "cmd_survey"), "mcp": ("mcp", "cmd_mcp"), "doctor": ("doctor", "cmd_doctor"),
+}
 
-    return {
-        "list": kernels.cmd_list, "extract": kernels.cmd_extract, "build": kernels.cmd_build,
-        "parse-check": kernels.cmd_parse_check, "spec-check": kernels.cmd_spec_check,
-        "check": verify.cmd_check, "bench": verify.cmd_bench,
-        "optimize": optimize.cmd_optimize, "eval": optimize.cmd_eval, "runs": optimize.cmd_runs,
-        "show": optimize.cmd_show,
-        "patch": patches.cmd_patch, "apply": patches.cmd_apply, "recheck": patches.cmd_recheck,
-        "diff-versions": patches.cmd_diff_versions, "probe": probe_drafts.cmd_probe,
-        "survey": survey.cmd_survey, "mcp": mcp.cmd_mcp, "doctor": doctor.cmd_doctor,
-    }
+
+def _handler(command: str):
+    module, function = _HANDLERS[command]
+    return getattr(importlib.import_module(f"astra.cli.{module}"), function)
+
+
+def _encoding_safe_output() -> None:
+    """Print whatever the terminal's encoding cannot show as escapes (`…` as `\\u2026` under LC_ALL=C or
+    PYTHONIOENCODING=ascii) instead of failing with UnicodeEncodeError halfway through the output."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
 
 
 def main(argv: list[str] | None = None) -> int:
+    _encoding_safe_output()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
         return 2
     try:
-        return int(_handlers()[args.command](args) or 0)
+        return int(_handler(args.command)(args) or 0)
     except AstraError as err:
         print(f"astra {args.command}: {_message(err)}", file=sys.stderr)
         return err.exit_code

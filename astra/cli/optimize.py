@@ -6,12 +6,14 @@ import json
 import time
 
 from astra.cli.common import check_output, tree_for_spec, write_text
+from astra.cli.testing import check_llm_config
 from astra.errors import AstraError
 from astra.optimize.driver import emit_best_patch, run_optimize
 from astra.optimize.optimizer_eval import run_eval
 from astra.optimize.options import OptimizeOptions
 from astra.optimize.rundir import RunDir
 from astra.report import run_text, table
+from astra.report.run_text import readable_run
 from astra.spec.resolve import resolve
 from astra.text import one_line
 
@@ -50,8 +52,15 @@ def _finish(run, spec, t) -> None:
     print(f"report: {run_html.write(run)}")
 
 
+def _check_config(args) -> None:
+    """The built-in agents read $ASTRA_HOME/config.yaml unless --offline or --agent: refuse a bad one first."""
+    if not args.offline and not args.agent:
+        check_llm_config()
+
+
 def cmd_optimize(args) -> int:
     opts = loop_options(args)
+    _check_config(args)
     spec = resolve(args.name)
     t = tree_for_spec(args, str(spec.path))
     run, state = run_optimize(spec, t, opts, events=_printer)
@@ -62,6 +71,7 @@ def cmd_optimize(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    _check_config(args)
     if args.kernels is None:
         from astra.survey.targets import survey_targets
 
@@ -71,6 +81,9 @@ def cmd_eval(args) -> int:
         names = [n.strip() for n in args.kernels.split(",") if n.strip()]
     if not names:
         raise AstraError("--kernels: name at least one spec, e.g. --kernels rmsnorm,qknorm (see `astra spec-check`)")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise AstraError(f"--kernels {args.kernels}: {', '.join(twice)} named more than once; name each spec once")
     specs = [resolve(n) for n in names]
     check_output(args.json)
     opts = loop_options(args)
@@ -112,6 +125,11 @@ def cmd_runs(args) -> int:
 
 
 def cmd_show(args) -> int:
+    from astra import paths
+
+    root = paths.sub("runs") / args.run
+    if "/" not in args.run and args.run.strip(".") and (root / "state.json").exists():
+        readable_run(root)  # a FIFO or a link to /dev/zero as state.json: one line, not a hang
     run = RunDir.open(args.run)
     if args.html:
         from astra.report import run_html

@@ -7,7 +7,7 @@ import json
 import time
 
 from astra.cli.common import check_output, tree, tree_for_spec, write_text
-from astra.cli.testing import repairers
+from astra.cli.testing import check_llm_config, repairers, wants_llm
 from astra.report import table
 from astra.verify import probe_repair, probing
 from astra.verify.probe_record import coverage, markdown, table_rows
@@ -22,6 +22,8 @@ def cmd_probe(args) -> int:
                               force=args.force, report_only=args.report_only, sandbox=not args.no_sandbox)
     check_output(args.json)
     check_output(args.report, "--report")
+    if wants_llm(args):
+        check_llm_config()
     targets = probing.select(list(args.names), all_drafts=args.all, reviewed=args.reviewed)
     tree_for = lambda spec: tree_for_spec(args, str(spec.path))  # noqa: E731
     if args.repair_dry_run:

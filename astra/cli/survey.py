@@ -79,7 +79,9 @@ def cmd_survey(args) -> int:
                                f"{', '.join(records) or 'none'}")
             records = {n: records[n] for n in args.names}
         if not records:
-            raise BadInput(f"--report-only: {store.root} holds no survey record; run `astra survey` on a GPU machine")
+            why = f" ({'; '.join(store.problems[:3])})" if store.problems else ""
+            raise BadInput(f"--report-only: {store.root} holds no survey record{why}; run `astra survey` on a GPU "
+                           "machine")
         records = run.refresh_unknown_reach(records, store, say=_say)
     else:
         targets = run.select(args.names, all_drafts=args.all, reviewed=args.reviewed, say=_say)

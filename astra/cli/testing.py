@@ -14,6 +14,13 @@ def wants_llm(args) -> bool:
     return getattr(args, "agent", "rules") == "llm"
 
 
+def check_llm_config() -> None:
+    """Refuse an unusable $ASTRA_HOME/config.yaml (astra.config; exit 13) before any work is done."""
+    from astra import config
+
+    config.home_settings()
+
+
 def client(args, transcript: Path):
     """An LLM client from --model/--base-url/--budget-* > $ASTRA_HOME/config.yaml > environment."""
     from astra.llm.client import Client, resolve_config

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from astra import input_files
 from astra.cli.common import check_output, check_output_dir, tree_for_spec, write_text
 from astra.errors import AstraError, SandboxMissing
 from astra.report import text
@@ -22,7 +23,7 @@ def _modes(value: str) -> list[str]:
 def cmd_check(args) -> int:
     spec = resolve(args.name)
     path = Path(args.candidate)
-    if not path.is_file():
+    if not path.exists():  # a FIFO or device gets its own refusal from read_source
         raise AstraError(f"--candidate {path}: no such file (give your version of {spec.kernel_file})")
     source = read_source(path, "--candidate")
     opts = runner.CheckOptions(modes=_modes(args.modes), sanitizer=not args.no_sanitizer, quick=args.quick,
@@ -78,21 +79,14 @@ def _save(args, verdicts: dict, *, final: bool) -> None:
                 print(f"wrote {path}")
 
 
-MAX_SOURCE = 8 << 20  # 8 MiB: SGLang's largest kernel file is well under 1 MiB
+MAX_SOURCE = input_files.SOURCE_BYTES  # 8 MiB: SGLang's largest kernel file is well under 1 MiB
 
 
 def read_source(path: Path, flag: str) -> str:
-    """A candidate source file as text; a binary, undecodable or unreadable file is a one-line error."""
-    try:
-        if path.stat().st_size > MAX_SOURCE:
-            raise AstraError(f"{flag} {path}: {path.stat().st_size:,} bytes; a kernel source is at most "
-                             f"{MAX_SOURCE:,} bytes")
-        data = path.read_bytes()
-    except OSError as err:
-        raise AstraError(f"{flag} {path}: cannot read ({err.strerror or err})") from None
+    """A candidate source file as text: a regular file of at most MAX_SOURCE bytes (astra.input_files), not
+    binary, UTF-8; anything else is a one-line error."""
+    label = f"{flag} {path}"
+    data = input_files.read_bytes(path, MAX_SOURCE, what="a kernel source", label=label)
     if b"\0" in data:
-        raise AstraError(f"{flag} {path}: a binary file, not CUDA source")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise AstraError(f"{flag} {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise AstraError(f"{label}: a binary file, not CUDA source")
+    return input_files.decode(data, label)

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import openai
-import yaml
 
 from astra import paths
+from astra.config import read_config_file
 from astra.errors import AstraError, BudgetSpent
 from astra.llm.usage import Reply, Transcript, Usage, price_of
 
@@ -36,8 +36,6 @@ log = logging.getLogger("astra.llm.client")
 
 OPENAI_URL = "https://api.openai.com/v1"
 RETRY_STATUS = {408, 409, 429}  # and every 5xx
-FILE_KEYS = ("base_url", "model", "timeout_s", "max_retries", "temperature", "max_tokens",
-             "budget_tokens", "budget_usd")
 _SECRET_RE = re.compile(r"(sk-[A-Za-z0-9_\-]{3})[A-Za-z0-9_\-*]{6,}")
 
 
@@ -108,24 +106,6 @@ def _env(*names: str) -> str | None:
     return None
 
 
-def _read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise LLMConfigError(f"{path}: not valid YAML ({getattr(err, 'problem', err)})") from None
-    if not isinstance(data, dict):
-        raise LLMConfigError(f"{path}: must hold a mapping such as `base_url: ...` and `model: ...`")
-    secret = [k for k in data if any(w in str(k).lower() for w in ("key", "secret", "password"))]
-    if secret:
-        raise LLMConfigError(
-            f"{path}: holds `{secret[0]}`; Astra never reads API keys from files. Remove it and set "
-            "ASTRA_API_KEY or OPENAI_API_KEY in the environment instead.")
-    unknown = sorted(set(map(str, data)) - set(FILE_KEYS))
-    if unknown:
-        raise LLMConfigError(f"{path}: unknown setting(s) {unknown}; known: {', '.join(FILE_KEYS)}")
-    return data
-
-
 def resolve_config(flags: dict[str, Any], config_file: Path | None = None) -> LLMConfig:
     """Merge settings: `flags` (None values ignored) > `config_file` (default
     `$ASTRA_HOME/config.yaml`, used when it exists) > environment (`ASTRA_BASE_URL`,
@@ -140,8 +120,8 @@ def resolve_config(flags: dict[str, Any], config_file: Path | None = None) -> LL
         "model": _env("ASTRA_MODEL"),
     }
     path = config_file if config_file is not None else paths.astra_home() / "config.yaml"
-    if path.is_file():
-        merged.update({k: v for k, v in _read_config_file(path).items() if v is not None})
+    if path.exists() or path.is_symlink():
+        merged.update({k: v for k, v in read_config_file(path, LLMConfigError).items() if v is not None})
     merged.update({k: v for k, v in flags.items() if v is not None})
     return LLMConfig(**{k: v for k, v in merged.items() if v is not None})
 

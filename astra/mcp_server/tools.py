@@ -97,8 +97,7 @@ def list_modules(tree: Tree, *, buildable: bool = False, why: str | None = None)
     skipped = [asdict(s) for s in discovery.unparsable(t)]
     document = {
         "sglang": {"version": t.version, "origin": t.origin, "root": str(t.root), "layout": t.layout},
-        "modules": [{**{k: v for k, v in asdict(m).items() if k != "call_sites"},
-                     "files": registry.source_hashes(t, m)} for m in mods],
+        "modules": [registry.module_record(t, m) for m in mods],
         "specs": specs_index(),
         "skipped": skipped,
     }

@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from astra.errors import AstraError, NotAnAstraPatch
+from astra.errors import AstraError, BadInput, NotAnAstraPatch
 from astra.patches import message as patch_message
 from astra.patches import patchfile
 from astra.patches.patchfile import git_exe
@@ -40,6 +40,17 @@ from harness import Verdict, verified_faster
 from harness.judge.acceptance import SLOWDOWN_THRESHOLD
 
 _GIT_CONFIG = ["-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null", "-c", "core.autocrlf=false"]
+MAX_SLOWDOWN_THRESHOLD = 0.10  # `--threshold`: a shape may be at most this much slower (beyond noise): 0 to 10%
+
+
+def check_threshold(value: object) -> float:
+    """The slowdown threshold if it is a number from 0 to MAX_SLOWDOWN_THRESHOLD, else BadInput (exit 12): NaN
+    would compare false and let every slower shape through, a negative or large one would gut the rule."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SLOWDOWN_THRESHOLD:
+        raise BadInput(f"--threshold {value}: give the slowdown a shape may have, from 0 to "
+                       f"{MAX_SLOWDOWN_THRESHOLD:g} ({100 * MAX_SLOWDOWN_THRESHOLD:g}%; default "
+                       f"{SLOWDOWN_THRESHOLD:g})")
+    return float(value)
 
 
 @dataclass
@@ -54,6 +65,7 @@ def refusal(verdict: Verdict, *, spec_name: str | None = None, slowdown_threshol
     """Why this verdict does not support a patch (one line), or None: the one acceptance rule
     (`harness.judge.acceptance.verified_faster`), plus that the verdict names this kernel and that
     compute-sanitizer ran cleanly (unless `sanitizer_required` is False)."""
+    check_threshold(slowdown_threshold)
     if spec_name and verdict.name and verdict.name != spec_name:
         return f"the verdict is for kernel {verdict.name!r}, not {spec_name!r}"
     findings = verdict.sanitizer.get("findings") or []

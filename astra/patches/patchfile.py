@@ -27,6 +27,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from astra import input_files
 from astra.errors import NotAnAstraPatch, ToolMissing
 from astra.patches import scope
 
@@ -94,12 +95,10 @@ def parse(path: str | os.PathLike) -> AstraPatch:
     the file the trailers name (astra.patches.scope), and the text must be that one diff: no other patch in
     its message, nothing after its signature that any patch tool reads."""
     path = Path(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise NotAnAstraPatch(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise NotAnAstraPatch(f"{path}: not a readable text patch ({err})") from None
+    try:  # a regular file of at most PATCH_BYTES, UTF-8 (astra.input_files)
+        text = input_files.read_text(path, input_files.PATCH_BYTES, what="an Astra patch")
+    except input_files.Refused as err:
+        raise NotAnAstraPatch(str(err)) from None
     diffs = list(_DIFF.finditer(text))
     first_diff = diffs[0] if diffs else None
     message = text[: diffs[-1].start()] if diffs else text

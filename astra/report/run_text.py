@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from astra import paths
-from astra.errors import AstraError
+from pathlib import Path
+
+from astra import input_files, paths
+from astra.errors import AstraError, RunStateError
 from astra.optimize.loop import band_summary, band_wins_line
 from astra.optimize.rundir import RunDir, list_runs
 from astra.report import table
@@ -32,6 +34,19 @@ def summary(run: RunDir) -> str:
     return "\n".join(out)
 
 
+def readable_run(root: Path) -> RunDir:
+    """The run at `root` once its state.json is a regular file of bounded size (astra.input_files): a FIFO
+    would block the command, a link to /dev/zero read until memory runs out. Else a RunStateError (exit 14)."""
+    try:
+        input_files.check_file(root / "state.json", input_files.RECORD_BYTES, what="a run's state")
+    except input_files.Refused as err:
+        problem = RunStateError(f"run {root.name}: {root / 'state.json'} is unreadable ({err.why}); the run cannot "
+                                "be shown or resumed; start a new one")
+        problem.reason = err.why
+        raise problem from None
+    return RunDir(root)
+
+
 def runs_table() -> str | None:
     """A table of every run under $ASTRA_HOME/runs, or None when there is none."""
     names = list_runs()
@@ -40,7 +55,7 @@ def runs_table() -> str | None:
     rows = []
     for name in names:
         try:
-            s = RunDir(paths.sub("runs") / name).state()
+            s = readable_run(paths.sub("runs") / name).state()
         except AstraError as err:
             rows.append([name, "-", "-", "-", "-", "-", f"unreadable: {_reason(err)}"])
             continue

@@ -14,8 +14,9 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from astra.input_files import Refused, depth
 from astra.sglang.py_constants import int_constants
-from astra.sglang.tree import SglangTree
+from astra.sglang.tree import SglangTree, read_tree_text
 
 LIST_KWARGS = ("cuda_files", "cpp_files", "extra_cuda_cflags", "extra_cflags", "extra_ldflags",
                "extra_include_paths", "extra_dependencies")
@@ -264,19 +265,48 @@ def _guards(parents: dict[ast.AST, ast.AST], node: ast.AST, text: str) -> list[s
     return out
 
 
-def scan_file(path: Path, tree_root: Path, functions: dict[str, ast.FunctionDef] | None = None) -> list[CallSite]:
-    """Every `load_jit` call site of one Python file (one entry per module name it can produce)."""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if "load_jit" not in text:
-        return []
+MAX_SYNTAX_DEPTH = 100  # levels of a loader file's syntax tree Astra walks (SGLang's own stay under 40)
+
+
+def parse_loader(path: Path) -> tuple[str, ast.Module | None, str | None]:
+    """(text, syntax tree, None), or (text, None, why it cannot be read) for a Python file of a tree: a regular
+    file of bounded size (astra.sglang.tree.read_tree_text) that parses, nested at most MAX_SYNTAX_DEPTH
+    levels (the walks over it recurse: a deeper tree, such as one expression of 100,000 terms, is refused
+    here instead of failing there)."""
+    try:
+        text = read_tree_text(path)
+    except Refused as err:
+        return "", None, err.why
     try:
         module = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return []  # reported by `unparsable` (astra list prints one line per file)
+    except SyntaxError as err:
+        return text, None, f"{type(err).__name__} at line {err.lineno}"
+    except (ValueError, RecursionError, MemoryError) as err:
+        return text, None, f"{type(err).__name__}: {str(err)[:80]}"
+    if depth(module, ast.iter_child_nodes, MAX_SYNTAX_DEPTH) > MAX_SYNTAX_DEPTH:
+        return text, None, f"nested more than {MAX_SYNTAX_DEPTH} levels deep"
+    return text, module, None
+
+
+def _in_tree(path: Path, root: Path) -> str:
+    """`path` relative to the tree's root, as found there (a link in the tree may point anywhere)."""
+    if path.is_relative_to(root):
+        return path.relative_to(root).as_posix()
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except (ValueError, RuntimeError, OSError):
+        return path.as_posix()
+
+
+def scan_file(path: Path, tree_root: Path, functions: dict[str, ast.FunctionDef] | None = None) -> list[CallSite]:
+    """Every `load_jit` call site of one Python file (one entry per module name it can produce)."""
+    text, module, _ = parse_loader(path)
+    if module is None or "load_jit" not in text:
+        return []  # one that cannot be read is reported by `unparsable` (astra list prints one line per file)
     parents = {child: node for node in ast.walk(module) for child in ast.iter_child_nodes(node)}
     module_scope = _Scope(module.body)
     constants = int_constants(module_scope.assigns)
-    rel = path.resolve().relative_to(tree_root.resolve()).as_posix()
+    rel = _in_tree(path, tree_root)
     sites: list[CallSite] = []
     for call in (n for n in ast.walk(module) if isinstance(n, ast.Call) and _is_load_jit(n)):
         fn = parents.get(call)
@@ -327,11 +357,8 @@ def function_index(files: list[Path]) -> dict[str, ast.FunctionDef]:
     """Top-level functions of the given files by name (helpers that compute flags live there)."""
     index: dict[str, ast.FunctionDef] = {}
     for path in files:
-        try:
-            module = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-        except SyntaxError:
-            continue
-        for node in module.body:
+        module = parse_loader(path)[1]
+        for node in module.body if module is not None else []:
             if isinstance(node, ast.FunctionDef):
                 index.setdefault(node.name, node)
     return index
@@ -349,17 +376,9 @@ def unparsable(tree: SglangTree) -> list[Unparsable]:
     """Every loader file of `tree` that mentions `load_jit` and does not parse (skipped by `scan_tree`)."""
     out = []
     for path in tree.python_files():
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if "load_jit" not in text:
-            continue
-        try:
-            ast.parse(text)
-        except SyntaxError as err:
-            rel = path.resolve().relative_to(tree.root.resolve()).as_posix()
-            out.append(Unparsable(rel, f"{type(err).__name__} at line {err.lineno}"))
-        except (ValueError, RecursionError, MemoryError) as err:
-            rel = path.resolve().relative_to(tree.root.resolve()).as_posix()
-            out.append(Unparsable(rel, f"{type(err).__name__}: {str(err)[:80]}"))
+        text, module, why = parse_loader(path)
+        if module is None and ("load_jit" in text or not text):  # unread, or a loader that does not parse
+            out.append(Unparsable(_in_tree(path, tree.root), why))
     return out
 
 

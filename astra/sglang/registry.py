@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
 from astra import paths
 from astra.errors import UnknownKernel
+from astra.input_files import Refused
 from astra.sglang.discovery import CallSite, scan_tree
-from astra.sglang.tree import SglangTree, sha256_file
+from astra.sglang.tree import SglangTree, read_tree_text, sha256_file
 
 # Markers of code written for another GPU family, in a path or module name.
 _OTHER_TARGET = re.compile(r"(sm_?1[0-2]\d|blackwell|gfx\d+|_hip\b|hip_|rocm|cdna)", re.I)
@@ -110,9 +111,11 @@ def _condition_true_for_sm90(cond: str) -> bool:
     expr = expr.replace("SGL_CUDA_ARCH", "900").replace("&&", " and ").replace("||", " or ")
     expr = re.sub(r"!(?!=)", " not ", expr)
     expr = re.sub(r"\b[A-Za-z_]\w*\b", lambda m: m.group(0) if m.group(0) in ("and", "or", "not") else "0", expr)
+    if re.search(r"\*\*|<<\s*\d{3,}", expr):  # no power in C; a huge shift would take the machine's memory
+        return False
     try:
         return bool(eval(compile(expr, "<cond>", "eval"), {"__builtins__": {}}, {}))  # digits/operators only
-    except (SyntaxError, TypeError, ValueError, NameError):
+    except (SyntaxError, TypeError, ValueError, NameError, ArithmeticError, RecursionError, MemoryError):
         return False
 
 
@@ -128,7 +131,10 @@ def _judge(tree: SglangTree, name: str, sites: list[CallSite], resolved: list[Pa
     if any("hip" in g.lower() and not g.startswith("not") for g in site.guards):
         return "no", "loaded only on ROCm"
     for path in resolved:
-        reason = _preprocessor_blocks_sm90(path.read_text(errors="replace"))
+        try:
+            reason = _preprocessor_blocks_sm90(read_tree_text(path))
+        except Refused as err:  # a FIFO, a link to /dev/zero, a huge file
+            return "no", f"source {path.name}: {err.why}"
         if reason:
             return "no", reason
     if site.extra_dependencies:
@@ -138,12 +144,12 @@ def _judge(tree: SglangTree, name: str, sites: list[CallSite], resolved: list[Pa
 
 def _build_records(tree: SglangTree) -> dict[str, dict]:
     """Results of real builds (`astra build`), which override the static judgement."""
-    path = paths.sub("build-records") / f"{tree.version}-{tree.origin}.json"
+    path = paths.sub("build-records") / paths.safe_name(f"{tree.version}-{tree.origin}.json")
     return json.loads(path.read_text()) if path.exists() else {}
 
 
 def record_build(tree: SglangTree, name: str, arch: str, ok: bool, reason: str) -> None:
-    path = paths.sub("build-records") / f"{tree.version}-{tree.origin}.json"
+    path = paths.sub("build-records") / paths.safe_name(f"{tree.version}-{tree.origin}.json")
     records = json.loads(path.read_text()) if path.exists() else {}
     records[f"{name}@{arch}"] = {"ok": ok, "reason": reason}
     path.write_text(json.dumps(records, indent=1, sort_keys=True))
@@ -181,6 +187,19 @@ def modules(tree: SglangTree, arch: str = "sm_90a") -> list[JitModule]:
             m.sm90a = "built" if record["ok"] else "build-failed"
             m.sm90a_reason = record["reason"]
     return out
+
+
+def is_template(name: str) -> bool:
+    """Whether a module or export name has parts SGLang fills in at run time (`store_{name}`): the call site
+    builds it from the loader's arguments, which discovery keeps as source text in braces."""
+    return "{" in name and "}" in name
+
+
+def module_record(tree: SglangTree, module: JitModule) -> dict:
+    """A module as `astra list --json` (and the MCP `list` tool) give it: its fields without the call sites,
+    whether its name is a template, and the sha256 of each of its sources."""
+    record = {k: v for k, v in asdict(module).items() if k != "call_sites"}
+    return {**record, "name_is_template": is_template(module.name), "files": source_hashes(tree, module)}
 
 
 def find(tree: SglangTree, name: str) -> JitModule:

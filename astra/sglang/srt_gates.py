@@ -242,7 +242,7 @@ def index(tree: SglangTree) -> list[dict] | None:
     for path in files:
         stat = path.stat()
         digest.update(f"{path.relative_to(srt).as_posix()} {stat.st_size} {stat.st_mtime_ns}\n".encode())
-    target = paths.sub("srt-index") / f"{tree.version}-{tree.origin}-{digest.hexdigest()[:16]}.json"
+    target = paths.sub("srt-index") / paths.safe_name(f"{tree.version}-{tree.origin}-{digest.hexdigest()[:16]}.json")
     if str(target) in _INDEXES:
         return _INDEXES[str(target)]
     if target.exists():

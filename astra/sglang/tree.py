@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from astra import DEFAULT_SGLANG_VERSION, paths
+from astra import DEFAULT_SGLANG_VERSION, input_files, paths
 from astra.errors import AstraError, SglangNotFound
 
 LAYOUTS = ("kernels/jit", "jit_kernel")
@@ -114,7 +114,16 @@ class SglangTree:
         return f"SGLang {self.version} ({self.origin}, layout sglang/{self.layout}) at {self.root}"
 
 
+def read_tree_text(path: Path) -> str:
+    """A text file of an SGLang tree (a loader, a kernel source, pyproject.toml), undecodable bytes replaced: a
+    regular file of at most input_files.SOURCE_BYTES, else input_files.Refused (a FIFO in a tree would block
+    the command, a link to /dev/zero would read until memory runs out)."""
+    return input_files.read_bytes(path, input_files.SOURCE_BYTES, what="a source file").decode("utf-8", "replace")
+
+
 def sha256_file(path: Path) -> str:
+    """sha256 of a regular file (read in chunks); anything else is input_files.Refused, never an endless read."""
+    input_files.check_file(path)
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -138,8 +147,14 @@ def locate(version: str | None = None, src: str | os.PathLike | None = None) -> 
 
 
 def from_source(path: Path) -> SglangTree:
-    path = path.expanduser().resolve()
-    if not path.exists():
+    try:
+        path = path.expanduser().resolve()
+        exists = path.exists()
+    except RuntimeError as err:  # a symlink loop, or `~nosuchuser/...`
+        raise SglangNotFound(f"--sglang-src {path}: not a usable path ({err})") from None
+    except OSError as err:
+        raise SglangNotFound(f"--sglang-src {path}: cannot be read ({err.strerror or err})") from None
+    if not exists:
         raise SglangNotFound(f"--sglang-src {path}: no such directory")
     for root in (path / "python", path, path.parent):
         if (root / "sglang" / "__init__.py").is_file() or (root / "sglang" / "kernels").is_dir() or (
@@ -180,12 +195,12 @@ def find_installed() -> SglangTree | None:
 def _version_of_source(root: Path) -> str:
     for candidate in (root / "sglang" / "_version.py",):
         if candidate.is_file():
-            m = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", candidate.read_text())
+            m = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", _text_or_empty(candidate))
             if m:
                 return m.group(1)
     for pyproject in (root / "pyproject.toml", root.parent / "pyproject.toml"):
-        if pyproject.is_file():
-            m = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.M)
+        if pyproject.exists():
+            m = re.search(r'^version\s*=\s*"([^"]+)"', _text_or_empty(pyproject), re.M)
             if m:
                 return m.group(1)
     for dist in sorted(root.glob("sglang-*.dist-info")):
@@ -203,10 +218,17 @@ def _version_of_source(root: Path) -> str:
     return "unknown"
 
 
+def _text_or_empty(path: Path) -> str:
+    try:
+        return read_tree_text(path)
+    except input_files.Refused:  # no regular file, or too large: no version from it
+        return ""
+
+
 def from_wheel(version: str) -> SglangTree:
     """Download (once) the SGLang wheel of `version` with pip and unpack only the kernel sources
     (and the .py files of sglang/srt/)."""
-    if not _VERSION_RE.match(version):
+    if not _VERSION_RE.fullmatch(version):  # fullmatch: `$` alone would let a trailing newline through
         raise AstraError(f"--sglang {version!r} is not a version number (example: --sglang 0.5.23)")
     target = paths.sub("sglang") / version
     marker = target / ".complete"

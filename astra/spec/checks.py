@@ -7,16 +7,16 @@ structure of `source`, `build`, `tolerance`, `shapes` and of an argument's optio
 from __future__ import annotations
 
 import difflib
+import math
 from pathlib import Path
 
-import yaml
-
+from astra import input_files
 from astra.spec.expr import DTYPE_BYTES, evaluate, names_in
 
-MAX_BYTES = 1 << 20  # 1 MiB: the largest committed spec is a few KiB
+MAX_BYTES = input_files.SPEC_BYTES  # 1 MiB: the largest committed spec is a few KiB
 
-TOP = ("name", "module", "category", "description", "source", "build", "entry", "signature", "dims", "derived",
-       "dtypes", "arguments", "shapes", "tolerance", "bytes", "bytes_read", "bytes_written", "reference")
+TOP = ("name", "module", "category", "description", "source", "build", "entry", "signature", "dims", "flags",
+       "derived", "dtypes", "arguments", "shapes", "tolerance", "bytes", "bytes_read", "bytes_written", "reference")
 SOURCE = ("sglang_version", "kernel_file", "repo_path", "sha256", "loader")
 BUILD = ("cuda_files", "cpp_files", "extra_cuda_cflags", "extra_cflags", "extra_ldflags", "extra_include_paths",
          "extra_dependencies", "wrappers", "header_only")
@@ -32,47 +32,13 @@ REVIEW_MARKER = "TODO(review)"
 EXACT_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")  # compared exactly: no tolerance
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """SafeLoader that refuses anchors and aliases: a spec never needs them, and an alias bomb
-    expands to gigabytes from a few hundred bytes."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(
-                None, None, f"YAML aliases (*{event.anchor}) are not allowed in a kernel spec; write the value out",
-                event.start_mark)
-        event = self.peek_event()
-        anchor = getattr(event, "anchor", None)
-        if anchor is not None:
-            raise yaml.composer.ComposerError(
-                None, None, f"YAML anchors (&{anchor}) are not allowed in a kernel spec; write the value out",
-                event.start_mark)
-        return super().compose_node(parent, index)
-
-
 def read_yaml(path: Path) -> tuple[object, str | None]:
-    """(the parsed document, None) or (None, why it cannot be read) — bounded in size and work."""
+    """(the parsed document, None) or (None, why it cannot be read): a regular file of at most MAX_BYTES,
+    strict YAML (no anchors or aliases, no key twice, bounded nesting; astra.input_files)."""
     try:
-        size = path.stat().st_size
-    except OSError as err:
-        return None, f"cannot read the file ({err.strerror or err})"
-    if size > MAX_BYTES:
-        return None, f"the file is {size:,} bytes; a kernel spec is at most {MAX_BYTES:,} bytes (1 MiB)"
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as err:
-        return None, f"cannot read the file ({err.strerror or err})"
-    except UnicodeDecodeError as err:
-        return None, f"not UTF-8 text ({err.reason} at byte {err.start})"
-    try:
-        return yaml.load(text, Loader=_NoAliasLoader), None  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        return None, f"not valid YAML{where}: {getattr(err, 'problem', None) or err}"
-    except RecursionError:
-        return None, "not valid YAML: nested too deeply"
+        return input_files.read_yaml(path, MAX_BYTES, what="a kernel spec"), None
+    except input_files.Refused as err:
+        return None, err.why
 
 
 def unknown_keys(mapping: object, known: tuple[str, ...], where: str) -> list[str]:
@@ -93,6 +59,24 @@ def positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def flag_value(value: object) -> bool:
+    """A flag dim's value: 0 or 1 (a switch such as `neox`)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value in (0, 1)
+
+
+def check_flags(flags: object, dim_names: list[str], token_dim: str) -> list[str]:
+    """`flags:` lists the dims that are 0/1 switches; each names a dim once, and the token dim is none."""
+    if flags is None:
+        return []
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        return [f"`flags` must be a list of dim names (the dims that are 0/1 switches), not {flags!r}"[:200]]
+    out = [f"flags: {f!r} is not one of the dims ({', '.join(dim_names)})" for f in flags if f not in dim_names]
+    out += [f"flags: {f!r} is listed twice" for f in sorted({f for f in flags if flags.count(f) > 1})]
+    if token_dim in flags:
+        out.append(f"flags: {token_dim!r} is the token dim (the sweep sets it); a flag is a 0/1 switch")
+    return out
+
+
 def _positive_ints(values: object, where: str) -> list[str]:
     if not isinstance(values, list) or not values:
         return [f"{where} must be a non-empty list of positive integers"]
@@ -100,8 +84,9 @@ def _positive_ints(values: object, where: str) -> list[str]:
     return [f"{where}: {bad[0]!r} is not a positive integer (token counts and dims are > 0)"] if bad else []
 
 
-def check_shapes(shapes: object, dim_names: list[str]) -> list[str]:
-    """The structure of `shapes:` (its values are checked when the suite is expanded)."""
+def check_shapes(shapes: object, dim_names: list[str], flags: tuple[str, ...] = ()) -> list[str]:
+    """The structure of `shapes:` (its values are checked when the suite is expanded); `flags` are the dims
+    that take 0 or 1."""
     if not isinstance(shapes, dict):
         return [f"`shapes` must be a mapping ({', '.join(SHAPES)}), not {type(shapes).__name__}"]
     out = unknown_keys(shapes, SHAPES, "shapes")
@@ -133,8 +118,8 @@ def check_shapes(shapes: object, dim_names: list[str]) -> list[str]:
             out.append(f"shapes.edge[{i}] must map every dim to a positive integer, not {dims!r}"[:200])
             continue
         out += unknown_keys(dims, tuple(dim_names), f"shapes.edge[{i}]")
-        out += [f"shapes.edge[{i}].{k}: {v!r} is not a positive integer" for k, v in dims.items()
-                if not positive_int(v)]
+        out += [f"shapes.edge[{i}].{k}: {v!r} is not " + ("0 or 1 (a flag)" if k in flags else "a positive integer")
+                for k, v in dims.items() if not (flag_value(v) if k in flags else positive_int(v))]
     constraints = shapes.get("constraints")
     if constraints is not None and (not isinstance(constraints, list)
                                     or not all(isinstance(c, str) for c in constraints)):
@@ -287,8 +272,11 @@ def check_tolerance(tol, dtypes: list[str]) -> list[str]:
             continue
         out += unknown_keys(entry, TOLERANCE, f"tolerance.{dt}")
         for k in TOLERANCE:
-            if isinstance(entry.get(k), bool) or not isinstance(entry.get(k), (int, float)) or entry[k] < 0:
+            value = entry.get(k)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 out.append(f"tolerance.{dt}.{k} must be a non-negative number")
+            elif not math.isfinite(value):  # .inf would accept anything, .nan nothing
+                out.append(f"tolerance.{dt}.{k} must be a finite number, not {value!r}")
     return out
 
 
@@ -296,10 +284,8 @@ def review_markers(path: Path) -> list[str]:
     """One line per `TODO(review)` left in a spec file's raw text (comments included), with its line number
     (none for a file that cannot be read or is too large: loading it reports that)."""
     try:
-        if path.stat().st_size > MAX_BYTES:
-            return []
-        text = path.read_bytes().decode("utf-8", errors="replace")
-    except OSError:
+        text = input_files.read_bytes(path, MAX_BYTES).decode("utf-8", errors="replace")
+    except input_files.Refused:
         return []
     out = []
     for number, line in enumerate(text.splitlines(), 1):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 
+from astra.errors import BadInput
 from astra.sglang import cxx_facts, registry, variants
 from astra.sglang.tree import SglangTree, sha256_file
 from astra.spec import evidence, meanings, presence
@@ -68,9 +69,16 @@ def draft_module(tree: SglangTree, module: registry.JitModule, export: str | Non
     site = module.call_sites[0]
     guess = variants.guess(site)
     notes = [f"template argument `{s}` = {guess.values[s]} was guessed from its name" for s in guess.guessed]
+    exports = sorted({w[0] for w in guess.wrappers})
+    if export and export not in exports:  # before libclang reads anything
+        raise BadInput(f"--export {export}: module {module.name} has no export of that name (its exports: "
+                       f"{', '.join(exports) or 'none'}); leave --export out for the best described one")
     candidates = module_facts(tree, module)
     if export:
-        candidates = [c for c in candidates if guess.wrappers[c[0]][0] == export] or candidates
+        candidates = [c for c in candidates if guess.wrappers[c[0]][0] == export]
+        if not candidates:
+            raise BadInput(f"--export {export}: not a CUDA export of module {module.name} that Astra can read; "
+                           "leave --export out for the best described one")
     if not candidates or not candidates[0][1].found:
         why = candidates[0][1].notes[0] if candidates and candidates[0][1].notes else "no CUDA export"
         raise infer_error(module.name, why)

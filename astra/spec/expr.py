@@ -10,8 +10,10 @@ import ast
 import math
 import operator
 import re
+from functools import lru_cache
 
 from astra.errors import AstraError
+from astra.input_files import depth
 
 DTYPE_BYTES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
@@ -34,6 +36,7 @@ MAX_INT = 2**64  # magnitude bound of every integer result (checked before compu
 MAX_STR = 4096  # length bound of every string result
 MAX_ITEMS = 4096  # length bound of every tuple result
 MAX_EXPR = 4000  # characters of one expression
+MAX_DEPTH = 100  # levels of nesting of one expression (a chain `a + b - c ...` is one level, however long)
 
 
 def _elt(dtype: str) -> int:
@@ -102,21 +105,72 @@ def evaluate(expr, names: dict):
         return _bounded(expr, repr(expr))
     if not isinstance(expr, str):
         raise ExprError(f"expected an expression string, got {type(expr).__name__}: {_short(expr)}")
+    body, used = _parse(expr)
+    key = _result_key(expr, used, names)
+    if key in _RESULTS:
+        return _RESULTS[key]
+    try:
+        value = _Eval(expr, names).visit(body)
+    except ExprError as err:
+        msg = str(err)
+        raise ExprError(msg if msg.startswith(_short(expr)) else f"{_short(expr)}: {msg}") from None
+    except (ArithmeticError, TypeError, ValueError, RecursionError, MemoryError) as err:
+        raise ExprError(f"{_short(expr)}: {type(err).__name__}: {err}") from None
+    if key is not None:
+        if len(_RESULTS) >= MAX_RESULTS:
+            _RESULTS.clear()
+        _RESULTS[key] = value
+    return value
+
+
+@lru_cache(maxsize=4096)
+def _parse(expr: str) -> tuple[ast.expr, tuple[str, ...]]:
+    """The syntax tree of an expression and the names it uses, parsed and bounded once (a spec evaluates the
+    same expressions for every case)."""
     if len(expr) > MAX_EXPR:
         raise ExprError(f"{_short(expr)}: an expression longer than {MAX_EXPR} characters")
     try:
         tree = ast.parse(expr.strip(), mode="eval")
     except SyntaxError as err:
-        raise ExprError(f"{expr!r}: not a valid expression ({err.msg})") from None
+        raise ExprError(f"{_short(expr)}: not a valid expression ({err.msg})") from None
     except (ValueError, RecursionError, MemoryError) as err:
         raise ExprError(f"{_short(expr)}: not a valid expression ({type(err).__name__}: {err})") from None
-    try:
-        return _Eval(expr, names).visit(tree.body)
-    except ExprError as err:
-        msg = str(err)
-        raise ExprError(msg if msg.startswith(repr(expr)) else f"{expr!r}: {msg}") from None
-    except (ArithmeticError, TypeError, ValueError, RecursionError, MemoryError) as err:
-        raise ExprError(f"{_short(expr)}: {type(err).__name__}: {err}") from None
+    if depth(tree.body, _parts, MAX_DEPTH) > MAX_DEPTH:
+        raise ExprError(f"{_short(expr)}: nested more than {MAX_DEPTH} levels deep (parentheses, calls, "
+                        "conditionals inside each other); write it flatter or split it into `derived` names")
+    return tree.body, tuple(sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}))
+
+
+_RESULTS: dict = {}  # (expression, the values of the names it uses) -> its value: evaluation is pure
+MAX_RESULTS = 65536
+_UNSET = object()
+
+
+def _result_key(expr: str, used: tuple[str, ...], names: dict):
+    """The key of a result in _RESULTS (None: not kept, for values whose type a plain key would blur)."""
+    values = tuple(names.get(n, _UNSET) for n in used)
+    if not all(v is _UNSET or type(v) in (int, float, str, bool) for v in values):
+        return None
+    return expr, tuple((type(v).__name__, v) for v in values)
+
+
+def _chain(node: ast.BinOp) -> tuple[ast.expr, list[ast.BinOp]]:
+    """A left-leaning chain of binary operators (`a + b - c * d ...` parses as ((a + b) - ...)): its leftmost
+    operand and its operators from the innermost out. The chain is walked, not recursed into, so a long
+    flat expression costs no stack."""
+    ops = []
+    while isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        ops.append(node)
+        node = node.left
+    return node, ops[::-1]
+
+
+def _parts(node: ast.AST) -> list[ast.AST]:
+    """A node's children for the nesting count: a chain's operands are one level below the chain."""
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        first, ops = _chain(node)
+        return [first] + [op.right for op in ops]
+    return list(ast.iter_child_nodes(node))
 
 
 def _short(value, limit: int = 80) -> str:
@@ -179,7 +233,20 @@ class _Eval:
         self.text, self.names = text, names
 
     def fail(self, why: str):
-        raise ExprError(f"{self.text!r}: {why}")
+        raise ExprError(f"{_short(self.text)}: {why}")
+
+    def _binop(self, op: ast.operator, left, right):
+        too_big = _precheck(op, left, right)
+        if too_big:
+            self.fail(too_big)
+        try:
+            return _BINOPS[type(op)](left, right)
+        except ZeroDivisionError:
+            self.fail("division by zero")
+        except OverflowError:
+            self.fail("numeric overflow (the result is too large)")
+        except (TypeError, ValueError) as err:
+            self.fail(str(err))
 
     def visit(self, node):
         return _bounded(self._visit(node), repr(self.text))
@@ -194,18 +261,11 @@ class _Eval:
                 return node.id == "True"
             self.fail(f"unknown name {node.id!r} (known: {', '.join(sorted(self.names)) or 'none'})")
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            left, right = self.visit(node.left), self.visit(node.right)
-            too_big = _precheck(node.op, left, right)
-            if too_big:
-                self.fail(too_big)
-            try:
-                return _BINOPS[type(node.op)](left, right)
-            except ZeroDivisionError:
-                self.fail("division by zero")
-            except OverflowError:
-                self.fail("numeric overflow (the result is too large)")
-            except (TypeError, ValueError) as err:
-                self.fail(str(err))
+            first, ops = _chain(node)
+            value = self.visit(first)
+            for op_node in ops[:-1]:
+                value = _bounded(self._binop(op_node.op, value, self.visit(op_node.right)), repr(self.text))
+            return self._binop(node.op, value, self.visit(node.right))
         if isinstance(node, ast.UnaryOp):
             value = self.visit(node.operand)
             try:

@@ -37,7 +37,8 @@ class ExtractResult:
 def snapshot(tree: SglangTree, name: str, files: list[Path]) -> Path:
     manifest = {tree.package_path(f): sha256_file(f) for f in files}
     digest = __import__("hashlib").sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
-    target = paths.sub("snapshots") / name / f"{tree.version}-{digest}"
+    # names from the tree (a module name, a version) become one path component each: never `..` nor `/`
+    target = paths.sub("snapshots") / paths.safe_name(name) / paths.safe_name(f"{tree.version}-{digest}")
     if not (target / "manifest.json").exists():
         for f in files:
             dest = target / tree.package_path(f)
@@ -59,10 +60,10 @@ def extract(tree: SglangTree, name: str, out_dir: Path | None = None, export: st
 
         raise AstraError(f"module {name}: cannot find source(s) {missing} in {tree.describe()}")
     files = include_closure(tree, sources)
-    snap = snapshot(tree, name, files)
     guess = variants.guess(site)
     notes = [f"template argument `{s}` has no default; fill it in" for s in guess.unresolved]
-    spec, more = drafting.draft_module(tree, module, export=export)
+    spec, more = drafting.draft_module(tree, module, export=export)  # refuses an unknown --export first
+    snap = snapshot(tree, name, files)
     notes += more
     if build_check:  # template values the compiler decides (nvcc --cubin on this machine, cached)
         from astra.spec import template_search
@@ -111,7 +112,8 @@ def dump_yaml(data: dict) -> str:
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    """A draft's folder name: the module name with `{`, `}`, `/` and the like as `_` (never `.` or `..`)."""
+    return paths.safe_name(re.sub(r"[^A-Za-z0-9_.-]", "_", name))
 
 
 def single_gpu_modules(tree: SglangTree) -> list[str]:

@@ -22,6 +22,7 @@ KINDS = ("tensor", "scalar", "string")
 ROLES = ("in", "out", "inout", "scratch")
 DISTS = {"normal": (), "uniform": (), "randint": ("high",), "perm": ("high",), "arange": (),
          "const": ("value",)}
+MAX_CASES = 4096  # cases of one suite: (token counts per model entry + edge shapes) x dtypes
 
 
 @dataclass
@@ -104,17 +105,23 @@ class KernelSpec:
             names[key] = evaluate(expr, names)
         return names
 
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The dims that are 0/1 switches (`flags:`); every other dim is > 0."""
+        return tuple(self.raw.get("flags") or ())
+
     def shape_cases(self) -> list[ShapeCase]:
         """Model entries × token sweep, then edge shapes; duplicates removed, order kept."""
         shapes = self.raw["shapes"]
         token_dim = shapes.get("token_dim", "tokens")
         models = load_models()
+        flags = self.flags
         out: list[ShapeCase] = []
         seen: set[tuple] = set()
         for entry in shapes.get("models") or []:
             fields = dict(models[entry["model"]])
             fields["tp"] = entry.get("tp", 1)
-            base = {k: _dim(evaluate(v, fields), f"shapes.models {entry['model']} dims.{k} = {v!r}")
+            base = {k: _dim(evaluate(v, fields), f"shapes.models {entry['model']} dims.{k} = {v!r}", k in flags)
                     for k, v in (entry.get("dims") or {}).items()}
             label = f"{entry['model']}/tp{fields['tp']}"
             for tokens in entry.get("tokens") or shapes.get("tokens") or [1]:
@@ -124,7 +131,7 @@ class KernelSpec:
                     seen.add(key)
                     out.append(ShapeCase(label, dims))
         for dims in shapes.get("edge") or []:
-            dims = {k: _dim(v, f"shapes.edge {k}") for k, v in dims.items()}
+            dims = {k: _dim(v, f"shapes.edge {k}", k in flags) for k, v in dims.items()}
             key = tuple(sorted(dims.items()))
             if key not in seen:
                 seen.add(key)
@@ -135,14 +142,17 @@ class KernelSpec:
         return int(dims.get(self.raw["shapes"].get("token_dim", "tokens"), 1))
 
 
-def _dim(value, where: str) -> int:
-    """A dimension's value: a positive integer (an integral float is accepted), else an ExprError."""
+def _dim(value, where: str, flag: bool = False) -> int:
+    """A dimension's value: a positive integer, or 0 or 1 for a flag (an integral float is accepted), else
+    an ExprError."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ExprError(f"{where}: {value!r} is not an integer")
-    if value <= 0:
-        raise ExprError(f"{where}: {value} is not positive (dims are > 0)")
+    if flag and value not in (0, 1):
+        raise ExprError(f"{where}: {value} is not 0 or 1 (the dim is listed in `flags`)")
+    if value <= 0 and not flag:
+        raise ExprError(f"{where}: {value} is not positive (dims are > 0; a 0/1 switch is listed in `flags`)")
     return value
 
 
@@ -236,11 +246,19 @@ def validate(raw, path: Path) -> list[str]:
     if not isinstance(dtypes, list) or not dtypes or not all(isinstance(d, str) for d in dtypes):
         problems.append("`dtypes` must be a non-empty list of dtype names (the first is the timed dtype)")
         return problems
-    shape_problems = checks.check_shapes(raw["shapes"], list(dims))
+    token_dim = raw["shapes"].get("token_dim", "tokens") if isinstance(raw["shapes"], dict) else "tokens"
+    flag_problems = checks.check_flags(raw.get("flags"), list(dims), token_dim)
+    problems += flag_problems
+    flags = () if flag_problems else tuple(raw.get("flags") or ())
+    shape_problems = checks.check_shapes(raw["shapes"], list(dims), flags)
     problems += shape_problems
+    if not shape_problems:
+        problems += _check_suite_size(raw["shapes"], len(dtypes))
     for dt in dtypes:
         if dt not in DTYPE_BYTES:
             problems.append(f"dtypes: unknown dtype {dt!r} (known: {', '.join(DTYPE_BYTES)})")
+    problems += [f"dtypes: {dt} is listed twice (each dtype is checked once; the first is the timed one)"
+                 for dt in sorted({d for d in dtypes if dtypes.count(d) > 1})]
     problems += _check_arguments(raw["arguments"], raw)
     problems += checks.check_byte_split(raw, set(dims) | set(raw.get("derived") or {}) | {"dtype"})
     if not isinstance(raw["entry"], str):
@@ -256,6 +274,17 @@ def validate(raw, path: Path) -> list[str]:
     if problems:
         return problems
     return _check_cases(KernelSpec(path=path, raw=raw))
+
+
+def _check_suite_size(shapes: dict, dtype_count: int) -> list[str]:
+    """At most MAX_CASES cases, counted before the suite is expanded (duplicates included)."""
+    sweep = shapes.get("tokens") or [1]
+    points = sum(len(entry.get("tokens") or sweep) for entry in shapes.get("models") or [])
+    points += len(shapes.get("edge") or [])
+    if points * dtype_count <= MAX_CASES:
+        return []
+    return [f"shapes: {points:,} shapes x {dtype_count} dtype(s) = {points * dtype_count:,} cases; a suite is at "
+            f"most {MAX_CASES:,} cases (fewer token counts, models or edge shapes)"]
 
 
 def _check_arguments(args, raw) -> list[str]:
@@ -342,7 +371,12 @@ def _check_cases(spec: KernelSpec) -> list[str]:
             for c in constraints:
                 if not evaluate(c, names):
                     out.append(f"shape {case.label} {case.dims}: violates constraint `{c}`")
-            evaluate(spec.raw["bytes"], names)
+            total = evaluate(spec.raw["bytes"], names)
+            if (isinstance(total, bool) or not isinstance(total, (int, float)) or not total > 0) \
+                    and "bytes" not in failed:  # one mistake, named at its first shape
+                failed.add("bytes")
+                out.append(f"shape {case.label} {case.dims} ({dtype}): bytes {spec.raw['bytes']!r} gives {total!r}; "
+                           "the bytes the kernel must move are a positive number (they set the floors)")
             split = checks.byte_split_problem(spec.raw, names)
             if split and "bytes split" not in failed:  # one mistake, named at its first shape
                 failed.add("bytes split")

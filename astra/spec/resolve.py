@@ -9,10 +9,9 @@ draft invalidates the probe). check, bench and optimize load their specs through
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
-from astra import paths
+from astra import input_files, paths
 from astra.errors import UnknownKernel
 from astra.spec import model as spec_mod
 from astra.spec.model import KernelSpec
@@ -21,8 +20,9 @@ PROBE_FILE = "probe.json"
 
 
 def spec_sha256(path: Path) -> str:
-    """sha256 of a spec file's bytes (what a probe record is bound to)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """sha256 of a spec file's bytes (what a probe record is bound to); a file that is no regular spec-sized
+    file is a one-line error (astra.input_files)."""
+    return hashlib.sha256(input_files.read_bytes(path, input_files.SPEC_BYTES, what="a kernel spec")).hexdigest()
 
 
 def draft_path(name: str) -> Path:
@@ -33,8 +33,8 @@ def draft_path(name: str) -> Path:
 def read_record(path: Path) -> dict | None:
     """A probe record (probe.json) as a dict, or None when it is missing or unreadable."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        data = input_files.read_json(path, what="a probe record")
+    except input_files.Refused:
         return None
     return data if isinstance(data, dict) else None
 

@@ -410,6 +410,10 @@ def _fix_dim(spec: dict, dim: str, value: int) -> None:
 def _drop_dim(spec: dict, dim: str) -> None:
     """Remove `dim` from the spec's dims and from every model entry and edge shape that gives it."""
     spec["dims"].pop(dim, None)
+    if dim in (spec.get("flags") or []):
+        spec["flags"] = [f for f in spec["flags"] if f != dim]
+        if not spec["flags"]:
+            del spec["flags"]
     for entry in spec["shapes"].get("models") or []:
         (entry.get("dims") or {}).pop(dim, None)
     for entry in spec["shapes"].get("edge") or []:

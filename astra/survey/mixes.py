@@ -27,12 +27,12 @@ from pathlib import Path
 
 import yaml
 
-from astra import paths
+from astra import input_files, paths
 from astra.errors import BadInput
 
 DEFAULT_MIX = "decode"
 MIXES_FILE = paths.DATA_DIR / "serving_mixes.yaml"
-MAX_MIX_BYTES = 4 << 20
+MAX_MIX_BYTES = input_files.MIX_BYTES
 
 
 @dataclass(frozen=True)
@@ -78,20 +78,16 @@ def load_mix(value: str | None) -> Mix:
     """`--mix`: a built-in mix's name (default decode) or a YAML/JSON file (see the module docstring)."""
     value = DEFAULT_MIX if value is None else value
     builtin = builtin_mixes()
-    path = Path(value).expanduser()
-    if value in builtin and not path.is_file():
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # `~nosuchuser/...`
+        path = Path(value)
+    if value in builtin and not path.exists():
         return builtin[value]
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise BadInput(f"--mix {value}: neither a built-in mix ({', '.join(builtin)}) nor a file; give one of "
                        "those, or a YAML/JSON file of {tokens: weight} or {kernel: {tokens: count}}")
-    try:
-        if path.stat().st_size > MAX_MIX_BYTES:
-            raise BadInput(f"--mix {value}: {path.stat().st_size:,} bytes; a mix file is at most {MAX_MIX_BYTES:,}")
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise BadInput(f"--mix {value}: cannot read ({err})") from None
-    except yaml.YAMLError as err:
-        raise BadInput(f"--mix {value}: not valid YAML or JSON ({' '.join(str(err).split())[:200]})") from None
+    data = input_files.read_yaml(path, MAX_MIX_BYTES, what="a mix file", label=f"--mix {value}")  # JSON is YAML
     return parse_mix(data, str(value))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from astra import paths
+from astra import input_files, paths
 from astra.errors import AstraError
 from astra.spec import model as spec_mod
 from astra.spec.model import KernelSpec
@@ -149,8 +149,8 @@ def survey(targets: list[Target], store: Store, *, sglang_version: str | None = 
 def review_markers(path: Path | str) -> int | None:
     """How many `TODO(review)` markers the spec file holds (None when it cannot be read)."""
     try:
-        return Path(path).read_text().count("TODO(review)")
-    except OSError:
+        return input_files.read_text(path, input_files.SPEC_BYTES).count("TODO(review)")
+    except input_files.Refused:
         return None
 
 

@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from astra import paths
+from astra import input_files, paths
 from astra.errors import BadInput
 
 RECORD_FORMAT = "astra-survey-record/1"
@@ -80,9 +80,9 @@ class Store:
         if not self.root.is_dir():
             return out
         for path in sorted(self.root.glob("*.json")):
-            record = _read(path)
+            record, why = _read_why(path)
             if record is None:
-                self.problems.append(f"{path.name}: not a survey record (unreadable or another format)")
+                self.problems.append(f"{path.name}: not a survey record ({why})")
             else:
                 out[str(record["name"])] = record
         return out
@@ -106,13 +106,19 @@ class Store:
 
 
 def _read(path: Path) -> dict | None:
+    return _read_why(path)[0]
+
+
+def _read_why(path: Path) -> tuple[dict | None, str | None]:
+    """(the record, None), or (None, why it is none): a bounded regular file of JSON (astra.input_files) in
+    RECORD_FORMAT."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+        data = input_files.read_json(path, what="a survey record")
+    except input_files.Refused as err:
+        return None, err.why
     if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT or not isinstance(data.get("name"), str):
-        return None
-    return data
+        return None, f"another format, not {RECORD_FORMAT}"
+    return data, None
 
 
 def make_record(*, name: str, kind: str, spec_file: str, spec_sha256: str, module: str, token_dim: str,

@@ -197,6 +197,10 @@ class _Session:
 
     def _redefine(self, dim: str, target) -> None:
         del self.spec["dims"][dim]
+        if dim in (self.spec.get("flags") or []):
+            self.spec["flags"] = [f for f in self.spec["flags"] if f != dim]
+            if not self.spec["flags"]:
+                del self.spec["flags"]
         derived = dict(self.spec.get("derived") or {})
         later = names_in(str(target)) & set(derived)
         self.spec["derived"] = {**derived, dim: target} if later else {dim: target, **derived}
