@@ -29,7 +29,7 @@ for step in "$@"; do
     # 156.53 s, adversarial 322.49 s), over one call's bound with builds; run `harness` and `adversarial` apart
     gpu) pytest_step gpu ${GPU_TIMEOUT:-480} tests/harness tests/adversarial ;;
     harness) pytest_step harness 260 tests/harness ;;
-    astra-gpu) pytest_step astra-gpu ${ASTRA_GPU_TIMEOUT:-560} ${ASTRA_GPU_TESTS:-tests/astra/test_mcp.py tests/astra/test_llm_context.py tests/astra/test_exec_agent.py} ;;  # needs .whl with mcp, openai
+    astra-gpu) pytest_step astra-gpu ${ASTRA_GPU_TIMEOUT:-560} ${ASTRA_GPU_TESTS:-tests/astra/mcp_server/test_mcp.py tests/astra/optimize/test_llm_context.py tests/astra/optimize/test_exec_agent.py} ;;  # needs .whl with mcp, openai
     adversarial) pytest_step adversarial 420 tests/adversarial ;;
     bench) ( time timeout 300 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm rmsnorm --ncu \
                --budget-ms 40 --json "$OUT/bench.json" --report "$OUT/baseline" ) \
@@ -46,7 +46,7 @@ for step in "$@"; do
     resume) ( time timeout ${OPT_TIMEOUT:-420} python3 -m astra.cli optimize ${OPT_KERNEL:-silu_and_mul} --offline \
                --quick-search --resume "$OPT_RUN" ) > "$OUT/resume.log" 2>&1; tail -25 "$OUT/resume.log"
               tar czf "$OUT/runs.tgz" -C "$ASTRA_HOME" runs 2>/dev/null ;;
-    patch-check) pytest_step patch 240 tests/astra/test_patch.py ;;
+    patch-check) pytest_step patch 240 tests/astra/patches/test_patch.py ;;
     tails) for cfg in legacy:0:0 gc-paused:0:1 spin-only:auto:0 new:auto:1; do  # label:keep-busy-us:pause-gc
              IFS=: read -r label busy gc <<< "$cfg"; [ "$busy" = auto ] && busy=""
              ASTRA_TIMING_KEEP_BUSY_US=$busy ASTRA_TIMING_PAUSE_GC=$gc timeout 150 python3 -m astra.cli bench \
@@ -57,7 +57,7 @@ for step in "$@"; do
     bench-ncu) ( time timeout 170 python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm --ncu \
                --budget-ms 40 --json "$OUT/bench_ncu.json" ) > "$OUT/bench_ncu.log" 2>&1
                grep -E "^==|within|bench failed|real" "$OUT/bench_ncu.log" ;;
-    recheck) pytest_step recheck 300 tests/astra/test_recheck.py ;;
+    recheck) pytest_step recheck 300 tests/astra/patches/test_recheck.py ;;
     bench6) ( time timeout ${BENCH_TIMEOUT:-480} python3 -m astra.cli bench silu_and_mul fused_add_rmsnorm rmsnorm qknorm \
                per_token_group_quant store_cache --budget-ms 40 --json "$OUT/bench6.json" --report /tmp/bench6 ) \
              > "$OUT/bench6.log" 2>&1; echo "bench6: exit $?"; tar czf "$OUT/bench6-report.tgz" -C /tmp bench6

@@ -32,7 +32,7 @@ from astra.spec.extract import DRAFT_HEADER, ExtractResult, dump_yaml
 from astra.spec.resolve import resolve
 from astra.verify import probe
 from astra.verify.probe_record import PROBED_MARK
-from tests.astra.test_sglang_tree import _fake_checkout
+from tests.astra.sglang.test_sglang_tree import _fake_checkout
 from tests.llm_server import KEY, MODEL, echo_key, reply
 from tests.toolchain import needs_nvcc
 

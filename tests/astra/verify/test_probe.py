@@ -20,10 +20,10 @@ from astra.sglang.tree import from_source
 from astra.spec.resolve import resolve, spec_sha256
 from astra.verify import probe
 from astra.verify.probe_record import PROBED_MARK, finish, markdown
-from tests.astra.test_sglang_tree import _fake_checkout
+from tests.astra.sglang.test_sglang_tree import _fake_checkout
 from tests.toolchain import needs_nvcc
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HEADER = "# Draft written by `astra extract`; review every TODO(review) before use.\n# TODO(review): roles were inferred\n"
 
 

@@ -38,8 +38,8 @@ from astra.verify.probe_repair import (
     source_statement,
     spec_dtype,
 )
-from tests.astra.test_probe import HEADER, recorded_result
-from tests.astra.test_sglang_tree import _fake_checkout
+from tests.astra.sglang.test_sglang_tree import _fake_checkout
+from tests.astra.verify.test_probe import HEADER, recorded_result
 from tests.toolchain import needs_nvcc
 
 # Recorded by `astra probe` on an NVIDIA H100 with SGLang 0.5.23 (docs/probe/sglang-0.5.23-h100.md).

@@ -18,7 +18,7 @@ from astra.optimize.rundir import RunDir
 from astra.optimize.session import OptimizeOptions, run_optimize
 from astra.optimize.transforms import Proposal
 from astra.spec import model as spec_mod
-from tests.astra.test_sglang_tree import _fake_checkout
+from tests.astra.sglang.test_sglang_tree import _fake_checkout
 from tests.verdicts import make_verdict
 
 
