@@ -21,6 +21,7 @@ from astra.spec.resolve import resolve, spec_sha256
 from astra.verify import probe
 from astra.verify.probe_record import PROBED_MARK, finish, markdown
 from tests.astra.sglang.test_sglang_tree import _fake_checkout
+from tests.astra_home import cached_home
 from tests.toolchain import needs_nvcc
 
 REPO = Path(__file__).resolve().parents[3]
@@ -29,7 +30,7 @@ HEADER = "# Draft written by `astra extract`; review every TODO(review) before u
 
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ASTRA_HOME", str(cached_home(tmp_path / "home")))
     return tmp_path / "home"
 
 
