@@ -7,6 +7,7 @@ patches) that turns arguments into typed options, calls the library, and prints.
 from __future__ import annotations
 
 import errno
+import importlib
 import sys
 
 from astra.cli.parser import build_parser
@@ -20,19 +21,23 @@ def _message(err: AstraError) -> str:
     return str(err)
 
 
-def _handlers() -> dict:
-    from astra.cli import kernels, mcp, optimize, patches, probe, survey, verify
+# command -> (module of astra.cli, function). Only the command's own module is imported: the probe and survey
+# modules bring in torch (through the harness), seconds that `astra list` or a refused spec need not wait.
+_COMMANDS = {
+    "list": ("kernels", "cmd_list"), "extract": ("kernels", "cmd_extract"), "build": ("kernels", "cmd_build"),
+    "parse-check": ("kernels", "cmd_parse_check"), "spec-check": ("kernels", "cmd_spec_check"),
+    "check": ("verify", "cmd_check"), "bench": ("verify", "cmd_bench"),
+    "optimize": ("optimize", "cmd_optimize"), "eval": ("optimize", "cmd_eval"), "runs": ("optimize", "cmd_runs"),
+    "show": ("optimize", "cmd_show"),
+    "patch": ("patches", "cmd_patch"), "apply": ("patches", "cmd_apply"), "recheck": ("patches", "cmd_recheck"),
+    "diff-versions": ("patches", "cmd_diff_versions"), "probe": ("probe", "cmd_probe"),
+    "survey": ("survey", "cmd_survey"), "mcp": ("mcp", "cmd_mcp"),
+}
 
-    return {
-        "list": kernels.cmd_list, "extract": kernels.cmd_extract, "build": kernels.cmd_build,
-        "parse-check": kernels.cmd_parse_check, "spec-check": kernels.cmd_spec_check,
-        "check": verify.cmd_check, "bench": verify.cmd_bench,
-        "optimize": optimize.cmd_optimize, "eval": optimize.cmd_eval, "runs": optimize.cmd_runs,
-        "show": optimize.cmd_show,
-        "patch": patches.cmd_patch, "apply": patches.cmd_apply, "recheck": patches.cmd_recheck,
-        "diff-versions": patches.cmd_diff_versions, "probe": probe.cmd_probe,
-        "survey": survey.cmd_survey, "mcp": mcp.cmd_mcp,
-    }
+
+def _handler(command: str):
+    module, name = _COMMANDS[command]
+    return getattr(importlib.import_module(f"astra.cli.{module}"), name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(_handlers()[args.command](args) or 0)
+        return int(_handler(args.command)(args) or 0)
     except AstraError as err:
         print(f"astra {args.command}: {_message(err)}", file=sys.stderr)
         return err.exit_code
