@@ -1,6 +1,7 @@
 # Two commands set up and test Astra on a fresh machine:
 #   make setup   # virtualenv in .venv with Astra, its dependencies and Ray (CPU torch unless TORCH= is given)
-#   make test    # ruff (pyflakes, import order), then the test suite (GPU tests skip cleanly without CUDA)
+#   make test    # ruff (pyflakes, import order), then the test suite on every core (pytest-xdist, one
+#                # test file per worker at a time; GPU tests skip cleanly without CUDA)
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
@@ -20,7 +21,7 @@ setup:
 
 test:
 	$(VENV)/bin/ruff check astra harness tests scripts
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -n auto --dist loadfile
 
 test-gpu:
 	$(PY) -m pytest -q -ra -m gpu

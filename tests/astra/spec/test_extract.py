@@ -8,6 +8,7 @@ from astra.errors import AstraError
 from astra.sglang import registry
 from astra.spec import extract
 from astra.spec import model as spec
+from tests.astra_home import cached_home
 
 pytestmark = pytest.mark.network
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.network
 @pytest.fixture
 def specs_dir(tmp_path, monkeypatch):
     """Drafts land in $ASTRA_HOME/drafts; the test reads them as specs from there."""
-    monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ASTRA_HOME", str(cached_home(tmp_path / "home")))
     monkeypatch.setenv("ASTRA_SPECS", str(tmp_path / "home" / "drafts"))
     return tmp_path / "home" / "drafts"
 

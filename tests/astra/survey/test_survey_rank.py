@@ -1,6 +1,6 @@
 """The survey's ranking on recorded verdicts (CPU only): serving mixes, the recoverable-time formula, floors
 missing from older verdicts, and srt gates sinking cold kernels. Numbers are SYNTHETIC (tests/astra/
-survey_records.py)."""
+survey/survey_records.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from astra.survey import mixes, rank, reach, summary
 from astra.survey.bench import BenchSettings
 from astra.survey.mixes import load_mix, parse_mix, suite_weights
 from astra.survey.store import make_record
-from tests.astra.survey_records import GPU, TOKENS, decode_heavy, near, prefill_heavy, record
+from tests.astra.survey.survey_records import GPU, TOKENS, decode_heavy, near, prefill_heavy, record
 
 # ---------------------------------------------------------------- mixes
 

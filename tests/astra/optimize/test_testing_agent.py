@@ -31,7 +31,8 @@ from astra.spec.llm_draft import (
 )
 from astra.spec.resolve import resolve
 from astra.verify import probing
-from tests.astra.test_sglang_tree import _fake_checkout
+from tests.astra.sglang.test_sglang_tree import _fake_checkout
+from tests.astra_home import cached_home
 from tests.llm_server import KEY, MODEL, echo_key, reply
 from tests.toolchain import needs_nvcc
 
@@ -147,7 +148,7 @@ def toy(tmp_path_factory):
     under a home of this module's own."""
     root = tmp_path_factory.mktemp("toy")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ASTRA_HOME", str(root / "home"))
+        mp.setenv("ASTRA_HOME", str(cached_home(root / "home")))
         pkg = _fake_checkout(root / "sglang") / "python" / "sglang"
         (pkg / "kernels" / "jit" / "csrc" / "elementwise" / "scale.cuh").write_text(SCALE)
         (pkg / "kernels" / "ops" / "elementwise").mkdir(parents=True)
@@ -353,7 +354,7 @@ def test_extract_and_probe_with_agent_llm_on_the_command_line(toy, llm_server, t
     import subprocess
     import sys
 
-    env = {**os.environ, "ASTRA_HOME": str(tmp_path / "home"), "OPENAI_API_KEY": KEY}
+    env = {**os.environ, "ASTRA_HOME": str(cached_home(tmp_path / "home")), "OPENAI_API_KEY": KEY}
     endpoint = ["--agent", "llm", "--base-url", llm_server.url, "--model", MODEL]
     llm_server.push(reply(model_reply(toy.inferred, WRONG, "out is x transposed"), 4100, 700),
                     reply(model_reply(toy.inferred, RIGHT, "out has the shape of x, as check_same_shape demands"),

@@ -3,7 +3,7 @@
 from astra.optimize.optimizer_eval import row
 from astra.optimize.rundir import HistoryEntry, RunDir
 from astra.spec import model as spec_mod
-from tests.astra.test_check_report import _verdict
+from tests.astra.report.test_check_report import _verdict
 
 
 def test_row_uses_the_best_verdicts_interleaved_medians():

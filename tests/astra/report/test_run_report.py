@@ -10,7 +10,7 @@ import pytest
 
 from astra.optimize.rundir import HistoryEntry, RunDir
 from astra.report import run_html as run_report
-from tests.astra.test_check_report import _verdict
+from tests.astra.report.test_check_report import _verdict
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 

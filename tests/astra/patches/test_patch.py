@@ -1,6 +1,6 @@
 """Patch emission (astra.patch) on SGLang 0.5.23's real fused_add_rmsnorm.cuh with a small real edit.
 
-The verdicts are SYNTHETIC (tests/astra/patch_helpers.py): CI has no GPU, so the numbers in these patches
+The verdicts are SYNTHETIC (tests/astra/patches/patch_helpers.py): CI has no GPU, so the numbers in these patches
 were not measured; they only exercise the format and the refusal rules.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from astra.patches.emit import emit_patch, refusal
 from astra.sglang.tree import sha256_file
 from astra.spec import model as spec_mod
-from tests.astra import patch_helpers as h
+from tests.astra.patches import patch_helpers as h
 
 pytestmark = pytest.mark.network  # the 0.5.23 wheel is downloaded on first use
 

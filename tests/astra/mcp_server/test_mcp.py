@@ -22,7 +22,7 @@ from mcp.client.stdio import stdio_client
 from tests.rowscale_package import VECTORIZED, make_rowscale
 from tests.toolchain import needs_nvcc
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOOLS = {"list", "extract", "probe", "check", "bench", "profile", "patch"}
 NO_GPU = "no CUDA GPU here"
 

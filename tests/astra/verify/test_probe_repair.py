@@ -38,8 +38,9 @@ from astra.verify.probe_repair import (
     source_statement,
     spec_dtype,
 )
-from tests.astra.test_probe import HEADER, recorded_result
-from tests.astra.test_sglang_tree import _fake_checkout
+from tests.astra.sglang.test_sglang_tree import _fake_checkout
+from tests.astra.verify.test_probe import HEADER, recorded_result
+from tests.astra_home import cached_home
 from tests.toolchain import needs_nvcc
 
 # Recorded by `astra probe` on an NVIDIA H100 with SGLang 0.5.23
@@ -61,7 +62,7 @@ QSA = ("RuntimeError: Tensor match failed for Tensor<1, 32>[strides=<32, 1>, dty
 
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ASTRA_HOME", str(cached_home(tmp_path / "home")))
     return tmp_path / "home"
 
 

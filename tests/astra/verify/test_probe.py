@@ -21,16 +21,17 @@ from astra.spec.extract import PROBED_MARK
 from astra.spec.resolve import resolve, spec_sha256
 from astra.verify import probing
 from astra.verify.probe_record import finish, markdown
-from tests.astra.test_sglang_tree import _fake_checkout
+from tests.astra.sglang.test_sglang_tree import _fake_checkout
+from tests.astra_home import cached_home
 from tests.toolchain import needs_nvcc
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HEADER = "# Draft written by `astra extract`; review every TODO(review) before use.\n# TODO(review): roles were inferred\n"
 
 
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ASTRA_HOME", str(cached_home(tmp_path / "home")))
     return tmp_path / "home"
 
 

@@ -1,5 +1,5 @@
 """`astra apply`: base-hash check, --force, --check, package layout, --installed, and bad patches
-(exit codes in astra/apply_cmd.py). Patches carry SYNTHETIC verdicts (see tests/astra/patch_helpers.py)."""
+(exit codes in astra/apply_cmd.py). Patches carry SYNTHETIC verdicts (see tests/astra/patches/patch_helpers.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from astra.patches.emit import emit_patch
 from astra.spec import model as spec_mod
-from tests.astra import patch_helpers as h
+from tests.astra.patches import patch_helpers as h
 
 pytestmark = pytest.mark.network  # the 0.5.23 wheel is downloaded on first use
 

@@ -14,7 +14,7 @@ import yaml
 
 from astra.spec.expr import evaluate, render
 
-SPECS = Path(__file__).resolve().parents[2] / "extracted_kernels"
+SPECS = Path(__file__).resolve().parents[3] / "extracted_kernels"
 NAMES = ["silu_and_mul", "fused_add_rmsnorm", "rmsnorm", "qknorm", "per_token_group_quant", "store_cache"]
 REQUIRED = ("name", "module", "source", "build", "entry", "dims", "dtypes", "arguments", "shapes",
             "tolerance", "bytes")

@@ -19,7 +19,7 @@ from astra.optimize.loop import Budget, Proposal, run_loop
 from astra.optimize.options import OptimizeOptions
 from astra.optimize.rundir import RunDir
 from astra.spec import model as spec_mod
-from tests.astra.test_sglang_tree import _fake_checkout
+from tests.astra.sglang.test_sglang_tree import _fake_checkout
 from tests.verdicts import make_verdict
 
 

@@ -2,7 +2,7 @@
 
 fused_add_rmsnorm.cuh is byte-identical in 0.5.20 and 0.5.23; 0.5.15 has it under the old
 `sglang/jit_kernel/` layout with two lines changed (`namespace {` for `namespace sglang {`); 0.5.10 also
-changed the lines the test's edit touches. Patches carry SYNTHETIC verdicts (tests/astra/patch_helpers.py).
+changed the lines the test's edit touches. Patches carry SYNTHETIC verdicts (tests/astra/patches/patch_helpers.py).
 Without a GPU (or with CUDA hidden, as here) the GPU parts must say "not run: no CUDA GPU", and the
 patch could not be verified (exit 11) unless `--no-gpu` accepts a source-only recheck.
 """
@@ -22,7 +22,7 @@ from astra.patches.emit import emit_patch
 from astra.report import recheck_md as recheck_report
 from astra.sglang.tree import from_wheel
 from astra.spec import model as spec_mod
-from tests.astra import patch_helpers as h
+from tests.astra.patches import patch_helpers as h
 
 pytestmark = pytest.mark.network  # 0.5.15 and 0.5.20 are downloaded on first use
 NO_CUDA = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}

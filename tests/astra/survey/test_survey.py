@@ -1,6 +1,6 @@
 """`astra survey` on recorded verdicts (CPU only): the store and resume, the reach looked up later, local GPU
 workers (faked), the report files, the page in a headless browser and the CLI's --report-only end to end.
-Numbers are SYNTHETIC (tests/astra/survey_records.py); the ranking itself is tested in test_survey_rank.py."""
+Numbers are SYNTHETIC (tests/astra/survey/survey_records.py); the ranking itself is tested in test_survey_rank.py."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ from astra.survey import rank, reach, report, run
 from astra.survey.bench import BenchSettings, serial_run
 from astra.survey.mixes import load_mix
 from astra.survey.store import Store, default_label, stale_reason
-from tests.astra.survey_records import GPU, decode_heavy, near, prefill_heavy, record, verdict
-from tests.astra.test_cli import assert_one_line_error
-from tests.astra.test_cli import astra as astra_cli
+from tests.astra.cli.test_cli import assert_one_line_error
+from tests.astra.cli.test_cli import astra as astra_cli
+from tests.astra.survey.survey_records import GPU, decode_heavy, near, prefill_heavy, record, verdict
 from tests.toolchain import needs_nvcc
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 # ---------------------------------------------------------------- store and resume

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from astra.spec import model as spec_mod
-from tests.astra.test_sglang_tree import _fake_checkout
+from tests.astra.sglang.test_sglang_tree import _fake_checkout
 
 FAST_S = 5.0
 

@@ -22,7 +22,7 @@ from astra.spec import model as spec
 from astra.spec.expr import FUNCTIONS
 from astra.spec.source_check import require_same_source
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

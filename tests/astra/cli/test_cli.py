@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.astra.test_sglang_tree import _fake_checkout
+from tests.astra.sglang.test_sglang_tree import _fake_checkout
 
 
 def astra(*args, env=None):

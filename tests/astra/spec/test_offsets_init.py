@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from astra.spec.argument_kinds import offsets_init
+from tests.astra_home import cached_home
 
 
 def _tensor(name, shape, dtype="int64", role="in", init=None):
@@ -37,7 +38,7 @@ def test_the_causal_conv1d_draft_draws_cu_as_offsets(sglang_0523, tmp_path, monk
     from astra.spec import extract, jobs
     from astra.spec import model as spec
 
-    monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ASTRA_HOME", str(cached_home(tmp_path / "home")))
     loaded = spec.load(extract.extract(sglang_0523, "inkling_causal_conv1d", build_check=False).draft)
     cu = next(a for a in loaded.raw["arguments"] if a["name"] == "cu")
     assert cu["init"]["dist"] == "arange"

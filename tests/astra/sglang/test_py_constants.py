@@ -9,6 +9,7 @@ import pytest
 
 from astra.sglang.discovery import _Scope
 from astra.sglang.py_constants import int_constants
+from tests.astra_home import cached_home
 
 LOADER = """
 _THREADS: int = 256
@@ -40,7 +41,7 @@ def test_template_arguments_sglang_fixes_are_numbers_in_the_draft(sglang_0523, t
     from astra.spec import extract
     from astra.spec import model as spec
 
-    monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ASTRA_HOME", str(cached_home(tmp_path / "home")))
     expected = {"moe_topk_sum_256": "TopkSumKernel<256, true>::run",
                 "kda_packed_decode_8": "KdaPackedDecodeKernel<8, true>::run"}
     for name, entry in expected.items():

@@ -77,11 +77,17 @@ def test_guards_and_header_only(loader_file):
     assert [(w.export, w.lang) for w in site.wrappers] == [("f", "cpp")]
 
 
-@pytest.mark.network
-def test_real_fused_add_rmsnorm_call_site(sglang_0523):
+@pytest.fixture(scope="module")
+def sites_0523(sglang_0523):
+    """The call sites of SGLang 0.5.23 (a scan of the whole tree, seconds), scanned once for this file's tests."""
     from astra.sglang.discovery import scan_tree
 
-    site = next(s for s in scan_tree(sglang_0523) if s.module_name == "fused_add_rmsnorm")
+    return scan_tree(sglang_0523)
+
+
+@pytest.mark.network
+def test_real_fused_add_rmsnorm_call_site(sites_0523):
+    site = next(s for s in sites_0523 if s.module_name == "fused_add_rmsnorm")
     assert site.cuda_files == ["elementwise/fused_add_rmsnorm.cuh"]
     assert site.wrappers[0].export == "fused_add_rmsnorm"
     assert site.wrappers[0].entry == "FusedAddRMSNormKernel<{args}>::run"
@@ -89,10 +95,8 @@ def test_real_fused_add_rmsnorm_call_site(sglang_0523):
 
 
 @pytest.mark.network
-def test_real_flags_from_helper_functions(sglang_0523):
-    from astra.sglang.discovery import scan_tree
-
-    sites = {s.module_name: s for s in scan_tree(sglang_0523)}
+def test_real_flags_from_helper_functions(sites_0523):
+    sites = {s.module_name: s for s in sites_0523}
     assert sites["activation"].extra_cuda_cflags == ["--use_fast_math"]
     assert sites["rounded_activation"].extra_cuda_cflags == []
     kv = sites["kvcache"]
