@@ -20,6 +20,7 @@ The facts are what the code states; `astra.spec.infer` drafts from them, the GPU
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -206,11 +207,17 @@ def _evaluated_constants(tu, roots: list[str]) -> dict[str, str]:
     lib.clang_EvalResult_getAsLongLong.restype = ctypes.c_longlong
     lib.clang_EvalResult_dispose.argtypes = [ctypes.c_void_p]
     out: dict[str, str] = {}
+    inside: dict[str, bool] = {}  # file name as clang spells it -> under one of the roots (links resolved)
+
+    def ours(name: str) -> bool:
+        if name not in inside:
+            inside[name] = any(p.startswith(r) for p in (name, os.path.realpath(name)) for r in roots)
+        return inside[name]
 
     def walk(cursor) -> None:
         for child in cursor.get_children():
             loc = child.location.file
-            if loc is None or not any(loc.name.startswith(r) for r in roots):
+            if loc is None or not ours(loc.name):
                 continue
             kind = child.kind.name
             if kind in ("NAMESPACE", "LINKAGE_SPEC", "UNEXPOSED_DECL"):
