@@ -162,13 +162,17 @@ class TimingServer:
     def _run(self, op: Any, command: dict[str, Any]) -> dict[str, Any]:
         from harness.candidate.exchange import write_tensors
         from harness.judge.timed_outputs import dump_dir
+        from harness.timing.placement import MAX_LAYOUT
 
         if op == "estimate":
             return {"us": self._side(command.get("case")).estimate(int(command["seed"]))}
         if op == "prepare":
             self.close()
             self.side = self._side(command.get("case"))
-            self.side.prepare(str(command["view"]), [int(seed) for seed in command["seeds"]])
+            layout = int(command.get("layout") or 0)
+            if not 0 <= layout <= MAX_LAYOUT:
+                raise ValueError(f"layout {layout} out of range")
+            self.side.prepare(str(command["view"]), [int(seed) for seed in command["seeds"]], layout)
             return {}
         if op == "close":
             self.close()

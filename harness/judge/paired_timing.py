@@ -13,14 +13,20 @@ flush, events and synchronisation per sample, so the views mean what they meant 
   flushed before every replay, so no launch finds its inputs in L2.
 - `cold`: one launch of set 0 per sample after an L2 flush.
 
+Blocks: a view is timed in harness.timing.placement's BLOCKS blocks; before each, both sides place their sets
+anew behind pads of one random layout (where the sets land moves a µs kernel's time by whole timer ticks), so
+the placement is sampled like any other random factor; `info.block_ratios` holds each block's ratio of
+medians, from which the judge widens the case's noise band (harness.judge.timings.placement_noise).
+
 Order: ABBA by rounds (o c, c o, o c, ...), consecutive samples of one side run as one turn. Before each of
 the original's turns the candidate process is stopped and the GPU checked quiet (harness.quiet_gpu: an
 `Interference` rejects the candidate); before each command to the candidate it is resumed. The stop rule is
-harness.timing's (`stop_reason`) over both sides' samples, with the case's budget per side.
+harness.timing's (`stop_reason`) over both sides' samples of the block, with the block's share of the case's
+budget per side.
 
 Verification (harness.timed_outputs.LaunchCheck): after one round drawn at random among the first
-`min_samples` rounds, and after the last sample, both sides' digests of every set (every launch of the
-replay) are compared; a set whose outputs differ from the original's is compared by value (the candidate
+`min_samples` rounds of a block drawn at random, and after the last sample of every block, both sides'
+digests of every set (every launch of the replay) are compared; a set whose outputs differ from the original's is compared by value (the candidate
 writes its outputs to the work directory) where bit-for-bit equality is not required. A difference fails the
 case, naming the view and the launch.
 
@@ -50,7 +56,8 @@ from harness.timing.modes import (
     stop_reason,
 )
 from harness.timing.quiet_gpu import GroupPause, Interference, ProcessGone, QuietGpu
-from harness.timing.stats import Stats
+from harness.timing.placement import layout_seeds
+from harness.timing.stats import Stats, median
 from harness.timing.timed_sets import set_footprint, timing_seeds
 from harness.timing.timing_link import LinkBroken, SideFailed
 
@@ -158,20 +165,52 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
     if view == "graph":
         estimate = max(pair.orig.estimate(seeds[0]), pair.cand.estimate(seeds[0]))
         seeds = timing_seeds(options.seeds, graph_sets(estimate, set_footprint(case), sets_budget(device)))
-    info = dict(pair.orig.prepare(view, seeds))
-    pair.cand.prepare(view, seeds)
-    check = make_check(seeds)
-    samples: dict[str, list[float]] = {"orig": [], "cand": []}
     min_samples = MIN_SAMPLES if view == "graph" else COLD_MIN_SAMPLES
-    budget_s = options.budget_ms_per_case / 1000.0 * 2
-    probe = rng.randrange(min_samples)  # the round after which every launch is verified once during sampling
+    layouts = layout_seeds(rng)
+    check = make_check(seeds)  # one per view: outputs already compared by value are not fetched again
+    probe = (rng.randrange(len(layouts)), rng.randrange(min_samples))  # (block, round) verified during sampling
+    samples: dict[str, list[float]] = {"orig": [], "cand": []}
     failures: list[str] = []
     verified: list[str] = []
+    block_ratios: list[float] = []
     waited = pair.quiet.waited_s if pair.quiet is not None else 0.0
+    info: dict[str, Any] = {}
+    rounds, stops = 0, []
+    for block, layout in enumerate(layouts):
+        info = dict(pair.orig.prepare(view, seeds, layout))
+        pair.cand.prepare(view, seeds, layout)
+        block_probe = probe[1] if probe[0] == block else None
+        taken, stop = _sample_block(pair, options, check, min_samples, block_probe, block, len(layouts),
+                                    failures, verified)
+        rounds += taken["rounds"]
+        stops.append(stop)
+        block_ratios.append(median(taken["orig"]) / median(taken["cand"]))
+        for side in samples:
+            samples[side] += taken[side]
+    info.update({"stop": stops[-1], "rounds": rounds, "verified": verified, "seeds": [seeds[0], seeds[-1]],
+                 "blocks": len(layouts), "block_ratios": [round(r, 5) for r in block_ratios],
+                 **sampling_settings(None)})
+    if estimate is not None:
+        info["estimate_us"] = estimate
+    if pair.quiet is not None:
+        info["quiet_wait_ms"] = round((pair.quiet.waited_s - waited) * 1000.0, 3)
+        info["quiet_bound_us"] = round(pair.quiet.bound_us, 1)
+    entry = {side: Stats.from_samples(values).to_dict() for side, values in samples.items()}
+    entry["info"] = info
+    return ViewOutcome(entry, failures)
+
+
+def _sample_block(pair: Pair, options, check, min_samples: int, probe: int | None, block: int, blocks: int,
+                  failures: list[str], verified: list[str]) -> tuple[dict[str, Any], str]:
+    """Block `block` of `blocks`: ABBA rounds until the stop rule holds on this block's samples (its share
+    of the budget); verifies after round `probe` (None: not in this block) and after the block's last sample."""
+    samples: dict[str, list[float]] = {"orig": [], "cand": []}
+    budget_s = options.budget_ms_per_case / 1000.0 * 2 / blocks
     rounds, stop, start, verifying = 0, None, time.perf_counter(), 0.0
+    last_label = "the last sample" if block == blocks - 1 else f"the last sample of block {block + 1}"
     while stop is None:
         end = rounds + BATCH
-        if rounds <= probe < end:
+        if probe is not None and rounds <= probe < end:
             end = probe + 1
         for side, count in abba(rounds, end):
             if side == "orig":
@@ -182,22 +221,13 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
         rounds = end
         stop = stop_reason(samples, time.perf_counter() - start - verifying, budget_s, options.target_rel_stderr,
                            min_samples, MAX_SAMPLES)
-        if rounds == probe + 1:
-            label = f"sample {rounds}" if stop is None else "the last sample"
+        if probe is not None and rounds == probe + 1:
+            label = f"sample {rounds}" if stop is None else last_label
             mark = time.perf_counter()
             failures += check.verify(label, pair.orig.digests(), pair.cand.digests())
             verified.append(label)
             verifying += time.perf_counter() - mark  # not the sampling budget's
-    if verified[-1:] != ["the last sample"]:
-        failures += check.verify("the last sample", pair.orig.digests(), pair.cand.digests())
-        verified.append("the last sample")
-    info.update({"stop": stop, "rounds": rounds, "verified": verified, "seeds": [seeds[0], seeds[-1]],
-                 **sampling_settings(None)})
-    if estimate is not None:
-        info["estimate_us"] = estimate
-    if pair.quiet is not None:
-        info["quiet_wait_ms"] = round((pair.quiet.waited_s - waited) * 1000.0, 3)
-        info["quiet_bound_us"] = round(pair.quiet.bound_us, 1)
-    entry = {side: Stats.from_samples(values).to_dict() for side, values in samples.items()}
-    entry["info"] = info
-    return ViewOutcome(entry, failures)
+    if verified[-1:] != [last_label]:
+        failures += check.verify(last_label, pair.orig.digests(), pair.cand.digests())
+        verified.append(last_label)
+    return {**samples, "rounds": rounds}, stop

@@ -74,7 +74,31 @@ def time_cases(job: Job, results: list[CaseResult], checked: dict[str, Checked],
                 else:
                     result.notes.append(f"timed launches: {reason}")
         torch.cuda.empty_cache()
+    placement_noise(job.cases, timings)
     return timings
+
+
+def placement_noise(cases: list[Case], timings: dict[str, dict[str, Any]]) -> None:
+    """Write into every timed entry's info the relative standard error its ratio owes to placement
+    (harness.timing.placement): per view and band, the pooled variance of the cases' log block ratios around each
+    case's mean, over the blocks of one case (`placement_rel_stderr`)."""
+    groups: dict[tuple[str, str], list[list[float]]] = {}
+    for case in cases:
+        for view, entry in timings.get(case.id, {}).items():
+            ratios = (entry.get("info") or {}).get("block_ratios") if isinstance(entry, dict) else None
+            if ratios and all(isinstance(r, (int, float)) and r > 0 for r in ratios):
+                groups.setdefault((view, case.band), []).append([math.log(r) for r in ratios])
+    spread: dict[tuple[str, str], float] = {}
+    for key, logs in groups.items():
+        squares = sum((v - sum(ls) / len(ls)) ** 2 for ls in logs for v in ls)
+        dof = sum(len(ls) - 1 for ls in logs)
+        blocks = max(len(ls) for ls in logs)
+        if dof > 0:
+            spread[key] = math.sqrt(squares / dof / blocks)
+    for case in cases:
+        for view, entry in timings.get(case.id, {}).items():
+            if isinstance(entry, dict) and (view, case.band) in spread:
+                entry.setdefault("info", {})["placement_rel_stderr"] = round(spread[(view, case.band)], 6)
 
 
 def _fetch(remote, work: Path, case: Case, indices: list[int], device: torch.device) -> dict[int, dict[str, Any]]:
@@ -117,7 +141,10 @@ def apply_mode(result: CaseResult, mode: str, entry: Any, env: dict[str, Any], c
         return f"{where}: {error}"
     info = entry.get("info") if isinstance(entry.get("info"), dict) else {}
     ratio = speedup(orig, cand)
-    noise = math.hypot(orig.rel_stderr, cand.rel_stderr)  # relative standard error of the ratio
+    placement = info.get("placement_rel_stderr")
+    placement = float(placement) if isinstance(placement, (int, float)) and math.isfinite(placement) else 0.0
+    # the relative standard error of the ratio: each side's sampling, and the placement of the sets
+    noise = math.sqrt(orig.rel_stderr ** 2 + cand.rel_stderr ** 2 + max(0.0, placement) ** 2)
     result.timings[mode] = ModeTiming(orig=orig, cand=cand, speedup=ratio, ratio_rel_stderr=noise, info=info)
     model = PerfModel.from_env(env)
     sets, in_place = (rotation_sets(case, model.l2_bytes), case.in_place()) if case is not None else (1, True)

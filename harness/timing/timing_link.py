@@ -118,8 +118,8 @@ class RemoteSide:
         value = self.call("estimate", case=self.case, seed=seed).get("us")
         return _positive(value, "estimate")
 
-    def prepare(self, view: str, seeds: list[int]) -> dict[str, Any]:
-        self.call("prepare", case=self.case, view=view, seeds=list(seeds))
+    def prepare(self, view: str, seeds: list[int], layout: int = 0) -> dict[str, Any]:
+        self.call("prepare", case=self.case, view=view, seeds=list(seeds), layout=int(layout))
         self.n_sets = len(seeds)
         return {}
 

@@ -4,7 +4,8 @@ process) timed on one case, a few samples at a time, as the judge's coordinator 
 Both sides run exactly this code, so what one side's sample contains the other's contains too:
 
 - `estimate(seed)`: one eager launch timed after an untimed one (sizes the graph view's replay);
-- `prepare(view, seeds)`: the timed sets (harness.timed_sets), one per seed; for `graph`, a CUDA graph
+- `prepare(view, seeds, layout)`: the timed sets (harness.timed_sets), one per seed, placed behind the pads of
+  `layout` (harness.timing.placement); for `graph`, a CUDA graph
   holding one launch per set (each launch its own set: no set is read twice within a replay), then two
   warm-up replays (cold: three warm-up launches), each after a restore;
 - `sample(count)`: per sample, OUTSIDE the events: restore every set (outputs poisoned, in-place tensors
@@ -28,6 +29,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from harness.job import Case
+from harness.timing.placement import layout_pads
 from harness.timing.modes import CaptureError, event_pair, keep_busy, l2_bytes, l2_flush, spin_us
 from harness.timing.timed_sets import TimedSets
 
@@ -49,6 +51,7 @@ class TimingSide:
         self.sets: TimedSets | None = None
         self.graph: Any = None
         self._flush: Callable[[], Any] | None = None
+        self._pads: list[torch.Tensor] = []
         self._enqueue_us = 0.0
 
     # ------------------------------------------------------------ set-up
@@ -72,11 +75,12 @@ class TimingSide:
             elapsed = (time.perf_counter() - start) * 1e6
         return max(elapsed, MIN_ESTIMATE_US)
 
-    def prepare(self, view: str, seeds: list[int]) -> dict[str, Any]:
-        """The sets of `seeds` for `view`, captured (graph) and warmed up; raises CaptureError when the
-        capture fails. Returns what the view's info records."""
+    def prepare(self, view: str, seeds: list[int], layout: int = 0) -> dict[str, Any]:
+        """The sets of `seeds` for `view`, placed by `layout`, captured (graph) and warmed up; raises
+        CaptureError when the capture fails. Returns what the view's info records."""
         self.close()
         self.view = view
+        self._pads = layout_pads(layout, self.device)
         self.sets = TimedSets(self.case, seeds, self.device)
         if self.cuda:
             self._flush = l2_flush(self.device)
@@ -164,7 +168,7 @@ class TimingSide:
         return self.sets.inputs[index]
 
     def close(self) -> None:
-        self.graph, self.sets, self._flush, self.view = None, None, None, None
+        self.graph, self.sets, self._flush, self.view, self._pads = None, None, None, None, []
         if self.cuda:
             self._synchronize()
             torch.cuda.empty_cache()

@@ -114,7 +114,7 @@ def _launch(path: str, entry: str):
 
 def test_timed_work_restore_keeps_in_place_kernels_off_their_own_outputs(monkeypatch):
     """x_inplace_skips_own_result skips rows that hold its own result. Timed on restored sets it does all its
-    work (x1.0, every launch verified); with the restore switched off (this test only) it is timed on its own
+    work (x1.0 or a little slower, every launch verified); with the restore switched off (this test only) it is timed on its own
     outputs, skips everything and looks several times faster while its outputs go wrong."""
     name = "x_inplace_skips_own_result"
     case = rowscale_case(4096, 4096, "bfloat16", timed=True, base="rowscale_inplace")
@@ -137,10 +137,10 @@ def test_timed_work_restore_keeps_in_place_kernels_off_their_own_outputs(monkeyp
         ratio = speedup(Stats.from_dict(outcome.entry["orig"]), Stats.from_dict(outcome.entry["cand"]))
         return ratio, outcome.failures
 
-    for view in ("graph", "cold"):
+    for view in ("graph", "cold"):  # its check of the mark costs it a little: never faster, every launch right
         ratio, failures = timed(view)
         print(f"restored {view}: x{ratio:.3f}")
-        assert failures == [] and 0.85 < ratio < 1.15, (view, ratio, failures)
+        assert failures == [] and 0.7 < ratio < 1.05, (view, ratio, failures)
     monkeypatch.setattr(TimedSets, "restore", lambda self: None)
     ratio, failures = timed("graph")
     print(f"not restored graph: x{ratio:.3f}; {failures[:1]}")

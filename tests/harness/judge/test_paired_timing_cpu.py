@@ -14,6 +14,7 @@ from harness.judge.correctness import output_digest
 from harness.judge.inputs import make_inputs, poison_outputs
 from harness.judge.paired_timing import MAX_GRAPH_SETS, Pair, abba, graph_sets, time_view
 from harness.judge.timed_outputs import Checked, LaunchCheck
+from harness.timing.placement import BLOCKS
 from harness.timing.stats import Stats
 from harness.timing.timing_side import TimingSide
 from tests.harness.timing.test_timed_sets_cpu import rowscale_case
@@ -88,7 +89,10 @@ def test_an_honest_candidate_is_timed_and_verified(view):
     entry = outcome.entry
     assert Stats.from_dict(entry["orig"]).n >= 1 and Stats.from_dict(entry["cand"]).n >= 1
     info = entry["info"]
-    assert info["verified"][-1] == "the last sample" and len(info["verified"]) in (1, 2)
+    ends = [f"the last sample of block {b}" for b in range(1, BLOCKS)] + ["the last sample"]
+    assert [label for label in info["verified"] if label.startswith("the last")] == ends, info["verified"]
+    assert len(info["verified"]) in (BLOCKS, BLOCKS + 1)  # and one round drawn at random, unless it was a last
+    assert info["blocks"] == len(info["block_ratios"]) == BLOCKS and all(r > 0 for r in info["block_ratios"])
     if view == "graph":
         assert info["input_sets"] == info["launches_per_sample"] > 1 and info["estimate_us"] > 0
     else:
