@@ -200,8 +200,12 @@ def read_trial(directory: Path, trial: int, entry: dict[str, Any], case: Case, d
         size = path.stat().st_size if path.is_file() and not path.is_symlink() else -1
         if size != nbytes:
             raise Malformed(f"trial {trial}: {name} holds {size} bytes, expected {nbytes}")
-        raw = bytearray(path.read_bytes()) if nbytes else bytearray()
-        flat = torch.frombuffer(raw, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+        flat = torch.empty(nbytes, dtype=torch.uint8)
+        if nbytes:
+            with open(path, "rb") as handle:  # straight into the tensor's memory: one copy from the page cache
+                got = handle.readinto(memoryview(flat.numpy()))
+            if got != nbytes:
+                raise Malformed(f"trial {trial}: {name} gave {got} bytes on reading, expected {nbytes}")
         values = flat.view(dtype).to(device)
         out[name] = values.as_strided(shape, view_strides(arg)) if arg.row_stride is not None else values.reshape(shape)
     for arg in case.tensors():

@@ -73,6 +73,7 @@ from harness.judge.correctness import (
     trial_inputs,
     trials_for,
 )
+from harness.judge.phase_clock import PhaseClock
 from harness.judge.timed_outputs import Checked
 from harness.judge.timings import apply_timings, time_cases
 from harness.judge.verdict import CaseResult, Verdict, decide
@@ -203,14 +204,17 @@ def drop_in(job: Job, orig: dict[str, dict], cand: dict[str, dict]) -> tuple[dic
 
 
 def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, device: torch.device,
-               reference, checked: dict[str, Checked]) -> CaseResult | None:
+               reference, checked: dict[str, Checked], clock: PhaseClock | None = None) -> CaseResult | None:
     """The verdict on one case from the candidate's streamed results (None: they never came). What the timed
     launches are verified against goes into `checked` (harness.judge.timed_outputs): the digest of the candidate's
     checked outputs on the first seed, computed here from its raw outputs, whether they matched the
     original's bit for bit on every trial, and both sides' determinism."""
     case = job.cases[index]
+    clock = clock or PhaseClock()
     directory = case_dir(run.work, index)
-    if not run.wait_for(directory, progress_timeout(job.options.case_timeout_s + (FIRST_CASE_EXTRA_S if index == 0 else 0.0))):
+    with clock("wait_candidate"):
+        came = run.wait_for(directory, progress_timeout(job.options.case_timeout_s + (FIRST_CASE_EXTRA_S if index == 0 else 0.0)))
+    if not came:
         return None
     result = new_result(case)
     seed = job.options.seeds[0] if job.options.seeds else 0
@@ -221,15 +225,19 @@ def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, de
         for t, trial in enumerate(trials):
             entry = manifest["trials"][t]
             error = trial_error(entry)
-            inputs, orig = original_outputs(launch, case, trial, device)
-            cand = None if error else read_trial(directory, t, entry, case, device)
-            judge_trial(result, case, job, trial, inputs, orig, cand, error, reference)
-            exact = exact and cand is not None and same_outputs(case, orig, cand)
+            with clock("original"):
+                inputs, orig = original_outputs(launch, case, trial, device)
+            with clock("read_candidate"):
+                cand = None if error else read_trial(directory, t, entry, case, device)
+            with clock("compare"):
+                judge_trial(result, case, job, trial, inputs, orig, cand, error, reference)
+                exact = exact and cand is not None and same_outputs(case, orig, cand)
             if cand is not None and tuple(trial) == ("seed", seed):
                 record.digest = output_digest(case, cand)
             del inputs, orig, cand
         record.bit_exact = exact
-        _judge_chain(directory, manifest, case, job, launch, device, result, reference)
+        with clock("back_to_back"):
+            _judge_chain(directory, manifest, case, job, launch, device, result, reference)
         digests = manifest["determinism"]
         result.deterministic_cand = None if digests is None else digests[0] == digests[1]
         read = True
@@ -238,7 +246,8 @@ def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, de
         read = False
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    result.deterministic_orig = deterministic(launch, case, seed, device)
+    with clock("determinism"):
+        result.deterministic_orig = deterministic(launch, case, seed, device)
     if read:
         judge_determinism(result)
     record.deterministic_orig, record.deterministic_cand = result.deterministic_orig, result.deterministic_cand
@@ -342,7 +351,9 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     if not job.options.outputs_checked:
         results, checked, signatures = _unchecked(job), {}, {}
     else:
-        outcome = _outputs_phase(job, device, deadline, keys, cand_so, modules, orig_signatures, reference, env)
+        clock = PhaseClock("check_")
+        outcome = _outputs_phase(job, device, deadline, keys, cand_so, modules, orig_signatures, reference, env, clock)
+        phases.update(clock.rounded())
         if isinstance(outcome, Verdict):
             return done(outcome)
         results, checked, signatures = outcome
@@ -362,7 +373,7 @@ def _unchecked(job: Job) -> list[CaseResult]:
 
 
 def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[str], cand_so: dict,
-                   modules: dict, orig_signatures: dict, reference, env: dict):
+                   modules: dict, orig_signatures: dict, reference, env: dict, clock: PhaseClock):
     """The candidate's outputs judged case by case: (results, what the timed launches are verified against,
     signatures), or a failure."""
     trials = [trials_for(case, job.options.seeds, job.options.extra_trials) for case in job.cases]
@@ -371,7 +382,9 @@ def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[s
     checked: dict[str, Checked] = {}
     with CandidateRun(job, "outputs", device=str(device), cand_so=cand_so, deadline=deadline,
                       exports={key: _exports(job, key) for key in keys}, trials=trials) as run:
-        if not run.wait_for(run.work / SIGNATURES, progress_timeout(STARTUP_S)):
+        with clock("candidate_start"):
+            started = run.wait_for(run.work / SIGNATURES, progress_timeout(STARTUP_S))
+        if not started:
             status, reason = run.failure("export signatures")
             if status == "crashed" and run.outcome is not None and run.outcome.returncode == 1:
                 status, reason = "build_failed", f"candidate module failed to load: {reason}"
@@ -385,7 +398,8 @@ def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[s
             return _failure(job, status, reason, signatures=signatures)
         for index, case in enumerate(job.cases):
             log.info("judging case %d/%d %s", index + 1, len(job.cases), case.id)
-            result = judge_case(index, run, job, trials[index], launches[case.variant], device, reference, checked)
+            result = judge_case(index, run, job, trials[index], launches[case.variant], device, reference, checked,
+                                clock)
             if result is None:
                 status, reason = run.failure(f"results for {case.id}")
                 return _failure(job, status, reason, signatures=signatures, env=env)

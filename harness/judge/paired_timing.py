@@ -55,8 +55,8 @@ from harness.timing.modes import (
     sampling_settings,
     stop_reason,
 )
-from harness.timing.quiet_gpu import GroupPause, Interference, ProcessGone, QuietGpu
 from harness.timing.placement import layout_seeds
+from harness.timing.quiet_gpu import GroupPause, Interference, ProcessGone, QuietGpu
 from harness.timing.stats import Stats, median
 from harness.timing.timed_sets import set_footprint, timing_seeds
 from harness.timing.timing_link import LinkBroken, SideFailed

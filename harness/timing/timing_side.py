@@ -29,8 +29,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from harness.job import Case
-from harness.timing.placement import layout_pads
 from harness.timing.modes import CaptureError, event_pair, keep_busy, l2_bytes, l2_flush, spin_us
+from harness.timing.placement import layout_pads
 from harness.timing.timed_sets import TimedSets
 
 WARMUP_REPLAYS = 2

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,10 +102,14 @@ def run_job(job: Job, *, timeout_s: float, python: str = sys.executable, env: di
     the worker (the directory holding this `harness` package still goes first on PYTHONPATH).
     `progress` gets the judge's phase lines as it runs (building, judging case i/N, timing).
     """
+    start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="astra-job-") as tmp:
         outcome, out_path, key = run_judge(job.to_json(), tmp, timeout_s=timeout_s, python=python,
                                            env=harness_env(env), progress=progress)
-        return Verdict.from_dict(collect_verdict(job, out_path, outcome, timeout_s, key))
+        verdict = Verdict.from_dict(collect_verdict(job, out_path, outcome, timeout_s, key))
+    if verdict.phases:  # the judge's own; the process start (imports, CUDA context) is the rest
+        verdict.phases["judge_process_s"] = round(time.monotonic() - start, 3)
+    return verdict
 
 
 def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0,
@@ -121,7 +126,9 @@ def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0
         return verdict
     if progress is not None:
         progress(f"compute-sanitizer ({', '.join(tools)}) on the smallest cases of every band and variant")
+    start = time.monotonic()
     report = sanitize(job, tools=tools, timeout_s=sanitizer_timeout_s, python=python, env=env)
+    verdict.phases["sanitizer_s"] = round(time.monotonic() - start, 3)
     verdict.sanitizer = report
     if report["findings"]:
         first = report["findings"][0]
