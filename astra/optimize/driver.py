@@ -22,6 +22,7 @@ from astra.spec.source_check import require_same_source
 from astra.verify.runner import require_gpu
 from harness import verified_faster
 from harness.sandbox import decide as sandbox_decision
+from harness.worker.children import stop_reason
 
 Printer = Callable[[str], None]
 
@@ -39,8 +40,8 @@ def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, e
         run.save(state)
     try:
         return run, _run(run, spec, tree, opts, events, say)
-    except KeyboardInterrupt:
-        mark_stopped(run, "interrupted (Ctrl-C)")
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM or SIGHUP (harness.worker.children)
+        mark_stopped(run, stop_reason(stop))
         raise
     except BaseException as err:
         from astra.text import one_line

@@ -32,6 +32,7 @@ from astra.cxx.brackets import levels
 from astra.errors import AstraError
 from astra.sglang.clang_env import clang_env, code_tokens, load_cindex, nvcc_accepts, prefix_pch, tree_include_dirs
 from astra.sglang.tensor_matchers import MatcherCall, TensorConstraint, find_tensor_matchers, join_tokens  # noqa: F401
+from harness.worker import children
 
 CUDA_SUFFIXES = (".cu", ".cuh")
 _SCOPES = ("NAMESPACE", "LINKAGE_SPEC", "UNEXPOSED_DECL")
@@ -345,7 +346,8 @@ def parse_tree_report(tree, files: list | None = None, workers: int | None = Non
     if workers <= 1 or len(jobs) <= 1:
         return [_report_one(job) for job in jobs]
     # spawn, not fork: libclang parses on helper threads, and forking a threaded process is unsafe.
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=children.die_with_parent, initargs=(os.getpid(),)) as pool:
         return list(pool.map(_report_one, jobs, chunksize=1))
 
 

@@ -28,6 +28,7 @@ from astra.sglang.conditions import Constraint, chain, constraints, module_const
 from astra.sglang.tree import SglangTree, ensure_srt
 from astra.sglang.wrapper_facts import EntryPoint, entry_points
 from astra.sglang.wrapper_scan import dotted, import_source, kernel_texts, parse
+from harness.worker import children
 
 INDEX_VERSION = 6
 _KERNEL_PACKAGES = ("sglang.kernels", "sglang.jit_kernel")
@@ -80,8 +81,11 @@ _KERNEL_MODULES: frozenset[str] = frozenset()  # dotted modules of sglang/kernel
 _REEXPORTED: frozenset[str] = frozenset()  # "package:name" a package binds (wins over a submodule `name`)
 
 
-def _init_worker(kernel_modules: frozenset[str], reexported: frozenset[str]) -> None:
+def _init_worker(kernel_modules: frozenset[str], reexported: frozenset[str], parent: int | None = None) -> None:
+    """A scanning worker's state; in a pool's worker (`parent`: the pool's process) it dies with the pool's process."""
     global _KERNEL_MODULES, _REEXPORTED
+    if parent is not None:
+        children.die_with_parent(parent)
     _KERNEL_MODULES, _REEXPORTED = kernel_modules, reexported
 
 
@@ -271,7 +275,7 @@ def _build(tree: SglangTree, srt: Path, files: list[Path]) -> list[dict]:
         results = [_scan_file(job) for job in jobs]
     else:
         with ProcessPoolExecutor(workers, initializer=_init_worker,
-                                 initargs=(kernel_modules, frozenset(reexports))) as pool:
+                                 initargs=(kernel_modules, frozenset(reexports), os.getpid())) as pool:
             results = list(pool.map(_scan_file, jobs, chunksize=8))
     sites = [site for result in results for site in result]
     for site in sites:

@@ -130,13 +130,16 @@ def extract_many(tree: SglangTree, names: list[str] | None = None,
     import os
     from concurrent.futures import ProcessPoolExecutor
 
+    from harness.worker import children
+
     names = names or single_gpu_modules(tree)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
     work = [(str(tree.root), tree.version, tree.origin, n, build_check) for n in names]
     if jobs == 1:
         return [_extract_one(w) for w in work]
     # spawn, not fork: libclang parses on helper threads
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=children.die_with_parent, initargs=(os.getpid(),)) as pool:
         return list(pool.map(_extract_one, work, chunksize=1))
 
 

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 import uuid
@@ -42,6 +41,7 @@ from harness.building.toolchain import (
     tvm_ffi_paths,
     tvm_ffi_version,
 )
+from harness.worker import children
 
 __all__ = ["BuildRequest", "BuildResult", "build", "build_many", "trim_errors"]
 
@@ -206,18 +206,19 @@ def trim_errors(log: str, strip: list[str] = (), max_errors: int = 5, max_lines:
 
 
 def _run(command: list[str], cwd: Path, timeout: float) -> tuple[int | None, str]:
-    """Run one command in its own process group; on timeout kill the group and return rc None."""
+    """Run one command in its own process group (a tracked child: it ends with this process); on timeout
+    kill the group and return rc None."""
     if timeout <= 0:
         return None, ""
-    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        return None, output
-    return proc.returncode, output
+    with children.started(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace") as proc:
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            children.kill_group(proc.pid)
+            output, _ = proc.communicate()
+            return None, output
+        return proc.returncode, output
 
 
 def _run_all(plan: _Plan, cwd: Path, deadline: float, keep_going: bool) -> tuple[str, str | None]:
