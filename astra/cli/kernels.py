@@ -110,7 +110,7 @@ def cmd_spec_check(args) -> int:
 def cmd_extract(args) -> int:
     check_output_dir(args.out, "--out")
     if wants_llm(args):
-        check_llm_config()
+        check_llm_config(args)
     if bool(args.names) == bool(args.all):
         raise AstraError("name the modules to draft, or give --all (every single-GPU sm_90a module)")
     if args.out and (args.all or len(args.names) > 1):
