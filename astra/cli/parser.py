@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--buildable", action="store_true", help="only modules that build for sm_90a")
     p.add_argument("--why", metavar="NAME",
                    help="where SGLang's runtime (sglang/srt) calls module NAME, and under which conditions")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (it is drawn only when stderr is a terminal)")
 
     p = sub.add_parser("extract", help="draft specs from the sources (C++ checks, wrapper, srt call sites)")
     p.add_argument("names", nargs="*", metavar="NAME", help="JIT modules to draft (as `astra list` names them)")
@@ -86,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     _testing_agent_options(p)
     _sglang_options(p)
     p.add_argument("--out", help="directory for the draft (default $ASTRA_HOME/drafts/NAME/; one NAME only)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (it is drawn only when stderr is a terminal)")
 
     p = sub.add_parser("build", help="compile a module with nvcc exactly as SGLang does (no GPU needed)")
     p.add_argument("name", nargs="?", help="the JIT module to build (as `astra list` names it)")
@@ -97,10 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="build every module that `list` shows as buildable")
     p.add_argument("--jobs", type=int, default=None, help="parallel builds (default: CPU count)")
     p.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (it is drawn only when stderr is a terminal)")
 
     p = sub.add_parser("parse-check", help="parse every CUDA source with libclang and report failures")
     _sglang_options(p)
     p.add_argument("--json", action="store_true", help="print every file's result as JSON instead of the failures")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (it is drawn only when stderr is a terminal)")
 
     p = sub.add_parser("spec-check", help="validate kernel specs (all, or the named ones)")
     p.add_argument("names", nargs="*", metavar="NAME", help="specs to check (default: every spec)")

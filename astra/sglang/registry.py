@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
 
 from astra import paths
@@ -155,11 +154,21 @@ def record_build(tree: SglangTree, name: str, arch: str, ok: bool, reason: str) 
     path.write_text(json.dumps(records, indent=1, sort_keys=True))
 
 
-@lru_cache(maxsize=8)
-def _modules_cached(root: str, version: str, origin: str) -> tuple[JitModule, ...]:
-    tree = SglangTree(Path(root), version, origin)
+_MODULES: dict[tuple[str, str, str], tuple[JitModule, ...]] = {}  # a tree's modules, found once per process
+
+
+def _modules_cached(root: str, version: str, origin: str, progress=None) -> tuple[JitModule, ...]:
+    key = (root, version, origin)
+    if key not in _MODULES:
+        if len(_MODULES) >= 8:
+            _MODULES.pop(next(iter(_MODULES)))
+        _MODULES[key] = _find_modules(SglangTree(Path(root), version, origin), progress)
+    return _MODULES[key]
+
+
+def _find_modules(tree: SglangTree, progress) -> tuple[JitModule, ...]:
     by_name: dict[str, list[CallSite]] = {}
-    for site in scan_tree(tree):
+    for site in scan_tree(tree, progress):
         by_name.setdefault(site.module_name, []).append(site)
     modules = []
     for name, sites in sorted(by_name.items()):
@@ -177,9 +186,10 @@ def _modules_cached(root: str, version: str, origin: str) -> tuple[JitModule, ..
     return tuple(modules)
 
 
-def modules(tree: SglangTree, arch: str = "sm_90a") -> list[JitModule]:
+def modules(tree: SglangTree, arch: str = "sm_90a", progress=None) -> list[JitModule]:
+    """The tree's JIT modules (found once per process); `progress(done, total)` counts the loader files read."""
     out = [replace(m) for m in
-           _modules_cached(str(tree.root), tree.version, tree.origin)]
+           _modules_cached(str(tree.root), tree.version, tree.origin, progress)]
     records = _build_records(tree)
     for m in out:
         record = records.get(f"{m.name}@{arch}")

@@ -21,12 +21,14 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from harness.building.ptxas import KernelResources, find_demangler, parse_ptxas
 from harness.building.sources import file_digest, materialise_overlay, override_targets, tree_digest, wrapper_source
@@ -361,13 +363,25 @@ def _dependencies(build_dir: Path) -> list[str]:
     return list(found)
 
 
-def build_many(reqs: list[BuildRequest], cache_dir: Path, jobs: int | None = None, **kwargs) -> list[BuildResult]:
+def build_many(reqs: list[BuildRequest], cache_dir: Path, jobs: int | None = None,
+               progress: Callable[[int, int], None] | None = None, **kwargs) -> list[BuildResult]:
     """Build several requests in parallel threads (each runs its compiler as a subprocess); results in
     the order given. The largest sources start first: a Marlin GEMM compiles for minutes, and started
-    last it would hold the whole batch up long after every small module is done."""
+    last it would hold the whole batch up long after every small module is done. `progress(done, total)`
+    is called (from the building thread) as each build ends."""
     order = sorted(range(len(reqs)), key=lambda i: -source_size(reqs[i]))
+    ended, lock = [0], threading.Lock()
+
+    def one(i: int) -> BuildResult:
+        result = build(reqs[i], cache_dir, **kwargs)
+        if progress is not None:
+            with lock:
+                ended[0] += 1
+                progress(ended[0], len(reqs))
+        return result
+
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        futures = {i: pool.submit(build, reqs[i], cache_dir, **kwargs) for i in order}
+        futures = {i: pool.submit(one, i) for i in order}
         return [futures[i].result() for i in range(len(reqs))]
 
 
