@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable
 
+from astra import input_files
 from astra.errors import AstraError, RunStateError, SandboxMissing
 from astra.optimize.agent_registry import AgentSetup, agent_kind, make_agent
 from astra.optimize.evaluator import BuildOnlyEvaluator, Evaluator, HarnessEvaluator
@@ -30,7 +31,7 @@ Printer = Callable[[str], None]
 def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, events=None,
                  say: Printer = print) -> tuple[RunDir, RunState]:
     """One optimize run of `spec` (or its resumption): agent, evaluator, budget, loop, report."""
-    source = (tree.csrc_dir / spec.kernel_file).read_text()
+    source = input_files.read_text(tree.csrc_dir / spec.kernel_file, input_files.SOURCE_BYTES, what="a kernel source")
     if opts.resume:
         run = _resume(opts.resume, spec)
     else:

@@ -8,7 +8,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from astra import paths
+from astra import input_files, paths
 from astra.errors import UnknownKernel
 from astra.input_files import Refused
 from astra.sglang.discovery import CallSite, scan_tree
@@ -142,14 +142,24 @@ def _judge(tree: SglangTree, name: str, sites: list[CallSite], resolved: list[Pa
 
 
 def _build_records(tree: SglangTree) -> dict[str, dict]:
-    """Results of real builds (`astra build`), which override the static judgement."""
+    """Results of real builds (`astra build`), which override the static judgement. A record file that
+    cannot be read (not a regular file, too large, not a JSON object) counts as none: the builds are
+    recorded anew."""
     path = paths.sub("build-records") / paths.safe_name(f"{tree.version}-{tree.origin}.json")
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        records = input_files.read_json(path, input_files.RECORD_BYTES, what="a build record")
+    except input_files.Refused:
+        return {}
+    if not isinstance(records, dict):
+        return {}
+    return {k: v for k, v in records.items() if isinstance(v, dict) and {"ok", "reason"} <= set(v)}
 
 
 def record_build(tree: SglangTree, name: str, arch: str, ok: bool, reason: str) -> None:
     path = paths.sub("build-records") / paths.safe_name(f"{tree.version}-{tree.origin}.json")
-    records = json.loads(path.read_text()) if path.exists() else {}
+    records = _build_records(tree)
     records[f"{name}@{arch}"] = {"ok": ok, "reason": reason}
     path.write_text(json.dumps(records, indent=1, sort_keys=True))
 

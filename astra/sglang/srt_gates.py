@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from astra import paths
+from astra.input_files import SOURCE_BYTES, Refused, read_bytes
 from astra.sglang import registry
 from astra.sglang.conditions import Constraint, chain, constraints, module_constants, requirements
 from astra.sglang.tree import SglangTree, ensure_srt
@@ -89,12 +90,17 @@ def _init_worker(kernel_modules: frozenset[str], reexported: frozenset[str], par
     _KERNEL_MODULES, _REEXPORTED = kernel_modules, reexported
 
 
+def _srt_text(path: Path) -> str:
+    """A runtime file's text (bounded as any source, astra.input_files; undecodable bytes replaced)."""
+    return read_bytes(path, SOURCE_BYTES, what="a Python source").decode("utf-8", errors="replace")
+
+
 def _scan_file(job: tuple[str, str]) -> list[dict]:
     """Every use in one srt file of a name imported from sglang.kernels / sglang.jit_kernel."""
     rel, path = job
     try:
-        module = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
-    except (SyntaxError, ValueError, RecursionError):
+        module = ast.parse(_srt_text(Path(path)))
+    except (SyntaxError, ValueError, RecursionError, Refused):  # unreadable, too large or not Python: no site
         return []
     parents: dict[ast.AST, ast.AST] = {}
     imports: list[ast.AST] = []
@@ -264,7 +270,10 @@ def index(tree: SglangTree) -> list[dict] | None:
 def _build(tree: SglangTree, srt: Path, files: list[Path]) -> list[dict]:
     jobs = []
     for path in files:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            text = _srt_text(path)
+        except Refused:  # a FIFO, a device or a file over the bound in the tree: it calls nothing we can see
+            continue
         if any(pkg in text for pkg in _KERNEL_PACKAGES):
             jobs.append((path.relative_to(tree.root).as_posix(), str(path)))
     kernel_modules = frozenset(dotted(rel) for rel in kernel_texts(str(tree.root)))
