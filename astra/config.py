@@ -37,6 +37,22 @@ def _text(value) -> str | None:
     return None if isinstance(value, str) and value.strip() else "a non-empty string"
 
 
+def url_problem(value) -> str | None:
+    """What an endpoint URL must be, when `value` is not one a request can go to (None when it is): an
+    http:// or https:// URL with a host. The one rule for config.yaml, --base-url and the environment."""
+    from urllib.parse import urlsplit
+
+    wanted = "an http:// or https:// URL with a host, such as http://localhost:30000/v1"
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value.strip()):
+        return wanted
+    try:
+        parts = urlsplit(value.strip())
+        _ = parts.port  # a port that is not a number raises here
+    except ValueError:
+        return wanted
+    return None if parts.scheme in ("http", "https") and parts.hostname else wanted
+
+
 def _number(low: float, high: float, *, integer: bool = False, low_open: bool = False):
     """A check of a number in [low, high] (`low_open`: (low, high]); it returns what the value must be, or None."""
     wanted = "a whole number" if integer else "a finite number"
@@ -53,7 +69,7 @@ def _number(low: float, high: float, *, integer: bool = False, low_open: bool = 
 
 
 _CHECKS = {
-    "base_url": _text, "model": _text,
+    "base_url": url_problem, "model": _text,
     "timeout_s": _number(0, math.inf, low_open=True),
     "max_retries": _number(0, 100, integer=True),
     "temperature": _number(0, 2),

@@ -21,6 +21,7 @@ to do next. The exit codes (docs/exit-codes.md is the table users read):
     14  a run directory is unusable (corrupt state, another kernel's run)       RunStateError
     15  the machine failed, not the kernel (disk full, out of memory)          EnvironmentFailure
     16  the OS sandbox cannot be enforced here (doctor; a check refused)       SandboxMissing
+    17  the model answered, but nothing usable came out (no edit that applies)  LLMNoUsableReply
 """
 
 from __future__ import annotations

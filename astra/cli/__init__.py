@@ -12,6 +12,7 @@ import sys
 
 from astra.cli.parser import build_parser
 from astra.errors import AstraError, SpecError
+from harness.worker import children
 
 
 def _message(err: AstraError) -> str:
@@ -49,6 +50,7 @@ def _encoding_safe_output() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _encoding_safe_output()
+    children.stop_on_signals()  # SIGTERM, SIGHUP, Ctrl-C: children killed, then the command unwinds
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
@@ -68,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({err.filename})" if err.filename else ""
         print(f"astra {args.command}: {err.strerror or err}{where}", file=sys.stderr)
         return 15 if err.errno in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT, errno.EROFS, errno.EMFILE) else 12
-    except KeyboardInterrupt:
-        print(f"astra {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM/SIGHUP (children.Terminated)
+        print(f"astra {args.command}: {children.stop_reason(stop)}", file=sys.stderr)
+        return children.exit_status(stop)
 
 
 if __name__ == "__main__":

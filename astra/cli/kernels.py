@@ -10,10 +10,16 @@ from astra.cli.common import check_output, check_output_dir, tree, write_text
 from astra.cli.testing import check_llm_config, propose_drafts, wants_llm
 from astra.errors import AstraError, SpecError, ToolMissing
 from astra.report import table
+from astra.report.progress import Progress, on_terminal
 from astra.sglang import discovery, registry
 from astra.spec import builds, checks, extract, jobs
 from astra.spec import model as spec_mod
 from astra.spec.resolve import draft_path
+
+
+def _progress(args, what: str) -> Progress:
+    """The command's progress line: on a terminal's stderr only, never with --quiet."""
+    return Progress(f"astra {args.command}: {what}", enabled=on_terminal(quiet=args.quiet))
 
 
 def cmd_list(args) -> int:
@@ -25,7 +31,10 @@ def cmd_list(args) -> int:
         reach = srt_gates.why(t, args.why)
         print(json.dumps(asdict(reach), indent=1) if args.json else format_reach(reach))
         return 0
-    mods = registry.modules(t)
+    progress = _progress(args, "reading SGLang's loader files")
+    mods = registry.modules(t, progress=progress)
+    skipped = discovery.unparsable(t, progress=progress)
+    progress.close()
     if args.buildable:
         mods = [m for m in mods if m.sm90a in ("yes", "built")]
     if args.json:
@@ -45,8 +54,8 @@ def cmd_list(args) -> int:
         counts[m.sm90a] = counts.get(m.sm90a, 0) + 1
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     print(f"\n{len(mods)} JIT modules in {t.describe()}  [{summary}]")
-    for skipped in discovery.unparsable(t):
-        print(f"skipped {skipped.file}: {skipped.error}")
+    for unread in skipped:
+        print(f"skipped {unread.file}: {unread.error}")
     if counts.get("yes"):
         print("sm_90a 'yes' is a static judgement (sources, guards, dependencies); 'built' means `astra build` "
               "compiled it here. `astra build --all` turns the first into the second.")
@@ -110,7 +119,7 @@ def cmd_spec_check(args) -> int:
 def cmd_extract(args) -> int:
     check_output_dir(args.out, "--out")
     if wants_llm(args):
-        check_llm_config()
+        check_llm_config(args)
     if bool(args.names) == bool(args.all):
         raise AstraError("name the modules to draft, or give --all (every single-GPU sm_90a module)")
     if args.out and (args.all or len(args.names) > 1):
@@ -126,8 +135,10 @@ def cmd_extract(args) -> int:
         if wants_llm(args):
             propose_drafts(args, sglang, [(args.names[0], result.draft, result.notes)])
         return 0
+    progress = _progress(args, "drafting modules")
     results = extract.extract_many(sglang, args.names or None, jobs=args.jobs,
-                                   build_check=not args.no_build_check)
+                                   build_check=not args.no_build_check, progress=progress)
+    progress.close()
     failed = 0
     for name, draft, notes, error in results:
         if error:
@@ -145,7 +156,9 @@ def cmd_parse_check(args) -> int:
     from astra.sglang import cuda_parse
 
     t = tree(args)
-    results = cuda_parse.parse_buildable(t)
+    progress = _progress(args, "parsing sources")
+    results = cuda_parse.parse_buildable(t, progress=progress)
+    progress.close()
     bad = [r for r in results if not r.ok]
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=1))
@@ -173,11 +186,14 @@ def cmd_build(args) -> int:
         raise ToolMissing(str(err)) from None
     arch = builds.arch_of(opts.arch)
     t = tree(args)
+    reading = _progress(args, "reading SGLang's loader files")
+    found = registry.modules(t, progress=reading)  # found once: planning a build reads them from here
+    reading.close()
     mismatch = builds.tvm_ffi_mismatch(t)
     if mismatch:
         print(f"note: {mismatch}")
     if args.all:
-        names = [m.name for m in registry.modules(t) if m.sm90a in ("yes", "built", "build-failed")]
+        names = [m.name for m in found if m.sm90a in ("yes", "built", "build-failed")]
     elif args.name:
         names = [args.name]
     else:
@@ -190,7 +206,9 @@ def cmd_build(args) -> int:
             if not args.all:
                 raise
             skipped.append((name, str(err)))
-    results = builds.build_all(t, planned, opts)
+    progress = _progress(args, "building")
+    results = builds.build_all(t, planned, opts, progress=progress)
+    progress.close()
     summary = [builds.summary(p, res) for p, res in zip(planned, results)]
     if not args.all:
         for p, res in zip(planned, results):

@@ -55,7 +55,7 @@ def _finish(run, spec, t) -> None:
 def _check_config(args) -> None:
     """The built-in agents read $ASTRA_HOME/config.yaml unless --offline or --agent: refuse a bad one first."""
     if not args.offline and not args.agent:
-        check_llm_config()
+        check_llm_config(args)
 
 
 def cmd_optimize(args) -> int:

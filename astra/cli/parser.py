@@ -13,16 +13,27 @@ def _sglang_options(p: argparse.ArgumentParser) -> None:
 
 def _loop_options(p: argparse.ArgumentParser) -> None:
     """What `optimize` and `eval` share: the agent, the endpoint, the budgets."""
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5, metavar="N",
+                   help="rounds of propose-and-verify at most (default 5); the run also stops when a budget is "
+                        "spent or two rounds in a row verify nothing better")
     p.add_argument("--offline", action="store_true", help="use the built-in search agent even if an LLM is configured")
     p.add_argument("--model", help="LLM model name (OpenAI-compatible endpoint)")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:30000/v1")
-    p.add_argument("--budget-tokens", type=int, default=None)
-    p.add_argument("--budget-usd", type=float, default=None)
-    p.add_argument("--wall-min", type=float, default=60.0, help="wall-time budget in minutes")
-    p.add_argument("--no-sanitizer", action="store_true")
+    p.add_argument("--budget-tokens", type=int, default=None, metavar="N",
+                   help="LLM agent: stop once the model has used this many tokens (prompt and reply; default: no "
+                        "limit; `budget_tokens:` in $ASTRA_HOME/config.yaml)")
+    p.add_argument("--budget-usd", type=float, default=None, metavar="USD",
+                   help="LLM agent: stop once the calls cost this many dollars (prices in astra/data/prices.yaml; "
+                        "default: no limit; `budget_usd:` in $ASTRA_HOME/config.yaml)")
+    p.add_argument("--wall-min", type=float, default=60.0, metavar="MIN",
+                   help="wall-time budget in minutes (default 60): no verification starts that cannot end in time")
+    p.add_argument("--no-sanitizer", action="store_true",
+                   help="verify candidates without compute-sanitizer memcheck (faster; a patch of such a run says "
+                        "so)")
     _sandbox_option(p)
-    p.add_argument("--dry-run", action="store_true", help="no GPU: build every candidate with nvcc, verify none")
+    p.add_argument("--dry-run", action="store_true",
+                   help="no GPU: one round; the candidates the agent proposes first are each built with nvcc "
+                        "(registers, spills), none verified, and the run stops (nothing to improve on)")
     p.add_argument("--quick-search", action="store_true",
                    help="search on the timed dtype only; verify the best on the full suite at the end")
     p.add_argument("--agent", metavar="exec:CMD",
@@ -47,8 +58,10 @@ def _testing_agent_options(p: argparse.ArgumentParser) -> None:
                         "proposes drafts (extract) and repairs rejected ones (probe)")
     g.add_argument("--model", help="LLM model name (OpenAI-compatible endpoint)")
     g.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:30000/v1")
-    g.add_argument("--budget-tokens", type=int, default=None)
-    g.add_argument("--budget-usd", type=float, default=None)
+    g.add_argument("--budget-tokens", type=int, default=None, metavar="N",
+                   help="--agent llm: stop calling the model after this many tokens (default: no limit)")
+    g.add_argument("--budget-usd", type=float, default=None, metavar="USD",
+                   help="--agent llm: stop calling the model once it cost this many dollars (default: no limit)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,9 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--buildable", action="store_true", help="only modules that build for sm_90a")
     p.add_argument("--why", metavar="NAME",
                    help="where SGLang's runtime (sglang/srt) calls module NAME, and under which conditions")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (it is drawn only when stderr is a terminal)")
 
     p = sub.add_parser("extract", help="draft specs from the sources (C++ checks, wrapper, srt call sites)")
-    p.add_argument("names", nargs="*", metavar="NAME")
+    p.add_argument("names", nargs="*", metavar="NAME", help="JIT modules to draft (as `astra list` names them)")
     p.add_argument("--all", action="store_true", help="every single-GPU module that builds for sm_90a")
     p.add_argument("--export", help="which export of the module the spec calls (default: the best described)")
     p.add_argument("--jobs", type=int, help="parallel libclang parses (default: every CPU core)")
@@ -73,9 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     _testing_agent_options(p)
     _sglang_options(p)
     p.add_argument("--out", help="directory for the draft (default $ASTRA_HOME/drafts/NAME/; one NAME only)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (it is drawn only when stderr is a terminal)")
 
     p = sub.add_parser("build", help="compile a module with nvcc exactly as SGLang does (no GPU needed)")
-    p.add_argument("name", nargs="?")
+    p.add_argument("name", nargs="?", help="the JIT module to build (as `astra list` names it)")
     _sglang_options(p)
     p.add_argument("--arch", default="sm_90a", help="target, e.g. sm_90a (default), sm_80, sm_100a")
     p.add_argument("--variant", help="a spec variant: its index or a substring of its entry")
@@ -84,18 +101,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="build every module that `list` shows as buildable")
     p.add_argument("--jobs", type=int, default=None, help="parallel builds (default: CPU count)")
     p.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (it is drawn only when stderr is a terminal)")
 
     p = sub.add_parser("parse-check", help="parse every CUDA source with libclang and report failures")
     _sglang_options(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print every file's result as JSON instead of the failures")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (it is drawn only when stderr is a terminal)")
 
     p = sub.add_parser("spec-check", help="validate kernel specs (all, or the named ones)")
-    p.add_argument("names", nargs="*")
+    p.add_argument("names", nargs="*", metavar="NAME", help="specs to check (default: every spec)")
     p.add_argument("--draft", action="store_true",
                    help="a draft: report TODO(review) markers as notes instead of refusing the spec")
 
     p = sub.add_parser("check", help="verify and time a candidate against the original kernel (GPU)")
-    p.add_argument("name")
+    p.add_argument("name", help="the kernel's spec (reviewed, or a probed draft)")
     p.add_argument("--candidate", required=True, help="the candidate's version of the spec's kernel_file")
     _sglang_options(p)
     p.add_argument("--modes", default="graph,cold", help="timing modes: graph, cold, or both")
@@ -105,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="one seed, fewer shapes (for iteration)")
 
     p = sub.add_parser("optimize", help="run the optimize loop on a spec'd kernel (GPU; --dry-run without)")
-    p.add_argument("name")
+    p.add_argument("name", help="the kernel's spec (reviewed, or a probed draft)")
     _sglang_options(p)
     _loop_options(p)
     p.add_argument("--resume", metavar="RUN", help="continue a run from its directory")
@@ -118,19 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "the same kernel, SGLang version, agent and source, and continue one that was cut off)")
     _sglang_options(p)
     _loop_options(p)
-    p.add_argument("--json", metavar="OUT")
+    p.add_argument("--json", metavar="OUT", help="also write the table's rows and the average speedup as JSON")
 
     p = sub.add_parser("runs", help="list optimize runs")
 
     p = sub.add_parser("show", help="print one optimize run")
-    p.add_argument("run")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("run", help="the run's id, as `astra runs` lists it")
+    p.add_argument("--json", action="store_true", help="print the run's state as JSON")
     p.add_argument("--html", action="store_true", help="write the run's static HTML report and print its path")
 
     p = sub.add_parser("bench", help="time the original kernel over its shape suite against its physical and practical floors (GPU)")
-    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("names", nargs="+", metavar="NAME", help="kernel specs to bench (reviewed, or probed drafts)")
     _sglang_options(p)
-    p.add_argument("--modes", default="graph,cold")
+    p.add_argument("--modes", default="graph,cold", help="timing views: graph, cold, or both (default)")
     p.add_argument("--budget-ms", type=float, default=None, help="timing budget per shape and side")
     p.add_argument("--json", metavar="OUT", help="write the verdicts as JSON")
     p.add_argument("--report", metavar="DIR", help="write baseline.md, baseline.json and roofline.svg there")
@@ -181,19 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
 # ---- patches: patch / apply / recheck / diff-versions (astra/patches/)
 def _patch_commands(sub) -> None:
     p = sub.add_parser("patch", help="emit a verified candidate as a git patch for SGLang (repo and package layout)")
-    p.add_argument("name")
+    p.add_argument("name", help="the kernel's spec")
     p.add_argument("--candidate", required=True, help="the candidate's version of the spec's kernel_file")
     p.add_argument("--verdict", required=True, metavar="JSON", help="its verdict (`astra check --json`)")
     p.add_argument("--why", metavar="TEXT", help="what changed and why (default: from the candidate label)")
     p.add_argument("--out", default="patches", metavar="DIR", help="where the patches go (default patches/)")
-    p.add_argument("--threshold", type=float, default=0.02, help="refuse if any shape is slower than 1 - this")
+    p.add_argument("--threshold", type=float, default=0.02,
+                   help="refuse if any shape is slower than 1 - this (0 to 0.1; default 0.02)")
     p.add_argument("--no-sanitizer", action="store_true",
                    help="emit even though compute-sanitizer did not run cleanly (the patch says so; findings "
                         "still refuse)")
     _sglang_options(p)
 
     p = sub.add_parser("apply", help="apply an Astra patch to an SGLang checkout or installed package")
-    p.add_argument("patch")
+    p.add_argument("patch", help="the patch file (`astra patch` or `astra optimize` wrote it)")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--sglang-src", metavar="DIR", help="a git checkout of SGLang, or an unpacked package")
     where.add_argument("--installed", action="store_true", help="the sglang package importable from this Python")
@@ -201,7 +223,7 @@ def _patch_commands(sub) -> None:
     p.add_argument("--check", action="store_true", help="only check that the patch would apply")
 
     p = sub.add_parser("recheck", help="after an SGLang upgrade: does each patch still apply, pass and win?")
-    p.add_argument("patches", nargs="+", metavar="PATCH")
+    p.add_argument("patches", nargs="+", metavar="PATCH", help="Astra patches to recheck")
     _sglang_options(p)
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--markdown", metavar="OUT", help="write the report as markdown (it is also printed)")
@@ -211,7 +233,7 @@ def _patch_commands(sub) -> None:
 
     p = sub.add_parser("diff-versions",
                        help="did a kernel's sources (and, on a GPU, its speed) change between versions?")
-    p.add_argument("name")
+    p.add_argument("name", help="the kernel's spec")
     p.add_argument("--from", dest="from_version", required=True, metavar="A", help="the older SGLang version")
     p.add_argument("--to", dest="to_version", required=True, metavar="B", help="the newer SGLang version")
     p.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")

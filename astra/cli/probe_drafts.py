@@ -23,7 +23,7 @@ def cmd_probe(args) -> int:
     check_output(args.json)
     check_output(args.report, "--report")
     if wants_llm(args):
-        check_llm_config()
+        check_llm_config(args)
     targets = probing.select(list(args.names), all_drafts=args.all, reviewed=args.reviewed)
     tree_for = lambda spec: tree_for_spec(args, str(spec.path))  # noqa: E731
     if args.repair_dry_run:

@@ -14,11 +14,13 @@ def wants_llm(args) -> bool:
     return getattr(args, "agent", "rules") == "llm"
 
 
-def check_llm_config() -> None:
-    """Refuse an unusable $ASTRA_HOME/config.yaml (astra.config; exit 13) before any work is done."""
-    from astra import config
+def check_llm_config(args) -> None:
+    """Refuse unusable LLM settings before any work is done (exit 13): $ASTRA_HOME/config.yaml (astra.config),
+    and an endpoint URL, from --base-url, the file or the environment, that no request can go to."""
+    from astra.llm.client import resolve_config
 
-    config.home_settings()
+    flags = {"base_url": getattr(args, "base_url", None), "model": getattr(args, "model", None)}
+    resolve_config({k: v for k, v in flags.items() if v is not None})
 
 
 def client(args, transcript: Path):

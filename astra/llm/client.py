@@ -18,7 +18,10 @@ import logging
 import os
 import random
 import re
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -28,13 +31,14 @@ from typing import Any, Callable
 import openai
 
 from astra import paths
-from astra.config import read_config_file
+from astra.config import read_config_file, url_problem
 from astra.errors import AstraError, BudgetSpent
 from astra.llm.usage import Reply, Transcript, Usage, price_of
 
 log = logging.getLogger("astra.llm.client")
 
 OPENAI_URL = "https://api.openai.com/v1"
+WAITING_EVERY_S = 5.0  # while a request is unanswered, a "waiting for the model" line this often
 RETRY_STATUS = {408, 409, 429}  # and every 5xx
 _SECRET_RE = re.compile(r"(sk-[A-Za-z0-9_\-]{3})[A-Za-z0-9_\-*]{6,}")
 
@@ -69,6 +73,13 @@ class LLMUnavailable(LLMError):
 
 class LLMBadReply(LLMError):
     """A 200 answer that is not an OpenAI chat completion (an HTML page, garbage, a wrong shape)."""
+
+
+class LLMNoUsableReply(LLMError):
+    """The model answered, but nothing in its answers could be used (no edit that applies, no code): not
+    the same as an agent with nothing left to try (exit 0), nor an endpoint that failed (13)."""
+
+    exit_code = 17
 
 
 class LLMBudgetExceeded(LLMError, BudgetSpent):
@@ -106,6 +117,10 @@ def _env(*names: str) -> str | None:
     return None
 
 
+def _env_name(*names: str) -> str:
+    return next((name for name in names if os.environ.get(name)), names[0])
+
+
 def resolve_config(flags: dict[str, Any], config_file: Path | None = None) -> LLMConfig:
     """Merge settings: `flags` (None values ignored) > `config_file` (default
     `$ASTRA_HOME/config.yaml`, used when it exists) > environment (`ASTRA_BASE_URL`,
@@ -119,18 +134,32 @@ def resolve_config(flags: dict[str, Any], config_file: Path | None = None) -> LL
         "api_key": _env("ASTRA_API_KEY", "OPENAI_API_KEY"),
         "model": _env("ASTRA_MODEL"),
     }
+    url_from = _env_name("ASTRA_BASE_URL", "OPENAI_BASE_URL")
     path = config_file if config_file is not None else paths.astra_home() / "config.yaml"
     if path.exists() or path.is_symlink():
-        merged.update({k: v for k, v in read_config_file(path, LLMConfigError).items() if v is not None})
+        settings = read_config_file(path, LLMConfigError)
+        merged.update({k: v for k, v in settings.items() if v is not None})
+        url_from = f"`base_url` in {path}" if settings.get("base_url") is not None else url_from
     merged.update({k: v for k, v in flags.items() if v is not None})
+    url_from = "--base-url" if flags.get("base_url") is not None else url_from
+    if merged.get("base_url") is not None and (wanted := url_problem(merged["base_url"])):
+        raise LLMConfigError(f"{url_from} {merged['base_url']!r}: not a usable endpoint; give {wanted}")
     return LLMConfig(**{k: v for k, v in merged.items() if v is not None})
 
 
+def waiting_on_terminal(line: str) -> None:
+    """A "waiting for the model" line on stderr, only when stderr is a terminal (a log file or a pipe gets none)."""
+    if sys.stderr.isatty():
+        print(line, file=sys.stderr, flush=True)
+
+
 class Client:
-    """Chat with one model at one endpoint, with retries, budgets, usage and a transcript."""
+    """Chat with one model at one endpoint, with retries, budgets, usage and a transcript. While a request is
+    unanswered, `waiting` gets a line every `waiting_every_s` seconds (by default on a terminal's stderr)."""
 
     def __init__(self, cfg: LLMConfig, *, transcript: Path | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep,
+                 waiting: Callable[[str], None] | None = waiting_on_terminal, waiting_every_s: float = WAITING_EVERY_S):
         if not cfg.model:
             raise LLMConfigError("no model named: pass --model, set `model:` in $ASTRA_HOME/config.yaml "
                                  "or ASTRA_MODEL")
@@ -143,6 +172,7 @@ class Client:
         self._carried = (0, 0.0)  # tokens and cost spent by earlier sessions of the same run
         self.transcript = Transcript(transcript, self.redact) if transcript else None
         self._sleep = sleep
+        self._waiting, self._waiting_every_s = waiting, waiting_every_s
         self._sdk = openai.OpenAI(base_url=cfg.url, api_key=cfg.api_key or "not-needed",
                                   timeout=cfg.timeout_s, max_retries=0)
 
@@ -172,7 +202,8 @@ class Client:
         self.check_budget()
         began, attempts = time.monotonic(), []
         try:
-            completion = self._with_retries(messages, role, attempts)
+            with self._reporting_wait(role, began):
+                completion = self._with_retries(messages, role, attempts)
             reply = self._reply(completion, len(attempts) + 1, time.monotonic() - began)
         except LLMError as err:
             if self.transcript:
@@ -186,6 +217,27 @@ class Client:
         return reply
 
     # ------------------------------------------------------------------ internals
+
+    @contextmanager
+    def _reporting_wait(self, role: str, began: float):
+        """While the block runs, a line every `waiting_every_s` seconds saying how long the model has taken."""
+        if self._waiting is None:
+            yield
+            return
+        done = threading.Event()
+
+        def report() -> None:
+            while not done.wait(self._waiting_every_s):
+                self._waiting(f"astra: waiting for the model ({self.cfg.model} at {self.cfg.url}, {role}): "
+                              f"{time.monotonic() - began:.0f}s (timeout {self.cfg.timeout_s:g}s per attempt)")
+
+        watcher = threading.Thread(target=report, name="astra-llm-waiting", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
 
     def _with_retries(self, messages: list[dict[str, str]], role: str, failures: list[str]) -> Any:
         kwargs: dict[str, Any] = {"model": self.cfg.model, "messages": messages}
@@ -219,7 +271,7 @@ class Client:
         if isinstance(err, openai.APITimeoutError):
             return (f"no answer within {self.cfg.timeout_s:g}s",
                     LLMUnreachable(f"the LLM endpoint at {url} did not answer within {self.cfg.timeout_s:g}s "
-                                   f"in {tries} attempts; check --base-url or raise --timeout"), 0.0)
+                                   f"in {tries} attempts; check --base-url, or raise `timeout_s:` in $ASTRA_HOME/config.yaml"), 0.0)
         if isinstance(err, openai.APIConnectionError):
             cause = self.redact(str(err.__cause__ or err))
             return (f"connection failed: {cause}",

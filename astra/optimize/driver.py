@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable
 
+from astra import input_files
 from astra.errors import AstraError, RunStateError, SandboxMissing
 from astra.optimize.agent_registry import AgentSetup, agent_kind, make_agent
 from astra.optimize.evaluator import BuildOnlyEvaluator, Evaluator, HarnessEvaluator
@@ -22,6 +23,7 @@ from astra.spec.source_check import require_same_source
 from astra.verify.runner import require_gpu
 from harness import verified_faster
 from harness.sandbox import decide as sandbox_decision
+from harness.worker.children import stop_reason
 
 Printer = Callable[[str], None]
 
@@ -29,7 +31,7 @@ Printer = Callable[[str], None]
 def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, events=None,
                  say: Printer = print) -> tuple[RunDir, RunState]:
     """One optimize run of `spec` (or its resumption): agent, evaluator, budget, loop, report."""
-    source = (tree.csrc_dir / spec.kernel_file).read_text()
+    source = input_files.read_text(tree.csrc_dir / spec.kernel_file, input_files.SOURCE_BYTES, what="a kernel source")
     if opts.resume:
         run = _resume(opts.resume, spec)
     else:
@@ -39,8 +41,8 @@ def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, e
         run.save(state)
     try:
         return run, _run(run, spec, tree, opts, events, say)
-    except KeyboardInterrupt:
-        mark_stopped(run, "interrupted (Ctrl-C)")
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM or SIGHUP (harness.worker.children)
+        mark_stopped(run, stop_reason(stop))
         raise
     except BaseException as err:
         from astra.text import one_line

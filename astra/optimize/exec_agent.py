@@ -29,6 +29,7 @@ from astra.optimize import exec_context
 from astra.optimize.exec_context import CANDIDATE, IDEA, LOG, USAGE
 from astra.optimize.loop import Agent, Context, Proposal
 from astra.text import one_line, printable
+from harness.worker import children
 
 PREFIX = "exec:"
 DEFAULT_TIMEOUT_S = 900.0
@@ -137,16 +138,21 @@ class ExecAgent(Agent):
         env = {**os.environ, "ASTRA_CONTEXT_DIR": str(folder), "ASTRA_CANDIDATE": str(folder / CANDIDATE),
                "ASTRA_ROUND": str(ctx.round), "ASTRA_KERNEL": ctx.kernel}
         with open(folder / LOG, "wb") as log:
-            proc = subprocess.Popen(self.command, shell=True, cwd=folder, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                return proc.wait(timeout=limit)
-            except subprocess.TimeoutExpired:
-                _end_group(proc)
-                return None
-            except BaseException:  # Ctrl-C reaches only Astra (the command has its own session): end it too
-                _end_group(proc)
-                raise
+            with children.started(self.command, shell=True, cwd=folder, env=env, stdin=subprocess.DEVNULL,
+                                  stdout=log, stderr=subprocess.STDOUT) as proc:
+                return self._wait(proc, limit)
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen, limit: float) -> int | None:
+        """Its exit status, or None when it ran past `limit` (its group then ended: SIGTERM, then SIGKILL)."""
+        try:
+            return proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _end_group(proc)
+            return None
+        except BaseException:  # Ctrl-C reaches only Astra (the command has its own session): end it too
+            _end_group(proc)
+            raise
 
     def _candidate(self, folder: Path) -> str:
         path = folder / CANDIDATE

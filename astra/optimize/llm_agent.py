@@ -24,7 +24,7 @@ from pathlib import Path
 
 from astra.errors import AstraError
 from astra.llm import templates
-from astra.llm.client import Client, LLMError
+from astra.llm.client import Client, LLMError, LLMNoUsableReply
 from astra.optimize import llm_context, ncu_profile
 from astra.optimize.edits import apply_reply
 from astra.optimize.evaluator import Evaluator
@@ -95,9 +95,13 @@ class LLMAgent(Agent):
                 notes.append(note)
             elif source not in sources:
                 sources.append(source)
-        if not sources:
+        if not sources:  # the model answered, and nothing it wrote can be built: not "nothing left to try"
             self.rationale = self._safe(f"{idea}: {notes[0] if notes else 'no candidate'}", 200)
-            return []
+            why = notes[0] if notes else "no candidate"
+            raise LLMNoUsableReply(
+                f"model '{self.client.cfg.model}' answered, but none of its {self.samples * self.edit_attempts} "
+                f"coding replies held an edit of {self.spec.kernel_file} that applies ({why}); its replies are in "
+                "the run's transcript.jsonl; try a stronger model, or --samples N")
         name = f"llm:r{ctx.round}:{llm_context.slug(idea)}"
         predicted = f", predicted x{plan.expected_speedup:.2f}" if plan.expected_speedup is not None else ""
         description = f"{idea} (target band: {plan.band}{predicted})"

@@ -27,6 +27,7 @@ from astra.optimize.rundir import HistoryEntry, RunDir, RunState
 from astra.text import one_line
 from harness import Verdict, improves_on, score
 from harness.judge.acceptance import BAND_GAIN
+from harness.worker.children import stop_reason
 
 Events = Callable[[str, dict], None]  # (kind, data): progress display
 
@@ -118,8 +119,8 @@ def run_loop(run: RunDir, agent: Agent, evaluator: Evaluator, budget: Budget,
     state = run.state()
     try:
         return _rounds(run, state, agent, evaluator, budget, events)
-    except KeyboardInterrupt:
-        _died(run, state, "interrupted (Ctrl-C)", events)
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM or SIGHUP (harness.worker.children)
+        _died(run, state, stop_reason(stop), events)
         raise
     except BaseException as err:
         _died(run, state, f"failed: {type(err).__name__}: {one_line(err, 300)}", events)

@@ -90,7 +90,8 @@ def earlier_run(kernel: str, sglang_version: str, agent: str, original: str, ide
     return None
 
 
-_CUT_OFF = ("failed", "interrupted", "stopped by the agent")  # an error, Ctrl-C, an agent that could not go on
+# an error, Ctrl-C, SIGTERM or SIGHUP, an agent that could not go on
+_CUT_OFF = ("failed", "interrupted", "terminated", "stopped by the agent")
 
 
 def finished(state: RunState) -> bool:

@@ -23,7 +23,7 @@ class OptimizeOptions:
     wall_min: float = 60.0
     sanitizer: bool = True
     sandbox: bool = True  # False: candidates run without the OS sandbox (--no-sandbox; each verdict says so)
-    dry_run: bool = False  # no GPU: build every candidate with nvcc, verify none
+    dry_run: bool = False  # no GPU: one round, its candidates built with nvcc, none verified (patience 1)
     quick_search: bool = False  # search on the timed dtype; verify the best on the full suite at the end
     resume: str | None = None  # a run id to continue
     agent: str | None = None  # "exec:CMD": a command edits the candidate each round (astra.optimize.exec_agent)

@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from astra import paths
+from astra import input_files, paths
 from astra.errors import AstraError, RunStateError
 from astra.text import printable
 from harness import Verdict
@@ -137,8 +137,9 @@ class RunDir:
     def _read(self) -> RunState:
         path = self.root / "state.json"
         try:
-            return RunState.from_dict(json.loads(path.read_bytes().decode("utf-8")))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+            data = input_files.read_bytes(path, input_files.RECORD_BYTES, what="a run's state")
+            return RunState.from_dict(json.loads(data.decode("utf-8")))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError, input_files.Refused) as err:
             why = unreadable_reason(err)
             problem = RunStateError(f"run {self.root.name}: {path} is unreadable ({why}); the run cannot be "
                                     "shown or resumed; start a new one")
@@ -159,7 +160,10 @@ class RunDir:
         self._written = text
 
     def original(self) -> str:
-        return (self.root / "original.cuh").read_text()
+        try:
+            return _source(self.root / "original.cuh")
+        except input_files.Refused as err:
+            raise RunStateError(f"run {self.root.name}: {err}; the run cannot be resumed; start a new one") from None
 
     def add_candidate(self, source: str, meta: dict) -> int:
         n = len(list((self.root / "candidates").iterdir())) + 1
@@ -177,16 +181,21 @@ class RunDir:
         folder = self.root / "candidates" / f"{n:03d}"
         verdict = folder / "verdict.json"
         try:
-            meta = json.loads((folder / "meta.json").read_text())
-            return ((folder / "kernel.cuh").read_text(), meta if isinstance(meta, dict) else {},
-                    Verdict.from_json(verdict.read_text()) if verdict.exists() else None)
-        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as err:
+            meta = json.loads(_record(folder / "meta.json"))
+            return (_source(folder / "kernel.cuh"), meta if isinstance(meta, dict) else {},
+                    Verdict.from_json(_record(verdict)) if verdict.exists() else None)
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError,
+                input_files.Refused) as err:
             raise RunStateError(f"run {self.root.name}: candidate {n:03d} is unreadable "
                                 f"({unreadable_reason(err)}) in {folder}") from None
 
     def baseline(self) -> Verdict | None:
         path = self.root / "baseline.json"
-        return Verdict.from_json(path.read_text()) if path.exists() else None
+        try:
+            return Verdict.from_json(_record(path)) if path.exists() else None
+        except (ValueError, TypeError, KeyError, AttributeError, input_files.Refused) as err:
+            raise RunStateError(f"run {self.root.name}: {path} is unreadable ({unreadable_reason(err)}); start a "
+                                "new run") from None
 
     def save_baseline(self, verdict: Verdict) -> None:
         (self.root / "baseline.json").write_text(verdict.to_json())
@@ -225,6 +234,16 @@ class RunDir:
         return self.root / "transcript.jsonl"
 
 
+def _source(path: Path) -> str:
+    """A kernel source the run keeps (bounded as any source: astra.input_files)."""
+    return input_files.read_text(path, input_files.SOURCE_BYTES, what="a kernel source")
+
+
+def _record(path: Path) -> str:
+    """A JSON record the run keeps (a verdict, a candidate's meta), its text (bounded: astra.input_files)."""
+    return input_files.read_text(path, input_files.RECORD_BYTES, what="a JSON record")
+
+
 def _json(state: RunState) -> str:
     return json.dumps(state.to_dict(), indent=1)
 
@@ -241,6 +260,8 @@ def unreadable_reason(err: BaseException) -> str:
         return err.strerror or str(err)
     if isinstance(err, UnicodeDecodeError):
         return f"not UTF-8 at byte {err.start}"
+    if isinstance(err, input_files.Refused):
+        return err.why
     return printable(str(err))[:120] or type(err).__name__
 
 

@@ -35,6 +35,7 @@ from astra.scale.api import (
     outcome_from,
     run_task,
 )
+from harness.worker import children
 
 _CTX = multiprocessing.get_context("spawn")
 _STOP_GRACE_S = 5.0
@@ -84,8 +85,10 @@ def exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _worker_main(conn, device: str | None) -> None:
-    """A worker's whole life: set its GPU, then run task after task until the driver hangs up."""
+def _worker_main(conn, device: str | None, parent: int) -> None:
+    """A worker's whole life: set its GPU, then run task after task until the driver hangs up (or dies: the
+    worker dies with it)."""
+    children.die_with_parent(parent)
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = device
     while True:
@@ -135,7 +138,7 @@ class _Slot:
             self.stop()  # died while idle: replace it, no attempt spent
         if self.proc is None:
             parent, child = _CTX.Pipe()
-            self.proc = _CTX.Process(target=_worker_main, args=(child, self.device),
+            self.proc = _CTX.Process(target=_worker_main, args=(child, self.device, os.getpid()),
                                      name=f"astra-scale-{self.kind}{self.index}")
             self.proc.start()
             child.close()

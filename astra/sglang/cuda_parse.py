@@ -27,11 +27,13 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from astra.cxx.brackets import levels
 from astra.errors import AstraError
 from astra.sglang.clang_env import clang_env, code_tokens, load_cindex, nvcc_accepts, prefix_pch, tree_include_dirs
 from astra.sglang.tensor_matchers import MatcherCall, TensorConstraint, find_tensor_matchers, join_tokens  # noqa: F401
+from harness.worker import children
 
 CUDA_SUFFIXES = (".cu", ".cuh")
 _SCOPES = ("NAMESPACE", "LINKAGE_SPEC", "UNEXPOSED_DECL")
@@ -332,21 +334,32 @@ def tree_sources(tree) -> list[Path]:
 
 
 def parse_tree_report(tree, files: list | None = None, workers: int | None = None,
-                      defines: dict | None = None) -> list[ParseResult]:
+                      defines: dict | None = None, on_parsed: Callable[[], None] | None = None) -> list[ParseResult]:
     """Parse every .cu/.cuh under `tree.csrc_dir` (or `files`, relative to it) and say which parse
     cleanly. `workers` defaults to the CPU count (at most 8); with more than one, files are parsed
-    in spawned processes, so a calling script needs the usual `if __name__ == "__main__":` guard."""
+    in spawned processes, so a calling script needs the usual `if __name__ == "__main__":` guard.
+    `on_parsed` is called as each file's result comes in (a progress line counts them)."""
     workers = workers or min(8, os.cpu_count() or 1)
     csrc = Path(tree.csrc_dir).resolve()
     paths = [(csrc / f).resolve() for f in files] if files else [p.resolve() for p in tree_sources(tree)]
     include_dirs = tree_include_dirs(tree)
     prefix_pch(clang_env().args([], defines))  # fail fast on a missing tool; build the PCH once
     jobs = [(str(p), str(csrc), include_dirs, defines) for p in paths]
+    results = []
     if workers <= 1 or len(jobs) <= 1:
-        return [_report_one(job) for job in jobs]
+        for job in jobs:
+            results.append(_report_one(job))
+            if on_parsed is not None:
+                on_parsed()
+        return results
     # spawn, not fork: libclang parses on helper threads, and forking a threaded process is unsafe.
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_report_one, jobs, chunksize=1))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=children.die_with_parent, initargs=(os.getpid(),)) as pool:
+        for result in pool.map(_report_one, jobs, chunksize=1):
+            results.append(result)
+            if on_parsed is not None:
+                on_parsed()
+    return results
 
 
 def _report_one(job: tuple) -> ParseResult:
@@ -373,9 +386,10 @@ def _report_one(job: tuple) -> ParseResult:
 # ---------------------------------------------------------------- the buildable modules
 
 
-def parse_buildable(tree) -> list:
+def parse_buildable(tree, progress: Callable[[int, int], None] | None = None) -> list:
     """`parse_tree_report` over every sm_90a-buildable module's sources, each file parsed with the -D
-    flags its call site passes (values guessed where symbolic); sorted by path."""
+    flags its call site passes (values guessed where symbolic); sorted by path. `progress(done, total)`
+    is called as each file is parsed."""
     from astra.sglang import registry, variants
 
     def defines(module) -> dict[str, str]:
@@ -391,11 +405,22 @@ def parse_buildable(tree) -> list:
         if m.sm90a in ("yes", "built"):
             key = tuple(sorted(defines(m).items()))
             by_defines.setdefault(key, set()).update(s for s in m.sources if not s.startswith("/"))
-    results, seen = [], set()
+    groups, seen = [], set()
     for key, files in sorted(by_defines.items(), key=lambda kv: len(kv[0])):
         todo = sorted(files - seen)
         seen |= files
         if todo:
-            results += parse_tree_report(tree, todo, defines=dict(key) or None)
+            groups.append((key, todo))
+    total, done = sum(len(todo) for _, todo in groups), 0
+
+    def parsed() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    results = []
+    for key, todo in groups:
+        results += parse_tree_report(tree, todo, defines=dict(key) or None, on_parsed=parsed)
     results.sort(key=lambda r: r.path)
     return results

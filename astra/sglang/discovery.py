@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from astra.input_files import Refused, depth
 from astra.sglang.py_constants import int_constants
@@ -353,10 +354,12 @@ def _template_args(call: ast.Call, scope: _Scope, text: str) -> dict[str, list[s
     return out
 
 
-def function_index(files: list[Path]) -> dict[str, ast.FunctionDef]:
-    """Top-level functions of the given files by name (helpers that compute flags live there)."""
+def function_index(files: list[Path], on_file: Callable[[], None] = lambda: None) -> dict[str, ast.FunctionDef]:
+    """Top-level functions of the given files by name (helpers that compute flags live there); `on_file` is
+    called as each file is read."""
     index: dict[str, ast.FunctionDef] = {}
     for path in files:
+        on_file()
         module = parse_loader(path)[1]
         for node in module.body if module is not None else []:
             if isinstance(node, ast.FunctionDef):
@@ -372,21 +375,36 @@ class Unparsable:
     error: str  # "SyntaxError at line 3"
 
 
-def unparsable(tree: SglangTree) -> list[Unparsable]:
-    """Every loader file of `tree` that mentions `load_jit` and does not parse (skipped by `scan_tree`)."""
+def unparsable(tree: SglangTree, progress: Callable[[int, int], None] | None = None) -> list[Unparsable]:
+    """Every loader file of `tree` that mentions `load_jit` and does not parse (skipped by `scan_tree`);
+    `progress(done, total)` counts the files read."""
     out = []
-    for path in tree.python_files():
+    files = tree.python_files()
+    for done, path in enumerate(files, 1):
+        if progress is not None:
+            progress(done, len(files))
         text, module, why = parse_loader(path)
         if module is None and ("load_jit" in text or not text):  # unread, or a loader that does not parse
             out.append(Unparsable(_in_tree(path, tree.root), why))
     return out
 
 
-def scan_tree(tree: SglangTree) -> list[CallSite]:
+def scan_tree(tree: SglangTree, progress: Callable[[int, int], None] | None = None) -> list[CallSite]:
+    """Every `load_jit` call site of the tree's Python files; `progress(done, total)` counts the files read
+    (each twice: for the helper functions, then for the call sites)."""
     files = tree.python_files()
     utils = sorted((tree.jit_dir / "utils").rglob("*.py")) + sorted(tree.jit_dir.glob("utils.py"))
-    functions = function_index(utils + files)
+    total, done = len(utils) + 2 * len(files), 0
+
+    def read() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    functions = function_index(utils + files, on_file=read)
     sites: list[CallSite] = []
     for path in files:
         sites += scan_file(path, tree.root, functions)
+        read()
     return sites

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
 
-from astra import paths
+from astra import input_files, paths
 from astra.errors import UnknownKernel
 from astra.input_files import Refused
 from astra.sglang.discovery import CallSite, scan_tree
@@ -143,23 +142,43 @@ def _judge(tree: SglangTree, name: str, sites: list[CallSite], resolved: list[Pa
 
 
 def _build_records(tree: SglangTree) -> dict[str, dict]:
-    """Results of real builds (`astra build`), which override the static judgement."""
+    """Results of real builds (`astra build`), which override the static judgement. A record file that
+    cannot be read (not a regular file, too large, not a JSON object) counts as none: the builds are
+    recorded anew."""
     path = paths.sub("build-records") / paths.safe_name(f"{tree.version}-{tree.origin}.json")
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        records = input_files.read_json(path, input_files.RECORD_BYTES, what="a build record")
+    except input_files.Refused:
+        return {}
+    if not isinstance(records, dict):
+        return {}
+    return {k: v for k, v in records.items() if isinstance(v, dict) and {"ok", "reason"} <= set(v)}
 
 
 def record_build(tree: SglangTree, name: str, arch: str, ok: bool, reason: str) -> None:
     path = paths.sub("build-records") / paths.safe_name(f"{tree.version}-{tree.origin}.json")
-    records = json.loads(path.read_text()) if path.exists() else {}
+    records = _build_records(tree)
     records[f"{name}@{arch}"] = {"ok": ok, "reason": reason}
     path.write_text(json.dumps(records, indent=1, sort_keys=True))
 
 
-@lru_cache(maxsize=8)
-def _modules_cached(root: str, version: str, origin: str) -> tuple[JitModule, ...]:
-    tree = SglangTree(Path(root), version, origin)
+_MODULES: dict[tuple[str, str, str], tuple[JitModule, ...]] = {}  # a tree's modules, found once per process
+
+
+def _modules_cached(root: str, version: str, origin: str, progress=None) -> tuple[JitModule, ...]:
+    key = (root, version, origin)
+    if key not in _MODULES:
+        if len(_MODULES) >= 8:
+            _MODULES.pop(next(iter(_MODULES)))
+        _MODULES[key] = _find_modules(SglangTree(Path(root), version, origin), progress)
+    return _MODULES[key]
+
+
+def _find_modules(tree: SglangTree, progress) -> tuple[JitModule, ...]:
     by_name: dict[str, list[CallSite]] = {}
-    for site in scan_tree(tree):
+    for site in scan_tree(tree, progress):
         by_name.setdefault(site.module_name, []).append(site)
     modules = []
     for name, sites in sorted(by_name.items()):
@@ -177,9 +196,10 @@ def _modules_cached(root: str, version: str, origin: str) -> tuple[JitModule, ..
     return tuple(modules)
 
 
-def modules(tree: SglangTree, arch: str = "sm_90a") -> list[JitModule]:
+def modules(tree: SglangTree, arch: str = "sm_90a", progress=None) -> list[JitModule]:
+    """The tree's JIT modules (found once per process); `progress(done, total)` counts the loader files read."""
     out = [replace(m) for m in
-           _modules_cached(str(tree.root), tree.version, tree.origin)]
+           _modules_cached(str(tree.root), tree.version, tree.origin, progress)]
     records = _build_records(tree)
     for m in out:
         record = records.get(f"{m.name}@{arch}")

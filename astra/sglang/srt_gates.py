@@ -23,11 +23,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from astra import paths
+from astra.input_files import SOURCE_BYTES, Refused, read_bytes
 from astra.sglang import registry
 from astra.sglang.conditions import Constraint, chain, constraints, module_constants, requirements
 from astra.sglang.tree import SglangTree, ensure_srt
 from astra.sglang.wrapper_facts import EntryPoint, entry_points
 from astra.sglang.wrapper_scan import dotted, import_source, kernel_texts, parse
+from harness.worker import children
 
 INDEX_VERSION = 6
 _KERNEL_PACKAGES = ("sglang.kernels", "sglang.jit_kernel")
@@ -80,17 +82,25 @@ _KERNEL_MODULES: frozenset[str] = frozenset()  # dotted modules of sglang/kernel
 _REEXPORTED: frozenset[str] = frozenset()  # "package:name" a package binds (wins over a submodule `name`)
 
 
-def _init_worker(kernel_modules: frozenset[str], reexported: frozenset[str]) -> None:
+def _init_worker(kernel_modules: frozenset[str], reexported: frozenset[str], parent: int | None = None) -> None:
+    """A scanning worker's state; in a pool's worker (`parent`: the pool's process) it dies with the pool's process."""
     global _KERNEL_MODULES, _REEXPORTED
+    if parent is not None:
+        children.die_with_parent(parent)
     _KERNEL_MODULES, _REEXPORTED = kernel_modules, reexported
+
+
+def _srt_text(path: Path) -> str:
+    """A runtime file's text (bounded as any source, astra.input_files; undecodable bytes replaced)."""
+    return read_bytes(path, SOURCE_BYTES, what="a Python source").decode("utf-8", errors="replace")
 
 
 def _scan_file(job: tuple[str, str]) -> list[dict]:
     """Every use in one srt file of a name imported from sglang.kernels / sglang.jit_kernel."""
     rel, path = job
     try:
-        module = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
-    except (SyntaxError, ValueError, RecursionError):
+        module = ast.parse(_srt_text(Path(path)))
+    except (SyntaxError, ValueError, RecursionError, Refused):  # unreadable, too large or not Python: no site
         return []
     parents: dict[ast.AST, ast.AST] = {}
     imports: list[ast.AST] = []
@@ -260,7 +270,10 @@ def index(tree: SglangTree) -> list[dict] | None:
 def _build(tree: SglangTree, srt: Path, files: list[Path]) -> list[dict]:
     jobs = []
     for path in files:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            text = _srt_text(path)
+        except Refused:  # a FIFO, a device or a file over the bound in the tree: it calls nothing we can see
+            continue
         if any(pkg in text for pkg in _KERNEL_PACKAGES):
             jobs.append((path.relative_to(tree.root).as_posix(), str(path)))
     kernel_modules = frozenset(dotted(rel) for rel in kernel_texts(str(tree.root)))
@@ -271,7 +284,7 @@ def _build(tree: SglangTree, srt: Path, files: list[Path]) -> list[dict]:
         results = [_scan_file(job) for job in jobs]
     else:
         with ProcessPoolExecutor(workers, initializer=_init_worker,
-                                 initargs=(kernel_modules, frozenset(reexports))) as pool:
+                                 initargs=(kernel_modules, frozenset(reexports), os.getpid())) as pool:
             results = list(pool.map(_scan_file, jobs, chunksize=8))
     sites = [site for result in results for site in result]
     for site in sites:

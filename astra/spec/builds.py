@@ -84,9 +84,11 @@ def plan(tree: SglangTree, name: str, opts: BuildOptions) -> list[PlannedBuild]:
     return [PlannedBuild(name, "guessed template arguments" if guess.guessed else "default", req, notes)]
 
 
-def build_all(tree: SglangTree, planned: list[PlannedBuild], opts: BuildOptions) -> list[BuildResult]:
-    """Build every planned request (every CPU core), recording each module's outcome in the registry."""
-    results = build_many([p.request for p in planned], paths.sub("builds"), jobs=opts.jobs)
+def build_all(tree: SglangTree, planned: list[PlannedBuild], opts: BuildOptions,
+              progress=None) -> list[BuildResult]:
+    """Build every planned request (every CPU core), recording each module's outcome in the registry;
+    `progress(done, total)` is called as each build ends."""
+    results = build_many([p.request for p in planned], paths.sub("builds"), jobs=opts.jobs, progress=progress)
     for p, res in zip(planned, results):
         registry.record_build(tree, p.module, f"sm_{arch_of(opts.arch)}", res.ok,
                               "built" if res.ok else (res.error or "failed")[:200])

@@ -122,22 +122,37 @@ def single_gpu_modules(tree: SglangTree) -> list[str]:
             if m.sm90a in ("yes", "built") and m.category != "communication"]
 
 
-def extract_many(tree: SglangTree, names: list[str] | None = None,
-                 jobs: int | None = None, build_check: bool = True) -> list[tuple[str, Path | None, list[str], str | None]]:
+def extract_many(tree: SglangTree, names: list[str] | None = None, jobs: int | None = None, build_check: bool = True,
+                 progress=None) -> list[tuple[str, Path | None, list[str], str | None]]:
     """Draft every named module (default: every single-GPU sm_90a module), libclang parses in
-    `jobs` spawned processes (default: every CPU core). Returns (name, draft, notes, error)."""
+    `jobs` spawned processes (default: every CPU core). Returns (name, draft, notes, error);
+    `progress(done, total)` is called as each module is drafted."""
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor
 
+    from harness.worker import children
+
     names = names or single_gpu_modules(tree)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
     work = [(str(tree.root), tree.version, tree.origin, n, build_check) for n in names]
+    results = []
+
+    def drafted(result) -> None:
+        results.append(result)
+        if progress is not None:
+            progress(len(results), len(work))
+
     if jobs == 1:
-        return [_extract_one(w) for w in work]
+        for w in work:
+            drafted(_extract_one(w))
+        return results
     # spawn, not fork: libclang parses on helper threads
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_extract_one, work, chunksize=1))
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=children.die_with_parent, initargs=(os.getpid(),)) as pool:
+        for result in pool.map(_extract_one, work, chunksize=1):
+            drafted(result)
+    return results
 
 
 def _extract_one(work: tuple) -> tuple[str, Path | None, list[str], str | None]:

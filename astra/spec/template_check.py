@@ -32,6 +32,7 @@ from astra.text import one_line
 from harness import Options, build_requests
 from harness.building.nvcc_build import BuildRequest, plan_build, trim_errors
 from harness.building.toolchain import BuildFailure, nvcc_path, tool_version, tvm_ffi_version
+from harness.worker import children
 
 CHECK_VERSION = "astra-template-check-1"
 CHECK_TIMEOUT_S = 300.0
@@ -96,8 +97,7 @@ def check_request(request: BuildRequest, timeout_s: float = CHECK_TIMEOUT_S) -> 
             pass
         (work / "cuda.cu").write_text(text)
         try:
-            proc = subprocess.run(command, cwd=work, capture_output=True, text=True, errors="replace",
-                                  timeout=timeout_s, start_new_session=True)
+            proc = children.run(command, cwd=work, text=True, errors="replace", timeout=timeout_s)
             log, ok = proc.stdout + proc.stderr, proc.returncode == 0
             error = "" if ok else first_error(log, [request.source_root, *request.include_dirs])
         except subprocess.TimeoutExpired:

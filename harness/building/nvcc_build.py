@@ -20,14 +20,15 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from harness.building.ptxas import KernelResources, find_demangler, parse_ptxas
 from harness.building.sources import file_digest, materialise_overlay, override_targets, tree_digest, wrapper_source
@@ -42,6 +43,7 @@ from harness.building.toolchain import (
     tvm_ffi_paths,
     tvm_ffi_version,
 )
+from harness.worker import children
 
 __all__ = ["BuildRequest", "BuildResult", "build", "build_many", "trim_errors"]
 
@@ -206,18 +208,19 @@ def trim_errors(log: str, strip: list[str] = (), max_errors: int = 5, max_lines:
 
 
 def _run(command: list[str], cwd: Path, timeout: float) -> tuple[int | None, str]:
-    """Run one command in its own process group; on timeout kill the group and return rc None."""
+    """Run one command in its own process group (a tracked child: it ends with this process); on timeout
+    kill the group and return rc None."""
     if timeout <= 0:
         return None, ""
-    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        return None, output
-    return proc.returncode, output
+    with children.started(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace") as proc:
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            children.kill_group(proc.pid)
+            output, _ = proc.communicate()
+            return None, output
+        return proc.returncode, output
 
 
 def _run_all(plan: _Plan, cwd: Path, deadline: float, keep_going: bool) -> tuple[str, str | None]:
@@ -360,13 +363,25 @@ def _dependencies(build_dir: Path) -> list[str]:
     return list(found)
 
 
-def build_many(reqs: list[BuildRequest], cache_dir: Path, jobs: int | None = None, **kwargs) -> list[BuildResult]:
+def build_many(reqs: list[BuildRequest], cache_dir: Path, jobs: int | None = None,
+               progress: Callable[[int, int], None] | None = None, **kwargs) -> list[BuildResult]:
     """Build several requests in parallel threads (each runs its compiler as a subprocess); results in
     the order given. The largest sources start first: a Marlin GEMM compiles for minutes, and started
-    last it would hold the whole batch up long after every small module is done."""
+    last it would hold the whole batch up long after every small module is done. `progress(done, total)`
+    is called (from the building thread) as each build ends."""
     order = sorted(range(len(reqs)), key=lambda i: -source_size(reqs[i]))
+    ended, lock = [0], threading.Lock()
+
+    def one(i: int) -> BuildResult:
+        result = build(reqs[i], cache_dir, **kwargs)
+        if progress is not None:
+            with lock:
+                ended[0] += 1
+                progress(ended[0], len(reqs))
+        return result
+
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        futures = {i: pool.submit(build, reqs[i], cache_dir, **kwargs) for i in order}
+        futures = {i: pool.submit(one, i) for i in order}
         return [futures[i].result() for i in range(len(reqs))]
 
 

@@ -17,6 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.worker import children
+from harness.worker.children import kill_group
+
 EVALUATE_ENV = "ASTRA_HARNESS_EVALUATE"  # module:function or file.py:function replacing evaluate (tests)
 REASON_MAX_CHARS = 400
 TAIL_LINES = 30
@@ -58,22 +61,15 @@ def harness_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return merged
 
 
-def kill_group(pgid: int) -> None:
-    """SIGKILL every process left in group `pgid`; a group that is already empty is fine."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return  # empty, or the id now names a group we do not own: nothing of ours is left in it
-
-
 class Isolated:
     """A command started in a new process group, stdout/stderr to `logs`/{stdout,stderr}.log (default:
     `cwd`), `stdin_data` (bytes) written to its stdin and closed, else stdin is /dev/null.
 
     `poll()` says whether it ended; `finish(timeout_s)` waits at most that long, kills the whole group
     (SIGKILL: a process stuck in a CUDA call ignores SIGTERM) whatever the end, and returns the
-    ProcessOutcome (returncode None when it had to be killed for time). With `die_with_parent` the
-    child gets SIGKILL when the thread that started it dies (Linux PR_SET_PDEATHSIG). `pass_fds`: file
+    ProcessOutcome (returncode None when it had to be killed for time). It is one of this process's tracked
+    children (harness.worker.children: killed when this process is told to stop); with `die_with_parent` it
+    gets SIGKILL when the thread that started it dies (Linux PR_SET_PDEATHSIG). `pass_fds`: file
     descriptors the child inherits under the same numbers (the timing link's pipes, harness.timing_link)."""
 
     def __init__(self, command: list[str], *, env: dict[str, str], cwd: str | Path, logs: str | Path | None = None,
@@ -83,9 +79,8 @@ class Isolated:
         self._out = open(self.logs / "stdout.log", "wb")
         self._err = open(self.logs / "stderr.log", "wb")
         stdin = subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL
-        self.proc = subprocess.Popen(command, cwd=self.cwd, env=env, stdin=stdin, stdout=self._out, stderr=self._err,
-                                     start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None,
-                                     pass_fds=pass_fds)
+        self.proc = children.start(command, die_with_parent=die_with_parent, cwd=self.cwd, env=env, stdin=stdin,
+                                   stdout=self._out, stderr=self._err, pass_fds=pass_fds)
         if stdin_data is not None and self.proc.stdin is not None:
             try:
                 self.proc.stdin.write(stdin_data)
@@ -108,6 +103,7 @@ class Isolated:
         finally:
             kill_group(self.proc.pid)
             self.proc.wait()
+            children.forget(self.proc)
             self._out.close()
             self._err.close()
         return ProcessOutcome(returncode, time.monotonic() - self.start, read_text(self.logs / "stdout.log"),
@@ -150,24 +146,6 @@ def _echo_new_lines(path: Path, seen: int, progress: Callable[[str], None]) -> i
         if line.startswith("INFO harness"):
             progress(line.split(": ", 1)[-1])
     return seen + end
-
-
-def _resolve_prctl():
-    """libc's prctl, resolved in the parent (nothing may be imported between fork and exec), or None."""
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None  # not Linux: the group kill and the timeouts still bound the child
-
-
-_PRCTL = _resolve_prctl()
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec: one C call, no imports
-    if _PRCTL is not None:
-        _PRCTL(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
 
 
 def run_isolated(command: list[str], *, timeout_s: float, env: dict[str, str], cwd: str | Path,
