@@ -135,8 +135,13 @@ def cmd_extract(args) -> int:
         if wants_llm(args):
             propose_drafts(args, sglang, [(args.names[0], result.draft, result.notes)])
         return 0
+    names = args.names
+    if not names:
+        reading = _progress(args, "reading SGLang's loader files")
+        names = extract.single_gpu_modules(sglang, progress=reading)
+        reading.close()
     progress = _progress(args, "drafting modules")
-    results = extract.extract_many(sglang, args.names or None, jobs=args.jobs,
+    results = extract.extract_many(sglang, names, jobs=args.jobs,
                                    build_check=not args.no_build_check, progress=progress)
     progress.close()
     failed = 0

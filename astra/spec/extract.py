@@ -116,43 +116,64 @@ def _safe(name: str) -> str:
     return paths.safe_name(re.sub(r"[^A-Za-z0-9_.-]", "_", name))
 
 
-def single_gpu_modules(tree: SglangTree) -> list[str]:
+def single_gpu_modules(tree: SglangTree, progress=None) -> list[str]:
     """Modules that build for sm_90a and run on one GPU (multi-GPU communication set aside)."""
-    return [m.name for m in registry.modules(tree)
+    return [m.name for m in registry.modules(tree, progress=progress)
             if m.sm90a in ("yes", "built") and m.category != "communication"]
 
 
 def extract_many(tree: SglangTree, names: list[str] | None = None, jobs: int | None = None, build_check: bool = True,
                  progress=None) -> list[tuple[str, Path | None, list[str], str | None]]:
     """Draft every named module (default: every single-GPU sm_90a module), libclang parses in
-    `jobs` spawned processes (default: every CPU core). Returns (name, draft, notes, error);
-    `progress(done, total)` is called as each module is drafted."""
+    `jobs` spawned processes (default: every CPU core). Returns (name, draft, notes, error) in the order of
+    the names; `progress(done, total)` is called once the modules are known (0 done) and as each is drafted.
+
+    The workers' temporary files (template checks, nvcc's intermediates) go under one folder this process
+    owns (TMPDIR of the workers) and removes on the way out, so a worker killed with this process leaves
+    nothing behind."""
     import multiprocessing
     import os
-    from concurrent.futures import ProcessPoolExecutor
+    import shutil
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from harness.worker import children
 
     names = names or single_gpu_modules(tree)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
     work = [(str(tree.root), tree.version, tree.origin, n, build_check) for n in names]
-    results = []
+    results: dict[str, tuple] = {}
 
     def drafted(result) -> None:
-        results.append(result)
+        results[result[0]] = result
         if progress is not None:
             progress(len(results), len(work))
 
+    if progress is not None:
+        progress(0, len(work))
     if jobs == 1:
         for w in work:
             drafted(_extract_one(w))
-        return results
-    # spawn, not fork: libclang parses on helper threads
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=children.die_with_parent, initargs=(os.getpid(),)) as pool:
-        for result in pool.map(_extract_one, work, chunksize=1):
-            drafted(result)
-    return results
+        return [results[n] for n in names]
+    tempfile.gettempdir()  # fixed now, before TMPDIR points at the workers' folder
+    scratch = tempfile.mkdtemp(prefix="astra-extract-")
+    saved = os.environ.get("TMPDIR")
+    # inherited by the workers, spawned as the pool needs them (and by their nvcc); this process's own
+    # temporary folder was fixed at its first use
+    os.environ["TMPDIR"] = scratch
+    try:
+        # spawn, not fork: libclang parses on helper threads
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=children.die_with_parent, initargs=(os.getpid(),)) as pool:
+            for future in as_completed([pool.submit(_extract_one, w) for w in work]):
+                drafted(future.result())
+    finally:
+        if saved is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved
+        shutil.rmtree(scratch, ignore_errors=True)
+    return [results[n] for n in names]
 
 
 def _extract_one(work: tuple) -> tuple[str, Path | None, list[str], str | None]:
