@@ -371,21 +371,9 @@ def output_names(case: Case) -> list[str]:
     return [a.name for a in case.tensors() if a.role in ("out", "inout")]
 
 
-def determinism_digests(launch: Launch, case: Case, seed: int, device: torch.device) -> list[str] | None:
-    """sha256 of the outputs of two runs on identical inputs (None if a run raised)."""
-    inputs = make_inputs(case, seed, device)
-    digests = []
-    for _ in range(2):
-        args = poison_outputs(clone_inputs(inputs), case.args)
-        if call(launch, args, case, device, f"{case.id}: determinism") is not None:
-            return None
-        digests.append(output_digest(case, args))
-    return digests
-
-
-def deterministic(launch: Launch, case: Case, seed: int, device: torch.device) -> bool | None:
-    """Two runs on identical inputs give bit-identical outputs (None if a run raised), compared where they
-    are (on the GPU: no copy to the host, no hashing)."""
+def determinism_runs(launch: Launch, case: Case, seed: int, device: torch.device) -> list[dict[str, Any]] | None:
+    """Two calls on identical inputs (the seed's), each on a poisoned clone: their arguments after the call,
+    or None if a call raised."""
     inputs = make_inputs(case, seed, device)
     runs = []
     for _ in range(2):
@@ -393,4 +381,20 @@ def deterministic(launch: Launch, case: Case, seed: int, device: torch.device) -
         if call(launch, args, case, device, f"{case.id}: determinism") is not None:
             return None
         runs.append(args)
+    return runs
+
+
+def determinism_digests(launch: Launch, case: Case, seed: int, device: torch.device) -> list[str] | None:
+    """sha256 of the outputs of two runs on identical inputs (None if a run raised): what the candidate
+    process reports, the judge being in another process."""
+    runs = determinism_runs(launch, case, seed, device)
+    return None if runs is None else [output_digest(case, args) for args in runs]
+
+
+def deterministic(launch: Launch, case: Case, seed: int, device: torch.device) -> bool | None:
+    """Two runs on identical inputs give bit-identical outputs (None if a run raised), compared where they
+    are (on the GPU: no copy to the host, no hashing)."""
+    runs = determinism_runs(launch, case, seed, device)
+    if runs is None:
+        return None
     return same_outputs(case, runs[0], runs[1])

@@ -11,8 +11,10 @@ the test cache's SGLang wheels, so nothing is downloaded; `checkout(...)` a mini
 from __future__ import annotations
 
 import os
+import pty
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +56,32 @@ def astra(*args: str, env: dict | None = None, limit_s: float = LIMIT_S) -> Answ
     finally:
         clock.unlink(missing_ok=True)
     return Answer(proc.returncode, proc.stdout, proc.stderr, seconds)
+
+
+def with_stderr_on_terminal(command: list[str], env: dict, timeout_s: float) -> tuple[int, str, str]:
+    """`command` (run in the repository) with stdout on a pipe and stderr on a pseudo-terminal, as a user at a
+    terminal sees it: (exit code, stdout, what the terminal showed, CRLF as LF)."""
+    main, side = pty.openpty()
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=side, text=True)
+    os.close(side)
+    seen: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # EIO: the command closed the terminal
+                return
+            if not chunk:
+                return
+            seen.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    out, _ = proc.communicate(timeout=timeout_s)
+    reader.join(10)
+    os.close(main)
+    return proc.returncode, out, b"".join(seen).decode(errors="replace").replace("\r\n", "\n")
 
 
 def refused(answer: Answer, code: int, *needles: str) -> str:

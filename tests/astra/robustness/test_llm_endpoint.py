@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from tests.astra.robustness.run_astra import REPO, astra, refused
+from tests.astra.robustness.run_astra import REPO, astra, refused, with_stderr_on_terminal
 from tests.astra_home import cached_home
 from tests.llm_server import KEY, MODEL, reply
 
@@ -53,27 +51,7 @@ def _optimize_with_model(tmp_path: Path, llm_server, *, stderr_on_terminal: bool
     if not stderr_on_terminal:
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         return done.returncode, done.stdout, done.stderr, home
-    main, side = pty.openpty()
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=side, text=True)
-    os.close(side)
-    seen: list[bytes] = []
-
-    def read() -> None:
-        while True:
-            try:
-                chunk = os.read(main, 4096)
-            except OSError:  # EIO: the command closed the terminal
-                return
-            if not chunk:
-                return
-            seen.append(chunk)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    out, _ = proc.communicate(timeout=600)
-    reader.join(10)
-    os.close(main)
-    return proc.returncode, out, b"".join(seen).decode(errors="replace").replace("\r\n", "\n"), home
+    return (*with_stderr_on_terminal(command, env, 600), home)
 
 
 def test_a_model_that_answers_no_code_ends_the_run_with_its_own_exit_code(tmp_path, llm_server):

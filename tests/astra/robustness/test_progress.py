@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import io
 import os
-import pty
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from astra.report.progress import Progress
-from tests.astra.robustness.run_astra import REPO, checkout, home, loader
+from tests.astra.robustness.run_astra import REPO, checkout, home, loader, with_stderr_on_terminal
 
 LINE = "astra list: reading SGLang's loader files"
 
@@ -33,27 +31,7 @@ def _list(tmp_path: Path, *extra: str, terminal: bool) -> tuple[int, str, str]:
     if not terminal:
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
         return done.returncode, done.stdout, done.stderr
-    main, side = pty.openpty()
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=side, text=True)
-    os.close(side)
-    seen: list[bytes] = []
-
-    def read() -> None:
-        while True:
-            try:
-                chunk = os.read(main, 4096)
-            except OSError:  # EIO: the command closed the terminal
-                return
-            if not chunk:
-                return
-            seen.append(chunk)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    out, _ = proc.communicate(timeout=240)
-    reader.join(10)
-    os.close(main)
-    return proc.returncode, out, b"".join(seen).decode(errors="replace")
+    return with_stderr_on_terminal(command, env, 240)
 
 
 def test_progress_is_drawn_on_a_terminal_and_never_on_stdout(tmp_path):
