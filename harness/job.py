@@ -157,6 +157,7 @@ class Options:
     slowdown_threshold: float = 0.02
     case_timeout_s: float = 60.0
     cache_dir: str | None = None  # build cache; default $ASTRA_HOME/builds or ~/.cache/astra/builds
+    digest_key: int = 0  # the key of the keyed output digests (harness.judge.digest); the judge draws one per evaluation
     sandbox: bool = True  # False: candidate code runs without the OS sandbox (--no-sandbox; recorded)
 
 

@@ -6,15 +6,18 @@ deletes):
     signatures.json        {variant: {export: "typed signature" | null}}
     case-00003/            one directory per case, renamed into place complete (written as .tmp-case-00003/)
         manifest.json      {"case": id, "trials": [{"kind", "seed", "error", "tensors": {name: {shape, dtype}}}],
-                            "determinism": [sha256, sha256] | null,
+                            "determinism": [digest, digest] | null,   (harness.judge.digest)
                             "chain": {"error": str} | {"launches": [{"tensors": ...}, {"tensors": ...}]} | null}
         t0-a2.bin          raw bytes of tensor argument 2 after trial 0's call (C order, no header; a
                            strided view's whole storage, shape[0] * row_stride elements)
         c1-a2.bin          the same after two launches back to back, of the second launch (harness.back_to_back)
+                           (on a GPU, a tensor entry may instead carry {"ipc": {handle, offset}}: the bytes stay
+                           in the candidate process's memory until the judge has copied them and deleted the
+                           case's directory; harness.candidate.cuda_ipc)
     timed-outputs/s7-a2.bin   timing: the outputs of timed set 7 the judge asked for (harness.timed_outputs)
     done                   the outputs phase finished every case
 
-No pickle, no torch.save: tensors are raw bytes, everything else JSON. The judge computes every file
+No pickle, no torch.save: tensors are raw bytes (in a file or on the GPU), everything else JSON. The judge computes every file
 name itself and checks each manifest entry against the job (case id, trial list, tensor names, shape,
 dtype, byte size): anything else is `Malformed`, which makes that case incorrect with the reason.
 The candidate waits while more than `BACKLOG` finished cases are on disk (the judge deletes each
@@ -33,6 +36,8 @@ from typing import Any, Callable
 
 import torch
 
+from harness.candidate import cuda_ipc
+from harness.candidate.cuda_ipc import IpcError
 from harness.job import Case
 from harness.judge.inputs import storage_numel, torch_dtype, view_strides
 from harness.timing.stats import Stats
@@ -64,17 +69,24 @@ def stored_args(case: Case, outputs_only: bool = False) -> list[tuple[int, str]]
 
 
 def write_tensors(directory: Path, prefix: str, index: int, case: Case, args: dict[str, Any],
-                  outputs_only: bool = False) -> dict[str, dict[str, Any]]:
-    """Write the stored tensors of `args` as raw bytes ({prefix}{index}-a{arg}.bin); their {name: {shape, dtype}}."""
+                  outputs_only: bool = False, kept: list[torch.Tensor] | None = None) -> dict[str, dict[str, Any]]:
+    """The stored tensors of `args`: {name: {shape, dtype}} plus, with `kept` (a CUDA IPC exchange: the tensors
+    are appended to it and must outlive the judge's read), {"ipc": {handle, offset}}; else their raw bytes are
+    written to {prefix}{index}-a{arg}.bin."""
     tensors: dict[str, dict[str, Any]] = {}
     for arg_index, name in stored_args(case, outputs_only):
         tensor, arg = args[name], case.args[arg_index]
         stored = tensor
         if arg.row_stride is not None:  # the whole storage: the judge checks the gaps too
             stored = tensor.as_strided((storage_numel(arg),), (1,), 0)
-        data = stored.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
-        data.tofile(Path(directory) / tensor_file(index, arg_index, prefix))
+        flat = stored.detach().contiguous().reshape(-1).view(torch.uint8)
         tensors[name] = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
+        shared = cuda_ipc.export(flat) if kept is not None else None
+        if shared is not None:
+            kept.append(flat)
+            tensors[name]["ipc"] = shared
+        else:
+            flat.cpu().numpy().tofile(Path(directory) / tensor_file(index, arg_index, prefix))
     return tensors
 
 
@@ -94,23 +106,28 @@ def wait_for_room(work: Path, backlog: int = BACKLOG, poll_s: float = 0.02) -> N
 
 
 class CaseWriter:
-    """One case's results, trial by trial (tensors go to disk as each trial ends), renamed into place
-    complete by `finish`."""
+    """One case's results, trial by trial (tensors go to disk as each trial ends, or, with `ipc`, stay on the GPU
+    in `kept` under CUDA IPC handles: harness.candidate.cuda_ipc), renamed into place complete by `finish`.
+    `released()`: the judge has deleted the case's directory, so the kept tensors may be freed."""
 
-    def __init__(self, work: Path, index: int, case: Case) -> None:
+    def __init__(self, work: Path, index: int, case: Case, ipc: bool = False) -> None:
         self.final = case_dir(work, index)
         self.tmp = self.final.with_name(f".tmp-{self.final.name}")
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir()
         self.case = case
+        self.kept: list[torch.Tensor] | None = [] if ipc else None
         self.manifest: dict[str, Any] = {"case": case.id, "trials": [], "determinism": None, "chain": None}
+
+    def released(self) -> bool:
+        return not self.final.exists() and not self.tmp.exists()
 
     def add_trial(self, kind: str, seed: int, error: str | None, args: dict[str, Any] | None) -> None:
         """Trial results: the launch error, or every tensor argument after the call."""
         t = len(self.manifest["trials"])
         entry: dict[str, Any] = {"kind": kind, "seed": seed, "error": error, "tensors": {}}
         if error is None and args is not None:
-            entry["tensors"] = write_tensors(self.tmp, "t", t, self.case, args)
+            entry["tensors"] = write_tensors(self.tmp, "t", t, self.case, args, kept=self.kept)
         self.manifest["trials"].append(entry)
 
     def add_chain(self, error: str | None, launches: list[dict[str, Any]] | None) -> None:
@@ -118,7 +135,7 @@ class CaseWriter:
         if error is not None or launches is None:
             self.manifest["chain"] = {"error": error or "an error without a message"}
             return
-        self.manifest["chain"] = {"launches": [{"tensors": write_tensors(self.tmp, "c", i, self.case, args)}
+        self.manifest["chain"] = {"launches": [{"tensors": write_tensors(self.tmp, "c", i, self.case, args, kept=self.kept)}
                                                for i, args in enumerate(launches)]}
 
     def finish(self, determinism: list[str] | None) -> None:
@@ -177,9 +194,11 @@ def trial_error(entry: dict[str, Any]) -> str | None:
 
 
 def read_trial(directory: Path, trial: int, entry: dict[str, Any], case: Case, device: torch.device,
-               prefix: str = "t", outputs_only: bool = False) -> dict[str, torch.Tensor]:
+               prefix: str = "t", outputs_only: bool = False,
+               imports: cuda_ipc.Imports | None = None) -> dict[str, torch.Tensor]:
     """Every tensor argument of one trial (`prefix` "t"; "c": a back-to-back launch; "s": a timed set, outputs
-    only), from raw bytes, validated against the job; aliases filled."""
+    only), from raw bytes or, where the entry names a CUDA IPC handle, copied from the candidate's allocation
+    through `imports`; validated against the job; aliases filled."""
     tensors = entry.get("tensors") if isinstance(entry, dict) else None
     expected = stored_args(case, outputs_only)
     if not isinstance(tensors, dict) or sorted(tensors) != sorted(name for _, name in expected):
@@ -195,8 +214,13 @@ def read_trial(directory: Path, trial: int, entry: dict[str, Any], case: Case, d
                             f"expected {shape}")
         if meta.get("dtype") != str(dtype).removeprefix("torch."):
             raise Malformed(f"trial {trial}: {name} has dtype {meta.get('dtype')}, expected {arg.dtype}")
-        path = Path(directory) / tensor_file(trial, arg_index, prefix)
         nbytes = storage_numel(arg) * dtype.itemsize
+        if "ipc" in meta:
+            flat = _shared_bytes(meta["ipc"], nbytes, imports, device, f"trial {trial}: {name}")
+            values = flat.view(dtype)
+            out[name] = values.as_strided(shape, view_strides(arg)) if arg.row_stride is not None else values.reshape(shape)
+            continue
+        path = Path(directory) / tensor_file(trial, arg_index, prefix)
         size = path.stat().st_size if path.is_file() and not path.is_symlink() else -1
         if size != nbytes:
             raise Malformed(f"trial {trial}: {name} holds {size} bytes, expected {nbytes}")
@@ -212,6 +236,20 @@ def read_trial(directory: Path, trial: int, entry: dict[str, Any], case: Case, d
         if arg.role == "alias" and arg.alias in out:
             out[arg.name] = out[arg.alias]
     return out
+
+
+def _shared_bytes(shared: Any, nbytes: int, imports: cuda_ipc.Imports | None, device: torch.device,
+                  where: str) -> torch.Tensor:
+    """The bytes a CUDA IPC entry {handle, offset} names, copied into the judge's memory (harness.candidate.cuda_ipc)."""
+    if imports is None or device.type != "cuda":
+        raise Malformed(f"{where}: outputs shared on the GPU, where a file was expected")
+    if not (isinstance(shared, dict) and isinstance(shared.get("handle"), str) and isinstance(shared.get("offset"), int)
+            and len(shared["handle"]) == 2 * cuda_ipc.HANDLE_BYTES):
+        raise Malformed(f"{where}: malformed CUDA IPC entry")
+    try:
+        return imports.copy(shared["handle"], shared["offset"], nbytes, device)
+    except (IpcError, ValueError) as error:
+        raise Malformed(f"{where}: {error}") from error
 
 
 def read_signatures(work: Path) -> dict[str, dict[str, str | None]]:

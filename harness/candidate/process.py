@@ -13,7 +13,8 @@ or up the link; nothing is printed as a result.
 - `outputs`: the export signatures of the candidate's modules first, then for every case and every
   trial the inputs generated here (harness.judge.correctness.trial_inputs: the same data the judge generates),
   one stream-ordered call with poisoned outputs (harness.judge.correctness.run_side), every tensor argument's
-  bytes after the call; then two runs on identical inputs for determinism (sha256 of each), then two
+  bytes after the call (kept on the GPU under a CUDA IPC handle where the driver allows: harness.candidate.cuda_ipc;
+  else written to a file); then two runs on identical inputs for determinism (sha256 of each), then two
   launches back to back on the first seed's inputs (harness.judge.back_to_back). Cases are streamed one
   directory at a time, with backpressure (harness.candidate.exchange.wait_for_room).
 - `timing`: the candidate's modules ONLY (the original is timed in the judge, out of this process's
@@ -41,6 +42,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from harness.candidate import cuda_ipc
 from harness.candidate.exchange import DONE, SIGNATURES, CaseWriter, wait_for_room, write_json_atomic
 from harness.sandbox import Confinement, SandboxUnavailable
 
@@ -88,17 +90,21 @@ def run_outputs(request: dict[str, Any], work: Path, box: Confinement) -> None:
     job = Job.from_dict(request["job"])
     device = _device(request["device"])
     box.warm_up(device)
+    ipc = bool(request.get("ipc")) and device.type == "cuda" and cuda_ipc.available()  # loaded before the seal
     box.seal()
     modules = {variant: load_module(path) for variant, path in request["cand_so"].items()}
     box.lock_exec()
     signatures = {variant: export_signatures(modules[variant], request["exports"][variant]) for variant in modules}
     write_json_atomic(work / SIGNATURES, signatures)
     seed0 = job.options.seeds[0] if job.options.seeds else 0
+    pending: list[CaseWriter] = []  # cases whose outputs the judge may still be copying from this process
     for index, case in enumerate(job.cases):
         wait_for_room(work)
+        pending = [writer for writer in pending if not writer.released()]
         log.info("candidate outputs %s", case.id)
         launch = _launch(modules[case.variant], job.entry)
-        writer = CaseWriter(work, index, case)
+        writer = CaseWriter(work, index, case, ipc=ipc)
+        pending.append(writer)
         for kind, seed in request["trials"][index]:
             if launch is None:
                 writer.add_trial(kind, seed, f"no export {job.entry}", None)
@@ -114,8 +120,11 @@ def run_outputs(request: dict[str, Any], work: Path, box: Confinement) -> None:
                                            f"{case.id}: cand back to back")
             writer.add_chain(error, launches)
             del launches
-        writer.finish(determinism_digests(launch, case, seed0, device) if launch is not None else None)
+        writer.finish(determinism_digests(launch, case, seed0, device, job.options.digest_key)
+                      if launch is not None else None)
     (work / DONE).touch()
+    if any(writer.kept for writer in pending):  # the judge reads the last cases from this process's memory
+        wait_for_room(work, backlog=0)
 
 
 class TimingServer:
@@ -136,7 +145,7 @@ class TimingServer:
         launch = self.launches.get(case.variant)
         if launch is None:
             raise ValueError(f"no export {self.job.entry} for {case.variant}")
-        return TimingSide("cand", launch, case, self.device)
+        return TimingSide("cand", launch, case, self.device, self.job.options.digest_key)
 
     def handle(self, command: dict[str, Any]) -> dict[str, Any] | None:
         import torch

@@ -64,10 +64,11 @@ class CandidateRun:
             replies_read, replies_write = os.pipe()
             request["link"] = {"commands": commands_read, "replies": replies_write}
             child_fds, self.link_fds = (commands_read, replies_write), (commands_write, replies_read)
-        request_path = self.root / "request.json"
-        request_path.write_text(json.dumps(request))
         config = current()
         self.wrapped = bool(config.wrap)
+        request["ipc"] = not self.wrapped  # outputs over CUDA IPC, except under compute-sanitizer (files there)
+        request_path = self.root / "request.json"
+        request_path.write_text(json.dumps(request))
         self.wrap_exitcode = config.wrap_exitcode
         command = [*config.wrap, python, "-m", "harness", "candidate", str(request_path), "--work", str(self.work),
                    "--phase", phase]

@@ -31,7 +31,6 @@ Works on the CPU with Python callables as launches, which is how the CPU tests d
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 from contextlib import contextmanager
@@ -50,6 +49,7 @@ from harness.judge.compare import (
     tolerance_for,
     unchanged,
 )
+from harness.judge.digest import digest
 from harness.judge.inputs import (
     clone_inputs,
     has_extreme_trial,
@@ -357,13 +357,11 @@ def canonical(case: Case, tensors: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def output_digest(case: Case, args: dict[str, Any]) -> str:
-    """sha256 over the case's outputs after one call (unordered outputs canonical)."""
+def output_digest(case: Case, args: dict[str, Any], key: int = 0) -> str:
+    """The keyed digest (harness.judge.digest) of the case's outputs after one call (unordered outputs
+    canonical), computed where they are."""
     args = canonical(case, args)
-    hasher = hashlib.sha256()
-    for name in output_names(case):
-        hasher.update(args[name].contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
-    return hasher.hexdigest()
+    return digest([args[name] for name in output_names(case)], key)
 
 
 def output_names(case: Case) -> list[str]:
@@ -384,17 +382,25 @@ def determinism_runs(launch: Launch, case: Case, seed: int, device: torch.device
     return runs
 
 
-def determinism_digests(launch: Launch, case: Case, seed: int, device: torch.device) -> list[str] | None:
-    """sha256 of the outputs of two runs on identical inputs (None if a run raised): what the candidate
+def determinism_digests(launch: Launch, case: Case, seed: int, device: torch.device,
+                        key: int = 0) -> list[str] | None:
+    """Keyed digests of the outputs of two runs on identical inputs (None if a run raised): what the candidate
     process reports, the judge being in another process."""
     runs = determinism_runs(launch, case, seed, device)
-    return None if runs is None else [output_digest(case, args) for args in runs]
+    return None if runs is None else [output_digest(case, args, key) for args in runs]
 
 
-def deterministic(launch: Launch, case: Case, seed: int, device: torch.device) -> bool | None:
+def deterministic(launch: Launch, case: Case, seed: int, device: torch.device,
+                  first: tuple[dict[str, Any], dict[str, Any]] | None = None) -> bool | None:
     """Two runs on identical inputs give bit-identical outputs (None if a run raised), compared where they
-    are (on the GPU: no copy to the host, no hashing)."""
-    runs = determinism_runs(launch, case, seed, device)
+    are (on the GPU: no copy to the host, no hashing). `first`: (the seed's inputs, a checked call's
+    arguments after it ran on them), which then is the first run."""
+    if first is None:
+        runs = determinism_runs(launch, case, seed, device)
+    else:
+        args = poison_outputs(clone_inputs(first[0]), case.args)
+        failed = call(launch, args, case, device, f"{case.id}: determinism") is not None
+        runs = None if failed else [first[1], args]
     if runs is None:
         return None
     return same_outputs(case, runs[0], runs[1])

@@ -34,6 +34,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import secrets
 import shutil
 import time
 from dataclasses import asdict
@@ -46,6 +47,7 @@ from harness import sandbox
 from harness.building.job_requests import build_requests, variants_used
 from harness.building.module_loading import export_signatures, load_module
 from harness.building.nvcc_build import BuildResult, build_many
+from harness.candidate import cuda_ipc
 from harness.candidate.exchange import (
     SIGNATURES,
     Malformed,
@@ -219,6 +221,8 @@ def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, de
     result = new_result(case)
     seed = job.options.seeds[0] if job.options.seeds else 0
     record = Checked()
+    imports = cuda_ipc.Imports()
+    first = None
     try:
         manifest = read_manifest(directory, case, trials)
         exact = True
@@ -228,16 +232,18 @@ def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, de
             with clock("original"):
                 inputs, orig = original_outputs(launch, case, trial, device)
             with clock("read_candidate"):
-                cand = None if error else read_trial(directory, t, entry, case, device)
+                cand = None if error else read_trial(directory, t, entry, case, device, imports=imports)
             with clock("compare"):
                 judge_trial(result, case, job, trial, inputs, orig, cand, error, reference)
                 exact = exact and cand is not None and same_outputs(case, orig, cand)
-            if cand is not None and tuple(trial) == ("seed", seed):
-                record.digest = output_digest(case, cand)
+            if tuple(trial) == ("seed", seed):
+                first = (inputs, orig)  # the back-to-back launches and the determinism runs start from these
+                if cand is not None:
+                    record.digest = output_digest(case, cand, job.options.digest_key)
             del inputs, orig, cand
         record.bit_exact = exact
         with clock("back_to_back"):
-            _judge_chain(directory, manifest, case, job, launch, device, result, reference)
+            _judge_chain(directory, manifest, case, job, launch, device, result, reference, imports, first)
         digests = manifest["determinism"]
         result.deterministic_cand = None if digests is None else digests[0] == digests[1]
         read = True
@@ -245,9 +251,12 @@ def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, de
         result.fail(f"the candidate process's results are malformed: {error}")
         read = False
     finally:
+        imports.close()  # before the directory goes: then the candidate process may free what was mapped
+        clock.count("tensors_over_cuda_ipc", imports.copies)
         shutil.rmtree(directory, ignore_errors=True)
     with clock("determinism"):
-        result.deterministic_orig = deterministic(launch, case, seed, device)
+        result.deterministic_orig = deterministic(launch, case, seed, device, first)
+    del first
     if read:
         judge_determinism(result)
     record.deterministic_orig, record.deterministic_cand = result.deterministic_orig, result.deterministic_cand
@@ -256,13 +265,15 @@ def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, de
 
 
 def _judge_chain(directory: Path, manifest: dict, case, job: Job, launch, device: torch.device,
-                 result: CaseResult, reference) -> None:
-    """Two launches back to back (harness.back_to_back): the original's here, the candidate's from its results."""
+                 result: CaseResult, reference, imports: cuda_ipc.Imports | None = None,
+                 first: tuple[dict, dict] | None = None) -> None:
+    """Two launches back to back (harness.back_to_back): the original's here, the candidate's from its results.
+    `first`: the first seed's inputs, when the trials already drew them."""
     chain = manifest.get("chain")
     if chain is None:
         raise Malformed("no back-to-back launches")
     seed = job.options.seeds[0] if job.options.seeds else 0
-    inputs = trial_inputs(case, ("seed", seed), device)
+    inputs = first[0] if first is not None else trial_inputs(case, ("seed", seed), device)
     orig, orig_error = chained_call(launch, inputs, case, device, f"{case.id}: orig back to back")
     if orig is None:
         result.notes.append(f"two launches back to back not checked: the original raised {orig_error}")
@@ -270,7 +281,8 @@ def _judge_chain(directory: Path, manifest: dict, case, job: Job, launch, device
     if "error" in chain:
         judge_chain(result, case, job, inputs, orig, None, str(chain["error"])[:300])
         return
-    cand = [read_trial(directory, i, entry, case, device, prefix="c") for i, entry in enumerate(chain["launches"])]
+    cand = [read_trial(directory, i, entry, case, device, prefix="c", imports=imports)
+            for i, entry in enumerate(chain["launches"])]
     judge_chain(result, case, job, inputs, orig, cand, None, reference)
 
 
@@ -312,6 +324,7 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     why = scan(job)
     if why:
         return _failure(job, "rejected_source", why)
+    job.options.digest_key = secrets.randbits(62)  # fresh for every evaluation (harness.judge.digest)
     phases: dict[str, float] = {}
     log.info("building %d module(s) (original and candidate)", len(build_requests(job)))
     paths, builds, failure = build_all(job, default_cache_dir(job))

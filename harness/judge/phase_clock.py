@@ -12,11 +12,17 @@ from contextlib import contextmanager
 
 
 class PhaseClock:
-    """`with clock("original"):` adds the block's seconds to `seconds["original"]`."""
+    """`with clock("original"):` adds the block's seconds to `seconds["original"]`; `clock.count("x", n)` adds
+    n to a count (no `_s`: how many of something, such as the tensors that came over CUDA IPC)."""
 
     def __init__(self, prefix: str = "") -> None:
         self.prefix = prefix
         self.seconds: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def count(self, name: str, n: int) -> None:
+        key = f"{self.prefix}{name}"
+        self.counts[key] = self.counts.get(key, 0) + n
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -28,4 +34,4 @@ class PhaseClock:
             self.seconds[key] = self.seconds.get(key, 0.0) + time.monotonic() - start
 
     def rounded(self) -> dict[str, float]:
-        return {name: round(value, 3) for name, value in self.seconds.items()}
+        return {**{name: round(value, 3) for name, value in self.seconds.items()}, **self.counts}

@@ -53,7 +53,7 @@ def time_cases(job: Job, results: list[CaseResult], checked: dict[str, Checked],
             continue
         log.info("timing %s (%s)", case.id, " and ".join(job.options.modes))
         remote.case = index
-        orig = TimingSide("orig", orig_launches[case.variant], case, device)
+        orig = TimingSide("orig", orig_launches[case.variant], case, device, job.options.digest_key)
         pair = Pair(orig, remote, run.pause(), quiet)
         timings[case.id] = {}
         for view in job.options.modes:

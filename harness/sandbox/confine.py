@@ -39,7 +39,7 @@ DROP_CAPABILITIES = True  # a root worker gives up every capability before the w
 # Imported during the warm-up so that no library has to be mapped after the candidate is loaded: the
 # harness modules a worker uses later, and the standard modules behind them that are C extensions.
 WARM_MODULES = ("hashlib", "json", "struct", "zlib", "harness.judge.correctness", "harness.judge.inputs",
-                "harness.candidate.exchange", "harness.timing.modes", "harness.judge.timed_outputs",
+                "harness.candidate.exchange", "harness.candidate.cuda_ipc", "harness.timing.modes", "harness.judge.timed_outputs",
                 "harness.building.module_loading", "harness.probe.observation", "harness.judge.back_to_back",
                 "harness.timing.timing_side", "harness.timing.timing_link", "harness.timing.timed_sets")
 # Libraries the CUDA driver opens lazily (PTX JIT): mapped in the warm-up when present, so a later use

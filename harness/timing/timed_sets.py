@@ -11,21 +11,21 @@ Before every sample, OUTSIDE the timed events and identically on both sides, `re
 a call may write (`out`, `inout`, `scratch`, and what an alias writes) back from a pristine copy taken when
 the set was made: pure outputs are poisoned again, in-place tensors hold their drawn inputs again. So an
 in-place kernel is never timed on its own outputs, and a launch that skips work leaves poison that the
-judge sees. `digests` gives, per set, the sha256 of its outputs (harness.check.output_digest: what the
-judge computes from a checked call's outputs) and of its read-only tensors' storages.
+judge sees. `digests` gives, per set, the keyed digest of its outputs (harness.judge.correctness.output_digest: what
+the judge computes from a checked call's outputs) and of its read-only tensors' storages (harness.judge.digest).
 
 Works on CPU tensors too (the CPU tests); on a GPU the restore is one multi-tensor copy.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
 
 from harness.job import Case, dtype_size
 from harness.judge.correctness import output_digest
+from harness.judge.digest import digest
 from harness.judge.inputs import make_inputs, poison_outputs, storage_numel, storage_of, to_call_args
 
 TIMING_SEED_OFFSET = 10_000  # the timed sets past the first draw seeds 10001, 10002, ...
@@ -68,8 +68,8 @@ class TimedSets:
     """`len(seeds)` sets of one case's arguments (see the module docstring). `inputs[i]` holds set i's
     tensors by name, `call_args[i]` its positional arguments."""
 
-    def __init__(self, case: Case, seeds: list[int], device: torch.device | str) -> None:
-        self.case, self.seeds, self.device = case, list(seeds), torch.device(device)
+    def __init__(self, case: Case, seeds: list[int], device: torch.device | str, key: int = 0) -> None:
+        self.case, self.seeds, self.device, self.key = case, list(seeds), torch.device(device), key
         self.inputs: list[dict[str, Any]] = []
         self._targets: list[torch.Tensor] = []
         self._pristine: list[torch.Tensor] = []
@@ -104,14 +104,11 @@ class TimedSets:
                 target.copy_(pristine)
 
     def digests(self) -> list[dict[str, str]]:
-        """Per set: {"out": sha256 of its outputs (harness.check.output_digest), "in": sha256 of its read-only
-        tensors' storages}. Call after the device finished the sample."""
+        """Per set: {"out": the keyed digest of its outputs (harness.judge.correctness.output_digest), "in": that
+        of its read-only tensors' storages}, computed on the device. Call after the device finished the sample."""
         read_only = read_only_names(self.case)
         out = []
         for args in self.inputs:
-            hasher = hashlib.sha256()
-            for name in read_only:
-                if isinstance(args.get(name), torch.Tensor):
-                    hasher.update(_bytes_of(args[name]).cpu().numpy().tobytes())
-            out.append({"out": output_digest(self.case, args), "in": hasher.hexdigest()})
+            storages = [_bytes_of(args[name]) for name in read_only if isinstance(args.get(name), torch.Tensor)]
+            out.append({"out": output_digest(self.case, args, self.key), "in": digest(storages, self.key)})
         return out

@@ -43,8 +43,8 @@ Launch = Callable[[Sequence[Any]], Any]
 class TimingSide:
     """`launch` timed on `case` (see the module docstring); `name` ("orig" or "cand") names it in errors."""
 
-    def __init__(self, name: str, launch: Launch, case: Case, device: torch.device | str) -> None:
-        self.name, self.launch, self.case = name, launch, case
+    def __init__(self, name: str, launch: Launch, case: Case, device: torch.device | str, key: int = 0) -> None:
+        self.name, self.launch, self.case, self.key = name, launch, case, key
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.view: str | None = None
@@ -81,7 +81,7 @@ class TimingSide:
         self.close()
         self.view = view
         self._pads = layout_pads(layout, self.device)
-        self.sets = TimedSets(self.case, seeds, self.device)
+        self.sets = TimedSets(self.case, seeds, self.device, self.key)
         if self.cuda:
             self._flush = l2_flush(self.device)
             self._synchronize()

@@ -2,7 +2,7 @@
 (memcheck), shared-memory races (racecheck), reads of uninitialised device memory (initcheck), each found by
 running the real kernels under the tool.
 
-`sanitize(job)` runs, once per tool, the judge (`python -m harness run small-job.json`, in its own
+`sanitize(job)` runs, once per tool and the tools at the same time, the judge (`python -m harness run small-job.json`, in its own
 process group, killed past `timeout_s`) with the prefix
 
     compute-sanitizer --tool T --error-exitcode 99 --print-limit 20 --log-file LOG ...
@@ -49,6 +49,7 @@ import math
 import re
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.job import Job
@@ -268,7 +269,9 @@ def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float 
     if exe is None:
         return missing
     small = small_job(job)
-    runs = [run_tool(exe, tool, small, timeout_s=timeout_s, python=python, env=run_env) for tool in tools]
+    with ThreadPoolExecutor(max_workers=max(1, len(tools))) as pool:  # the tools at once: each its own processes
+        runs = list(pool.map(lambda tool: run_tool(exe, tool, small, timeout_s=timeout_s, python=python,
+                                                   env=run_env), tools))
     findings = [finding for run in runs for finding in run["findings"]]
     timed_out = [run["tool"] for run in runs if run["timed_out"]]
     notes = [f"{', '.join(timed_out)} did not finish within {timeout_s:g} s (inconclusive)"] if timed_out else []

@@ -145,6 +145,10 @@ def test_original_against_itself(source_root, cache_dir):
     assert big.timings["graph"].orig.median_us < big.timings["cold"].orig.median_us * 1.2
     assert verdict.signatures["bfloat16"]["axpb"]["orig"] == verdict.signatures["bfloat16"]["axpb"]["cand"]
     assert verdict.phases["build_s"] >= 0 and verdict.phases["time_s"] > 0
+    # outputs came over CUDA IPC from the sandboxed candidate process: every stored tensor of every trial
+    # and of both back-to-back launches (y, acc, x and b per call)
+    trials = sum(case.trials for case in verdict.cases)
+    assert verdict.phases["check_tensors_over_cuda_ipc"] == 4 * (trials + 2 * len(verdict.cases))
     assert type(verdict).from_json(verdict.to_json()).status == "correct"
 
 

@@ -82,6 +82,31 @@ def test_raw_output_reader_rejects_what_does_not_match_the_job(tmp_path, tamper,
         read_trial(directory, 0, entry, case, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("shared", [{"handle": "ab" * 64, "offset": 0}, {"handle": "zz", "offset": 0}, "x"])
+def test_outputs_named_on_the_gpu_are_refused_where_a_file_is_expected(tmp_path, shared):
+    directory, case, trials = _written(tmp_path)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["trials"][0]["tensors"]["y"]["ipc"] = shared
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    entry = read_manifest(directory, case, trials)["trials"][0]
+    with pytest.raises(Malformed, match="shared on the GPU"):  # no CUDA IPC on the CPU, whatever the entry says
+        read_trial(directory, 0, entry, case, torch.device("cpu"))
+
+
+def test_a_writer_keeps_its_tensors_until_the_judge_deletes_the_case(tmp_path):
+    directory, case, trials = _written(tmp_path)
+    writer = CaseWriter(tmp_path, 1, case, ipc=True)
+    writer.add_trial("seed", 0, None, {"y": torch.zeros(4, 32), "x": torch.ones(4, 32), "alpha": 0.5})
+    assert (writer.tmp / tensor_file(0, 0)).is_file()  # CPU tensors are never shared: a file, as before
+    assert not writer.released()
+    writer.finish(None)
+    assert not writer.released()
+    import shutil
+
+    shutil.rmtree(case_dir(tmp_path, 1))
+    assert writer.released()
+
+
 def test_manifest_must_follow_the_judges_trials(tmp_path):
     directory, case, trials = _written(tmp_path)
     with pytest.raises(Malformed, match="trial list"):

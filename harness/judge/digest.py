@@ -1,0 +1,89 @@
+"""A keyed digest of tensors' bytes, computed where the tensors are (on the GPU: no copy to the host).
+
+What the judge compares digests for: a candidate's outputs on one set of inputs against another run's
+(determinism), a timed launch's against the checked call's and the original's (harness.judge.timed_outputs).
+A sha256 of the bytes on the host cost a device-to-host copy and about a second per GiB, on both sides, at
+every verification; this digest costs a few passes over the bytes on the device.
+
+The construction is a universal hash. The bytes are read as 16-bit half-words w_i (a zero byte pads an
+odd length, and the length is part of the digest), and
+
+    h = sum_i w_i * k_i  (mod p),   p = 2**31 - 1 (prime),
+
+with k_i pseudo-random in [0, p), drawn from the position i and the key by the splitmix64 finaliser. For two
+different byte strings of one length, the difference d_i = w_i - w'_i is below 2**16 < p in magnitude, so it
+is invertible mod p, and with independent uniform keys the two digests agree with probability 1/p. Two
+independent key streams are summed, so a collision has probability about 2**-62 per comparison; the key
+(`Options.digest_key`) is drawn at random by the judge for each evaluation, so no kernel can be written
+against it. Products stay below 2**47 and a chunk's sum below 2**63: exact in int64 on every device.
+
+`digest(tensors, key)` hashes a list of tensors (each tensor's position salts its key stream) into one hex
+string of 64 characters, the same on the CPU and on a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable
+
+import torch
+
+P = (1 << 31) - 1
+CHUNK = 1 << 24  # half-words per step: int64 temporaries of 128 MiB at most
+_C1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64's multipliers, as signed int64
+_C2 = 0x94D049BB133111EB - (1 << 64)
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_STREAMS = (0x243F6A8885A308D3, 0x13198A2E03707344)  # two independent key streams
+
+
+def _lsr(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """Logical right shift of int64 values (torch's >> is arithmetic)."""
+    return (x >> shift) & ((1 << (64 - shift)) - 1)
+
+
+def _keys(positions: torch.Tensor, salt: int) -> torch.Tensor:
+    """Pseudo-random keys in [0, P) for `positions` (int64), from the splitmix64 finaliser of position and salt."""
+    z = positions * _GOLDEN + salt  # wraps modulo 2**64, as splitmix64 does
+    z = (z ^ _lsr(z, 30)) * _C1
+    z = (z ^ _lsr(z, 27)) * _C2
+    z = z ^ _lsr(z, 31)
+    return _lsr(z, 33) % P
+
+
+def _salt(key: int, stream: int, index: int) -> int:
+    value = (key * 0x100000001B3 + stream + index * 0x9E3779B1) & ((1 << 64) - 1)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _halfwords(data: torch.Tensor) -> torch.Tensor:
+    """The flat bytes of `data` as non-negative int64 half-words (little-endian pairs; an odd length padded)."""
+    flat = data.detach().contiguous().reshape(-1).view(torch.uint8)
+    if flat.numel() % 2:
+        flat = torch.cat([flat, flat.new_zeros(1)])
+    pairs = flat.view(-1, 2).to(torch.int64)
+    return pairs[:, 0] | (pairs[:, 1] << 8)
+
+
+def tensor_sums(data: torch.Tensor, key: int, index: int = 0) -> tuple[int, ...]:
+    """The keyed sums mod P of one tensor's bytes, one per key stream."""
+    words = _halfwords(data)
+    sums = []
+    for stream in _STREAMS:
+        salt = _salt(key, stream, index)
+        total = torch.zeros((), dtype=torch.int64, device=words.device)
+        for start in range(0, words.numel(), CHUNK):
+            part = words[start:start + CHUNK]
+            positions = torch.arange(start, start + part.numel(), dtype=torch.int64, device=words.device)
+            total += ((part * _keys(positions, salt)) % P).sum() % P
+        sums.append(total)
+    values = torch.stack(sums).cpu().tolist()  # one synchronisation, 16 bytes
+    return tuple(int(v) % P for v in values)
+
+
+def digest(tensors: Iterable[torch.Tensor], key: int) -> str:
+    """One hex digest of the bytes of `tensors`, in order (their lengths included)."""
+    parts = []
+    for index, tensor in enumerate(tensors):
+        nbytes = tensor.numel() * tensor.element_size()
+        parts.append(f"{nbytes}:" + ",".join(str(s) for s in tensor_sums(tensor, key, index)))
+    return hashlib.sha256(";".join(parts).encode()).hexdigest()
