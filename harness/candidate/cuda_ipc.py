@@ -28,6 +28,12 @@ _LAZY_ENABLE_PEER_ACCESS = 1
 _driver: Any = None
 
 
+class _Handle(ctypes.Structure):
+    """CUipcMemHandle: 64 opaque bytes, passed BY VALUE to cuIpcOpenMemHandle (a ctypes array would be a pointer)."""
+
+    _fields_ = [("reserved", ctypes.c_char * HANDLE_BYTES)]
+
+
 class IpcError(RuntimeError):
     """A CUDA IPC call failed (its CUresult in the message)."""
 
@@ -42,9 +48,8 @@ def _load() -> Any:
             return False
         lib.cuMemGetAddressRange_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
                                                 ctypes.c_uint64]
-        lib.cuIpcGetMemHandle.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
-        lib.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char * HANDLE_BYTES,
-                                              ctypes.c_uint]
+        lib.cuIpcGetMemHandle.argtypes = [ctypes.POINTER(_Handle), ctypes.c_uint64]
+        lib.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), _Handle, ctypes.c_uint]
         lib.cuIpcCloseMemHandle.argtypes = [ctypes.c_uint64]
         lib.cuMemcpyDtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t]
         _driver = lib
@@ -69,13 +74,13 @@ def export(tensor: torch.Tensor) -> dict[str, Any] | None:
         return None
     pointer = tensor.data_ptr()
     base, size = ctypes.c_uint64(), ctypes.c_size_t()
-    handle = ctypes.create_string_buffer(HANDLE_BYTES)
+    handle = _Handle()
     try:
         _check(lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), pointer), "cuMemGetAddressRange")
-        _check(lib.cuIpcGetMemHandle(handle, base.value), "cuIpcGetMemHandle")
+        _check(lib.cuIpcGetMemHandle(ctypes.byref(handle), base.value), "cuIpcGetMemHandle")
     except IpcError:
         return None
-    return {"handle": handle.raw.hex(), "offset": pointer - base.value}
+    return {"handle": bytes(handle).hex(), "offset": pointer - base.value}
 
 
 class Imports:
@@ -101,7 +106,7 @@ class Imports:
             if len(raw) != HANDLE_BYTES:
                 raise IpcError(f"a handle of {len(raw)} bytes")
             pointer, base, size = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_size_t()
-            _check(lib.cuIpcOpenMemHandle_v2(ctypes.byref(pointer), (ctypes.c_char * HANDLE_BYTES).from_buffer_copy(raw),
+            _check(lib.cuIpcOpenMemHandle_v2(ctypes.byref(pointer), _Handle.from_buffer_copy(raw),
                                              _LAZY_ENABLE_PEER_ACCESS), "cuIpcOpenMemHandle")
             try:
                 _check(lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), pointer.value),
