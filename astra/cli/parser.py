@@ -123,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sanitizer", action="store_true", help="skip compute-sanitizer")
     _sandbox_option(p)
     p.add_argument("--json", metavar="OUT", help="write the full verdict as JSON")
-    p.add_argument("--quick", action="store_true", help="one seed, fewer shapes (for iteration)")
+    p.add_argument("--quick", action="store_true",
+                   help="a screen for iteration, not evidence: the first dtype, one timed shape per band (the "
+                        "median) plus the edge shapes, one seed, graph view only, no compute-sanitizer")
 
     p = sub.add_parser("optimize", help="run the optimize loop on a spec'd kernel (GPU; --dry-run without)")
     p.add_argument("name", help="the kernel's spec (reviewed, or a probed draft)")

@@ -19,7 +19,7 @@ MODES = TIMING_MODES
 
 @dataclass
 class CheckOptions:
-    """How `check` and `bench` judge and time. `quick`: one seed, the first dtype only."""
+    """How `check` and `bench` judge and time. `quick`: a screen (`quick_cases`), not evidence."""
 
     modes: list[str] = field(default_factory=lambda: list(MODES))
     sanitizer: bool = True
@@ -66,9 +66,20 @@ def timeout_for(job: Job) -> float:
 
 
 def quick_cases(job: Job) -> Job:
-    """Only the first dtype's cases (its timed shapes and edges): for iteration, not for evidence."""
+    """A screen for iteration, not evidence: the first dtype's cases, of its timed shapes only the median by
+    bytes of each band (its untimed edge shapes all kept), one seed without the large/small/extreme trials,
+    the graph view only, no compute-sanitizer (what the optimize loop screens a candidate with)."""
     first = job.cases[0].dtype
-    job.cases = [c for c in job.cases if c.dtype == first]
+    cases = [c for c in job.cases if c.dtype == first]
+    bands: dict[str, list] = {}
+    for case in cases:
+        if case.timed:
+            bands.setdefault(case.band, []).append(case)
+    medians = {id(sorted(group, key=lambda c: c.bytes)[len(group) // 2]) for group in bands.values()}
+    job.cases = [c for c in cases if not c.timed or id(c) in medians]
+    job.options.seeds, job.options.extra_trials = job.options.seeds[:1] or [0], False
+    job.options.modes = [m for m in job.options.modes if m == "graph"] or job.options.modes[:1]
+    job.options.sanitizer = False
     return job
 
 
