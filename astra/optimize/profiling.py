@@ -80,7 +80,7 @@ class BandFacts:
     case: str | None  # the representative shape: most microseconds above its practical floor
     shapes: int = 0
     x_practical: float | None = None  # geomean of time / practical floor (graph view, else cold)
-    us_above: float = 0.0  # microseconds above the practical floor, summed over the band's shapes
+    us_above: float | None = None  # microseconds above the practical floor, summed (None: no floor recorded)
     median_us: float | None = None  # the representative shape's time
     launch_us: float | None = None  # an empty launch in the same view
     ncu: dict = field(default_factory=dict)
@@ -100,9 +100,9 @@ class Profile:
     def headroom(self, band: str) -> float:
         """Microseconds above the practical floor in `band` (all bands for "all")."""
         if band == "all":
-            return sum(b.us_above for b in self.bands.values())
+            return sum(b.us_above or 0.0 for b in self.bands.values())
         facts = self.bands.get(band)
-        return facts.us_above if facts else 0.0
+        return (facts.us_above or 0.0) if facts else 0.0
 
     def near_floor(self, band: str) -> bool:
         facts = self.bands.get(band)
@@ -186,7 +186,7 @@ def band_facts(verdict: Verdict | None, side: str = "cand") -> dict[str, BandFac
                 continue
             if practical:
                 xs.append(time / practical)
-                facts.us_above += max(0.0, time - practical)
+                facts.us_above = (facts.us_above or 0.0) + max(0.0, time - practical)
             else:  # an older verdict: the roofline fraction (practical / time) only
                 fraction = (case.roofline.get(view) or {}).get(f"{side}_fraction")
                 if fraction:
@@ -243,8 +243,9 @@ def _timing(f: BandFacts) -> list[Symptom]:
                            f"{f.launch_us:.2f} us (x{f.median_us / f.launch_us:.2f})", "timing",
                            {"median_us": f.median_us, "launch_us": f.launch_us}))
     elif f.x_practical is not None and f.x_practical >= FAR:
+        above = f", {f.us_above:.1f} us above it" if f.us_above is not None else ""
         out.append(Symptom("far_from_floor", f.band, f"x{f.x_practical:.2f} its practical floor (geomean of "
-                           f"{f.shapes} shape(s)), {f.us_above:.1f} us above it", "timing",
+                           f"{f.shapes} shape(s)){above}", "timing",
                            {"x_practical": f.x_practical, "us_above": f.us_above}))
     return out
 
