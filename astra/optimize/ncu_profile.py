@@ -9,7 +9,10 @@ and the OS sandbox's seccomp part, as any process that runs candidate code: docs
 once between two marker kernels, as `harness.timing.ncu_cross_check` does for `astra bench --ncu`; the kernels between the
 markers are the shape's. Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy,
 weighted by each kernel's duration, the most registers per thread, local-memory (spill) instructions,
-and the top 3 warp-stall reasons (cycles per issued instruction, WarpStateStats' metrics). Without ncu,
+and the top 3 warp-stall reasons (cycles per issued instruction, WarpStateStats' metrics). With
+`diagnose=True` (the offline agent's profiling agent, astra.optimize.profiling) it also asks for DIAGNOSIS and
+the instruction mix per pipe: sectors and requests of global loads and stores and the bytes used per sector,
+theoretical occupancy and its launch__occupancy_limit_* limiters, waves and the SM count. Without ncu,
 a GPU or a timed shape the result is {"available": False, "why": ...}, and the prompt says so.
 """
 
