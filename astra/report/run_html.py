@@ -64,8 +64,7 @@ def plans(run: RunDir) -> str:
         rows += [[s.get("band"), f"{s.get('id')} (original)", s.get("evidence"), s.get("source")]
                  for s in record.original_symptoms]
         symptoms = _table(["band", "symptom", "evidence", "from"], rows, left=4) if rows else "<p>No symptom found.</p>"
-        steps = "".join(f"<li>{html.escape(printable(step_line(i, p).split('. ', 1)[1]))}</li>"
-                        for i, p in enumerate(record.plans, 1))
+        steps = "".join(f"<li>{html.escape(printable(step_line(p)))}</li>" for p in record.plans)
         notes = "".join(f"<li>{html.escape(printable(n))}</li>" for n in record.notes)
         applied = _table(["#", "pass", "verdict", "x (graph, all)", "kept"],
                          [[f"{h.n:03d}", h.name, h.status, h.score or None, "kept" if h.accepted else ""]

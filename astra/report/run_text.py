@@ -53,10 +53,10 @@ def symptom_line(symptom: dict) -> str:
     return one_line(f"{symptom.get('band')}: {symptom.get('id')}: {symptom.get('evidence')} ({symptom.get('source')})", 300)
 
 
-def step_line(number: int, plan: dict) -> str:
+def step_line(plan: dict, number: int | None = None) -> str:
     """One plan step: the pass (or the idea), the band, the expected speedup, why, and what became of it."""
     expected = plan.get("expected_speedup")
-    head = f"{number}. {plan.get('step') or 'idea'} [{plan.get('band')}] {plan.get('idea')}"
+    head = (f"{number}. " if number is not None else "") + f"{plan.get('step') or 'idea'} [{plan.get('band')}] {plan.get('idea')}"
     parts = [head + (f" (expected x{expected:.2f})" if isinstance(expected, (int, float)) else "")]
     if plan.get("rationale"):
         parts.append(f"because {plan['rationale']}")
@@ -71,7 +71,7 @@ def plans_text(state: RunState) -> str:
         out.append(f"round {record.round} ({printable(record.agent)}, profiled: {printable(record.base)}):")
         out += [f"  symptom {symptom_line(s)}" for s in record.symptoms] or ["  symptoms: none found"]
         out += [f"  original's symptom {symptom_line(s)}" for s in record.original_symptoms]
-        out += [f"  plan {step_line(i, p)}" for i, p in enumerate(record.plans, 1)] or ["  plan: no step"]
+        out += [f"  plan {step_line(p, i)}" for i, p in enumerate(record.plans, 1)] or ["  plan: no step"]
         out += [f"  note {one_line(n, 300)}" for n in record.notes]
         out += [f"  applied #{h.n:03d} {one_line(h.name, 60)}: {h.status}, x{h.score:.3f}"
                 + (", kept" if h.accepted else "") for h in entries] or ["  applied: none"]
