@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from astra import input_files
 from astra.cxx.text import blank
 from astra.optimize.loop import source_id
 from harness import BANDS, Verdict, geomean
@@ -156,9 +157,9 @@ class ProfilingAgent:
         path = self.cache_dir / f"{sid[:16]}-{re.sub(r'[^A-Za-z0-9_.=-]+', '_', case)[:120]}.json" if self.cache_dir else None
         if path is not None and path.is_file():
             try:
-                self._cache[key] = json.loads(path.read_text())
+                self._cache[key] = json.loads(input_files.read_text(path, input_files.RECORD_BYTES, what="a profile"))
                 return self._cache[key]
-            except (OSError, ValueError):  # a damaged cache file: profile again
+            except (OSError, ValueError, input_files.Refused):  # a damaged cache file: profile again
                 pass
         result = self.ncu(source, case, self.extra_shapes())
         self._cache[key] = result
@@ -253,7 +254,7 @@ def _timing(f: BandFacts) -> list[Symptom]:
 def _ncu(f: BandFacts) -> list[Symptom]:
     n, band, out = f.ncu, f.band, []
     where = f"{f.case}"
-    ctas = sum(n.get("grid") or []) or None
+    ctas = max(n.get("grid") or [0]) or None  # the largest grid of the shape's kernels
     block = max(n.get("block") or [0]) or None
     sms = n.get("sm_count")
     if ctas is not None and sms and ctas < sms:

@@ -217,3 +217,14 @@ __global__ void norm(float* x) { __syncthreads(); x[0] = row_sum(x[threadIdx.x])
     assert found[("block_reduce_small_row", "decode")].evidence == \
         "line 7: a block-wide reduction (64 threads per CTA, decode0)"
     assert ("block_reduce_small_row", "prefill") not in found
+
+
+def test_a_damaged_cache_file_is_profiled_again(tmp_path):
+    ncu = FakeNcu({"decode0": summarized(DECODE_KERNEL), "prefill0": {"available": False, "why": "timed out"}})
+    ProfilingAgent(ncu, cache_dir=tmp_path).profile(VECTOR, verdict())
+    assert [f.name.split("-", 1)[1] for f in tmp_path.glob("*.json")] == ["decode0.json"]  # a failure is not kept
+    next(tmp_path.glob("*.json")).write_text('{"available": tr')
+    again = FakeNcu(ncu.per_case)
+    profile = ProfilingAgent(again, cache_dir=tmp_path).profile(VECTOR, verdict())
+    assert again.calls == [(VECTOR, "decode0"), (VECTOR, "prefill0")]
+    assert profile.notes == ["ncu: timed out"] and profile.bands["decode"].ncu["ld_efficiency_pct"] == 25
