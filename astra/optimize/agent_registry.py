@@ -82,12 +82,17 @@ def make_agent(setup: AgentSetup) -> Agent:
 
 @register("offline")
 def _offline(setup: AgentSetup) -> Agent:
+    from astra.optimize.ncu_profile import Profiler
     from astra.optimize.offline import OfflineAgent, search_logger
+    from astra.optimize.profiling import ProfilingAgent
 
-    spec, tree = setup.spec, setup.tree
-    return OfflineAgent(spec.kernel_file, tree.csrc_dir, [str(tree.include_dir)], evaluator=setup.evaluator,
+    spec, tree, judge = setup.spec, setup.tree, setup.evaluator
+    # Nsight Compute per band where the run has a GPU (the evaluator screens), kept in the run per (source, shape)
+    ncu = Profiler(spec, tree, diagnose=True) if judge.screens else None
+    profiler = ProfilingAgent(ncu, cache_dir=setup.run.root / "profiles", extra_shapes=lambda: judge.extra_shapes)
+    return OfflineAgent(spec.kernel_file, tree.csrc_dir, [str(tree.include_dir)], evaluator=judge,
                         entries=[w["entry"] for w in spec.raw["build"].get("wrappers", []) if "entry" in w],
-                        on_search_line=search_logger(setup.run, setup.say))
+                        on_search_line=search_logger(setup.run, setup.say), profiler=profiler, spec=spec.raw)
 
 
 @register("llm")

@@ -20,6 +20,7 @@ idea and its target band. The testing role runs once per run and adds shapes to 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from astra.errors import AstraError
@@ -30,6 +31,7 @@ from astra.optimize.edits import apply_reply
 from astra.optimize.evaluator import Evaluator
 from astra.optimize.llm_context import Plan, json_block
 from astra.optimize.loop import Agent, Context, Proposal, source_id
+from astra.optimize.rundir import RoundPlan
 from astra.text import one_line
 from harness import Verdict, policy_text
 
@@ -81,6 +83,9 @@ class LLMAgent(Agent):
             failures=llm_context.failures_text(ctx.failures), history=llm_context.history_text(ctx.history, ideas),
             band_choices=", ".join(llm_context.bands_present(verdict)), **tables), verdict)
         self.last_plan = plan
+        self.plan = RoundPlan(ctx.round, self.name, "original" if ctx.best_n is None else f"best #{ctx.best_n}",
+                              plans=[replace(plan, idea=self._safe(plan.idea, 600),
+                                             rationale=self._safe(plan.rationale, 600)).to_dict()])
         if plan.stop:
             self.rationale = self._safe(f"the planner stopped: {plan.rationale}", 200)
             return []

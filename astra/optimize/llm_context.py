@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from astra.text import one_line
 from harness import BANDS, Verdict, geomean
@@ -185,15 +185,22 @@ def history_text(history: list, ideas: dict[int, str], limit: int = 12) -> str:
 
 @dataclass
 class Plan:
-    """The planner's answer, checked: the band the round targets and the idea the coder implements."""
+    """A planner's answer, checked: the band the round targets and the idea the coder implements. The LLM
+    planner fills one per round; the offline planner (astra.optimize.planning) one per rewrite pass it
+    orders, naming the pass in `step` and the symptom's evidence in `rationale`. The run keeps both kinds
+    in its history (rundir.RoundPlan)."""
 
     band: str = "all"
     idea: str = ""
     expected_speedup: float | None = None
     risk: str = ""
     stop: bool = False
-    rationale: str = ""  # why it stopped
+    rationale: str = ""  # why it stopped; for a planned pass, the evidence it rests on
     notes: list[str] = field(default_factory=list)  # what was wrong with the reply and what was done instead
+    step: str = ""  # the proposal that carries the idea out, where a rule chose one ("pass:vectorize")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def parse_plan(text: str, verdict: Verdict | None) -> Plan:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Protocol
 
 from astra.errors import AstraError, BudgetSpent
 from astra.optimize.evaluator import Evaluator
-from astra.optimize.rundir import HistoryEntry, RunDir, RunState
+from astra.optimize.rundir import HistoryEntry, RoundPlan, RunDir, RunState
 from astra.text import one_line
 from harness import Verdict, improves_on, score
 from harness.judge.acceptance import BAND_GAIN
@@ -89,6 +89,7 @@ class Agent(Protocol):
 
     name: str  # the run's agent: "offline", "llm:<model>", "exec:<command's first word>"
     rationale: str = ""  # one line: why this round's proposals (shown with each candidate)
+    plan: RoundPlan | None = None  # this round's symptoms and plan, set anew by each `propose` (None: none kept)
 
     def propose(self, ctx: Context) -> list[Proposal]:
         """Candidates to try this round (whole files); empty when there is nothing left to try."""
@@ -185,6 +186,10 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluator: Evaluator, bu
             if isinstance(err, BudgetSpent):
                 return state
             raise
+        if agent.plan is not None:  # the plan goes into the history before its candidates are judged
+            planned = replace(agent.plan, round=state.round, agent=agent.name)
+            state.plans = [p for p in state.plans if p.round != state.round] + [planned]
+            run.save(state)
         if not proposals:
             state.stopped = "the agent has nothing left to try"
             break

@@ -9,7 +9,10 @@ and the OS sandbox's seccomp part, as any process that runs candidate code: docs
 once between two marker kernels, as `harness.timing.ncu_cross_check` does for `astra bench --ncu`; the kernels between the
 markers are the shape's. Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy,
 weighted by each kernel's duration, the most registers per thread, local-memory (spill) instructions,
-and the top 3 warp-stall reasons (cycles per issued instruction, WarpStateStats' metrics). Without ncu,
+and the top 3 warp-stall reasons (cycles per issued instruction, WarpStateStats' metrics). With
+`diagnose=True` (the offline agent's profiling agent, astra.optimize.profiling) it also asks for DIAGNOSIS and
+the instruction mix per pipe: sectors and requests of global loads and stores and the bytes used per sector,
+theoretical occupancy and its launch__occupancy_limit_* limiters, waves and the SM count. Without ncu,
 a GPU or a timed shape the result is {"available": False, "why": ...}, and the prompt says so.
 """
 
@@ -41,6 +44,25 @@ METRICS = {
 }
 STALLS = r"regex:smsp__average_warps_issue_stalled_[a-z0-9_]+_per_issue_active\.ratio"
 NOT_STALLS = ("selected",)  # issuing, not stalled
+# What the profiling agent (astra.optimize.profiling) adds for its symptoms (Hopper, sm_90): how global
+# accesses use their sectors, what limits occupancy, the SM count and waves, and the instruction mix per pipe.
+DIAGNOSIS = {
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "ld_sectors",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "ld_requests",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum": "st_sectors",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum": "st_requests",
+    "smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.pct": "ld_efficiency_pct",
+    "smsp__sass_average_data_bytes_per_sector_mem_global_op_st.pct": "st_efficiency_pct",
+    "sm__maximum_warps_per_active_cycle_pct": "theoretical_occupancy_pct",
+    "launch__occupancy_limit_registers": "limit_registers",
+    "launch__occupancy_limit_shared_mem": "limit_shared_mem",
+    "launch__occupancy_limit_warps": "limit_warps",
+    "launch__occupancy_limit_blocks": "limit_blocks",
+    "launch__waves_per_multiprocessor": "waves",
+    "device__attribute_multiprocessor_count": "sm_count",
+}
+PIPE_PREFIX, PIPE_SUFFIX = "sm__inst_executed_pipe_", ".sum"
+PIPES = r"regex:sm__inst_executed_pipe_[a-z0-9]+\.sum$"
 
 
 def unavailable(why: str) -> dict:
@@ -119,7 +141,7 @@ def summarize(kernels: list[dict[str, float]]) -> dict:
                 stalls[reason] = stalls.get(reason, 0.0) + value * (w / total if total > 0 else 1 / len(kernels))
     top = sorted(stalls.items(), key=lambda item: -item[1])[:3]
     regs = [k[m] for k in kernels for m in ("launch__registers_per_thread",) if m in k]
-    return {"available": True, "kernels": len(kernels), "duration_us": total / 1000.0,
+    return {**diagnosis(kernels, weighted), "available": True, "kernels": len(kernels), "duration_us": total / 1000.0,
             "dram_pct": weighted("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
             "dram_Bps": weighted("dram__bytes.sum.per_second"),
             "occupancy_pct": weighted("sm__warps_active.avg.pct_of_peak_sustained_active"),
@@ -129,6 +151,35 @@ def summarize(kernels: list[dict[str, float]]) -> dict:
             "local_loads": sum(k.get("smsp__sass_inst_executed_op_local_ld.sum", 0.0) for k in kernels),
             "local_stores": sum(k.get("smsp__sass_inst_executed_op_local_st.sum", 0.0) for k in kernels),
             "top_stalls": [[reason, round(value, 3)] for reason, value in top]}
+
+
+def diagnosis(kernels: list[dict[str, float]], weighted) -> dict:
+    """The DIAGNOSIS metrics where ncu reported them: sector counts summed over the shape's kernels, the
+    rest duration-weighted (`weighted`: summarize's), the occupancy limits of the longest kernel, and the
+    instruction mix as a share of all pipe instructions ({pipe: %})."""
+    out: dict = {}
+    longest = max(kernels, key=lambda k: k.get("gpu__time_duration.sum", 0.0)) if kernels else {}
+    for metric, key in DIAGNOSIS.items():
+        if metric.endswith(".sum"):
+            values = [k[metric] for k in kernels if metric in k]
+            if values:
+                out[key] = sum(values)
+        elif metric.startswith(("launch__occupancy_limit_", "device__")):
+            if metric in longest:
+                out[key] = longest[metric]
+        elif (value := weighted(metric)) is not None:
+            out[key] = value
+    pipes: dict[str, float] = {}
+    for k in kernels:
+        for metric, value in k.items():
+            if metric.startswith(PIPE_PREFIX) and metric.endswith(PIPE_SUFFIX):
+                name = metric.removeprefix(PIPE_PREFIX).removesuffix(PIPE_SUFFIX)
+                pipes[name] = pipes.get(name, 0.0) + value
+    total = sum(pipes.values())
+    if total > 0:
+        out["inst_mix_pct"] = {p: round(100 * v / total, 1) for p, v in sorted(pipes.items(), key=lambda i: -i[1])
+                               if v > 0}
+    return out
 
 
 def text(profile: dict, label: str) -> str:
@@ -152,8 +203,10 @@ def text(profile: dict, label: str) -> str:
 class Profiler:
     """Profiles a source of `spec` on one shape of its suite with ncu; never raises for a failed profile."""
 
-    def __init__(self, spec, tree, *, timeout_s: float = 600.0):
+    def __init__(self, spec, tree, *, timeout_s: float = 600.0, diagnose: bool = False):
         self.spec, self.tree, self.timeout_s = spec, tree, timeout_s
+        # the metrics asked for: the LLM agent's (METRICS, stalls), plus DIAGNOSIS and the pipes for the profiling agent
+        self.metrics = [*METRICS, STALLS, *((*DIAGNOSIS, PIPES) if diagnose else ())]
 
     def __call__(self, source: str | None, case_id: str | None, extra_shapes: list[dict]) -> dict:
         if case_id is None:
@@ -185,7 +238,7 @@ class Profiler:
         with tempfile.TemporaryDirectory(prefix="astra-ncu-profile-") as tmp:
             job_path, manifest, log = Path(tmp) / "job.json", Path(tmp) / "done.json", Path(tmp) / "ncu.csv"
             job_path.write_text(job.to_json())
-            command = [ncu_path(), "--csv", "--metrics", ",".join([*METRICS, STALLS]), "--cache-control", "all",
+            command = [ncu_path(), "--csv", "--metrics", ",".join(self.metrics), "--cache-control", "all",
                        "--clock-control", "none", "--print-units", "base", "--log-file", str(log),
                        sys.executable, "-m", "astra.optimize.ncu_profile", str(job_path), str(manifest)]
             outcome = run_isolated(command, timeout_s=self.timeout_s, env=scrub_env(dict(os.environ), tmp), cwd=tmp)

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from astra.optimize import entry_reach, param_search
+from astra.optimize import entry_reach, param_search, planning
 from astra.optimize.evaluator import Evaluator
 from astra.optimize.loop import Agent, Context, Proposal, source_id
+from astra.optimize.profiling import ProfilingAgent
 from astra.optimize.rundir import RunDir
 from astra.optimize.transforms import catalog
 from harness import Verdict
@@ -57,13 +58,16 @@ def plan(verdict: Verdict | None) -> tuple[list[str], str]:
 
 class OfflineAgent(Agent):
     """`evaluator`: the run's judge; the parameter search runs where it screens (none: the catalog alone).
-    `on_search_line`: each line of the search's log as it is written (`search_logger`: the run's search.log)."""
+    `on_search_line`: each line of the search's log as it is written (`search_logger`: the run's search.log).
+    `profiler`: the profiling agent whose symptoms the planner maps to rewrite passes (astra.optimize.planning),
+    tried first in the planned order; `spec`: the spec's raw dict, for the passes."""
 
     name = "offline"
 
     def __init__(self, kernel_file: str, source_root: Path, include_dirs: list[str], *,
                  evaluator: Evaluator | None = None, entries: list[str] | None = None,
-                 on_search_line: Callable[[str], None] | None = None, per_round: int = 12, search_share: float = 0.6):
+                 on_search_line: Callable[[str], None] | None = None, per_round: int = 12, search_share: float = 0.6,
+                 profiler: ProfilingAgent | None = None, spec: dict | None = None):
         self.kernel_file = kernel_file
         self.source_root = Path(source_root)
         self.include_dirs = include_dirs
@@ -76,6 +80,8 @@ class OfflineAgent(Agent):
         self.on_search_line = on_search_line
         self.entries = list(entries or [])  # the spec's host entries: the search stays in the code they reach
         self._parses: dict[str, object] = {}  # source id -> libclang's view: the search and the catalog share it
+        self.profiler = profiler if profiler is not None else ProfilingAgent()  # planning: no ncu unless given
+        self.spec = spec
 
     def propose(self, ctx: Context) -> list[Proposal]:
         base = source_id(ctx.base_source)
@@ -83,12 +89,14 @@ class OfflineAgent(Agent):
             if entry.base == base:
                 self.tried.add((base, entry.name))
         order, self.rationale = plan(ctx.base_verdict)
+        planned, self.plan = planning.plan_round(self.profiler, ctx, self.spec)  # symptoms -> planned rewrite passes
         searched = self._search(ctx, base)
         proposals = self._reached(ctx.base_source, catalog(ctx.base_source, self._kernels(ctx.base_source)))
         if self._searches():  # the space covers launch constants and unroll factors: the catalog the rest
             proposals = [p for p in proposals if p.family not in ("launch", "bounds")]
         proposals.sort(key=lambda p: order.index(p.family) if p.family in order else len(order))
-        fresh = [p for p in searched + proposals if (base, p.name) not in self.tried][: self.per_round]
+        fresh = [p for p in planning.ordered(planned, searched + proposals)
+                 if (base, p.name) not in self.tried][: self.per_round]
         self.tried.update((base, p.name) for p in fresh)
         return fresh
 

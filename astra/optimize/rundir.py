@@ -1,7 +1,7 @@
 """A run directory holds everything an optimize run did, and lets it resume.
 
     $ASTRA_HOME/runs/<run id>/
-        state.json                 round, best candidate, budgets spent, history, stop reason (rewritten atomically)
+        state.json                 round, best candidate, budgets spent, history, plans, stop reason (rewritten atomically)
         original.cuh               the kernel file the run started from
         baseline.json              the original timed against itself (the first round's profile)
         candidates/<n>/kernel.cuh  every candidate's source ...
@@ -49,6 +49,27 @@ class HistoryEntry:
 
 
 @dataclass
+class RoundPlan:
+    """What an agent planned for one round, before its candidates were judged: the profile's symptoms
+    (astra.optimize.profiling.Symptom as dicts) of the base it edits and, where it differs, of the original;
+    the plan (astra.optimize.llm_context.Plan as dicts, in the order tried: the offline planner's steps or
+    the LLM planner's one idea); and notes (a pass held back, a step that did not apply)."""
+
+    round: int
+    agent: str
+    base: str = ""  # what was profiled: "original" or "best #n"
+    symptoms: list[dict] = field(default_factory=list)
+    original_symptoms: list[dict] = field(default_factory=list)  # empty when the base is the original
+    plans: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RoundPlan":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
 class RunState:
     run_id: str
     kernel: str
@@ -58,6 +79,7 @@ class RunState:
     best: int | None = None  # candidate number of the best verified candidate (None: the original)
     best_score: float = 1.0  # geomean speedup (graph mode, all timed shapes) of the best
     history: list[HistoryEntry] = field(default_factory=list)
+    plans: list[RoundPlan] = field(default_factory=list)  # per round, what the agent planned (where it plans)
     tokens: int = 0
     cost_usd: float = 0.0
     started: float = field(default_factory=time.time)
@@ -80,10 +102,14 @@ class RunState:
         history = data.get("history") or []
         if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
             raise ValueError("`history` is not a list of entries")
+        plans = data.get("plans") or []
+        if not isinstance(plans, list) or not all(isinstance(p, dict) for p in plans):
+            raise ValueError("`plans` is not a list of round plans")
         try:
             data["history"] = [HistoryEntry.from_dict(h) for h in history]
+            data["plans"] = [RoundPlan.from_dict(p) for p in plans]
         except TypeError as err:
-            raise ValueError(f"a history entry is incomplete ({err})") from None
+            raise ValueError(f"a history entry or a round plan is incomplete ({err})") from None
         state = cls(**data)
         if not isinstance(state.kernel, str) or not isinstance(state.round, int) or not (
                 state.best is None or isinstance(state.best, int)):

@@ -1,6 +1,7 @@
 """A static HTML report of one optimize run: no server, no external assets, one file.
 
-Sections: the trajectory (round, change, verdict, speedup, kept), the original against the best per
+Sections: the trajectory (round, change, verdict, speedup, kept), per round the profile's symptoms, the
+plan and the passes applied (where the agent plans), the original against the best per
 shape (both timing modes, x above the practical floor), a chart (inline SVG from astra.report), and
 each agent role's input and output (the LLM roles from transcript.jsonl, an exec agent's rounds from
 their folders). Every number comes from the run directory's verdicts.
@@ -15,6 +16,7 @@ from pathlib import Path
 from astra.optimize.loop import band_wins_line
 from astra.optimize.rundir import RunDir
 from astra.report import baseline
+from astra.report.run_text import round_plans, step_line
 from astra.text import printable
 from harness import Verdict
 
@@ -51,6 +53,26 @@ def trajectory(run: RunDir) -> str:
             for h in state.history]
     return _table(["round", "change", "verdict", "x (graph, all)", "kept", "why"], rows, left=0,
                   row_class=lambda i: "kept" if state.history[i].accepted else "")
+
+
+def plans(run: RunDir) -> str:
+    """Per round: the symptoms (band, symptom, evidence, source), the plan in order, the passes applied."""
+    parts = []
+    for record, entries in round_plans(run.state()):
+        head = f"Round {record.round}: {record.agent}, profiled {record.base}"
+        rows = [[s.get("band"), s.get("id"), s.get("evidence"), s.get("source")] for s in record.symptoms]
+        rows += [[s.get("band"), f"{s.get('id')} (original)", s.get("evidence"), s.get("source")]
+                 for s in record.original_symptoms]
+        symptoms = _table(["band", "symptom", "evidence", "from"], rows, left=4) if rows else "<p>No symptom found.</p>"
+        steps = "".join(f"<li>{html.escape(printable(step_line(p)))}</li>" for p in record.plans)
+        notes = "".join(f"<li>{html.escape(printable(n))}</li>" for n in record.notes)
+        applied = _table(["#", "pass", "verdict", "x (graph, all)", "kept"],
+                         [[f"{h.n:03d}", h.name, h.status, h.score or None, "kept" if h.accepted else ""]
+                          for h in entries], left=3) if entries else "<p>No pass applied this round.</p>"
+        parts.append(f"<h3>{html.escape(printable(head))}</h3>{symptoms}<p>Plan, in the order tried:</p>"
+                     f"<ol>{steps or '<li>no step</li>'}</ol>" + (f"<p>Notes:</p><ul>{notes}</ul>" if notes else "")
+                     + applied)
+    return "<h2>Profile and plan per round</h2>" + "".join(parts) if parts else ""
 
 
 def per_shape(verdict: Verdict | None) -> str:
@@ -128,7 +150,7 @@ def render(run: RunDir) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>{summary}</p>"
             f"<p>{html.escape(printable(band_wins_line(run)))}</p>"
-            f"<h2>Trajectory</h2>{trajectory(run)}<h2>Original against best, per shape</h2>{per_shape(best)}"
+            f"<h2>Trajectory</h2>{trajectory(run)}{plans(run)}<h2>Original against best, per shape</h2>{per_shape(best)}"
             f"<h2>Times against floors</h2>{chart}{search(run)}<h2>Agent roles: input and output</h2>{exchanges(run)}"
             "</body></html>\n")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from astra import input_files, paths
 from astra.errors import AstraError, RunStateError
 from astra.optimize.loop import band_summary, band_wins_line
-from astra.optimize.rundir import RunDir, list_runs
+from astra.optimize.rundir import HistoryEntry, RoundPlan, RunDir, RunState, list_runs
 from astra.report import table
 from astra.text import one_line, printable
 
@@ -30,7 +30,51 @@ def summary(run: RunDir) -> str:
     else:
         out.append("best: the original (no candidate was verified faster)")
     out.append(printable(band_wins_line(run)))
+    planned = plans_text(state)
+    if planned:
+        out.append(planned)
     out.append(f"stopped: {one_line(state.stopped)}; tokens {state.tokens}, cost ${state.cost_usd:.4f}; run directory {run.root}")
+    return "\n".join(out)
+
+
+def round_plans(state: RunState) -> list[tuple[RoundPlan, list[HistoryEntry]]]:
+    """Each recorded round plan with the candidates that carried it out: the round's rewrite passes
+    (`pass:<name>`) where the plan names steps, else (an LLM planner's idea) every candidate of the round."""
+    out = []
+    for record in sorted(state.plans, key=lambda r: r.round):
+        steps = {p.get("step") for p in record.plans if p.get("step")}
+        entries = [h for h in state.history if h.round == record.round
+                   and (h.name.startswith("pass:") if steps else True)]
+        out.append((record, entries))
+    return out
+
+
+def symptom_line(symptom: dict) -> str:
+    return one_line(f"{symptom.get('band')}: {symptom.get('id')}: {symptom.get('evidence')} ({symptom.get('source')})", 300)
+
+
+def step_line(plan: dict, number: int | None = None) -> str:
+    """One plan step: the pass (or the idea), the band, the expected speedup, why, and what became of it."""
+    expected = plan.get("expected_speedup")
+    head = (f"{number}. " if number is not None else "") + f"{plan.get('step') or 'idea'} [{plan.get('band')}] {plan.get('idea')}"
+    parts = [head + (f" (expected x{expected:.2f})" if isinstance(expected, (int, float)) else "")]
+    if plan.get("rationale"):
+        parts.append(f"because {plan['rationale']}")
+    parts += list(plan.get("notes") or [])
+    return one_line("; ".join(parts), 400)
+
+
+def plans_text(state: RunState) -> str:
+    """Per round: the profile's symptoms, the plan in order, the passes applied with their verdicts."""
+    out = []
+    for record, entries in round_plans(state):
+        out.append(f"round {record.round} ({printable(record.agent)}, profiled: {printable(record.base)}):")
+        out += [f"  symptom {symptom_line(s)}" for s in record.symptoms] or ["  symptoms: none found"]
+        out += [f"  original's symptom {symptom_line(s)}" for s in record.original_symptoms]
+        out += [f"  plan {step_line(p, i)}" for i, p in enumerate(record.plans, 1)] or ["  plan: no step"]
+        out += [f"  note {one_line(n, 300)}" for n in record.notes]
+        out += [f"  applied #{h.n:03d} {one_line(h.name, 60)}: {h.status}, x{h.score:.3f}"
+                + (", kept" if h.accepted else "") for h in entries] or ["  applied: none"]
     return "\n".join(out)
 
 

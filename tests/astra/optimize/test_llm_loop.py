@@ -77,6 +77,11 @@ def test_loop_survives_a_difficult_model(llm_server, sglang_0523, tmp_path):
     assert state.best == 2 and "a harmless change" in run.best_source()
     assert state.stopped == "the agent has nothing left to try"
     assert state.tokens > 0
+    # each round's plan is in the run's history, in the structure the offline planner fills too
+    assert [(p.round, p.agent, p.base, p.plans[0]["band"], p.plans[0]["stop"]) for p in run.state().plans] == [
+        (0, f"llm:{MODEL}", "original", "decode", False), (1, f"llm:{MODEL}", "original", "decode", False),
+        (2, f"llm:{MODEL}", "best #2", "all", True)]
+    assert state.plans[0].plans[0]["idea"] == "unroll the reduction" and state.plans[2].plans[0]["rationale"] == "at roofline"
     # the edit errors went back to the model, written for it
     coding = [r for r in llm_server.chat_requests() if "Role: coding" in json.dumps(r.body)]
     assert "holds no edit" in json.dumps(coding[1].body)  # the malformed reply, explained

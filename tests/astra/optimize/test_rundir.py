@@ -39,7 +39,7 @@ def one_line(code, err, expected, *needles):
 class Agent:
     """Proposes one candidate per round; spends `tokens` and `cost` per session."""
 
-    name, rationale = "scripted", ""
+    name, rationale, plan = "scripted", "", None
 
     def __init__(self, tokens=0, cost=0.0, rounds=1):
         self.tokens, self.cost, self.rounds = tokens, cost, rounds

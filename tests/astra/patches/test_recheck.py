@@ -295,7 +295,7 @@ def test_loop_emitter_and_recheck_agree_at_the_noise_edge(patch, sglang_0523, sp
     assert edge.status == "correct" and not edge.slower_shapes
 
     class OneCandidate:
-        name, rationale = "scripted", ""
+        name, rationale, plan = "scripted", "", None
 
         def __init__(self):
             self.sent = False

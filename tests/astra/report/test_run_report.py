@@ -76,3 +76,46 @@ def test_report_shows_each_roles_input_and_output(run):
     assert "#1 planning (m): 11 + 5 tokens" in page
     assert "Target band: &lt;decode&gt; please" in page and "wider vectors" in page  # escaped input, the output
     assert "round-000: use 8-wide loads" in page and "edited candidate.cuh" in page
+
+
+def test_report_shows_each_rounds_symptoms_plan_and_passes(run):
+    from astra.optimize.rundir import RoundPlan
+    from astra.report import run_text
+
+    n = run.add_candidate("// vectorized", {"name": "pass:vectorize", "description": "vectorize: done"})
+    run.save_verdict(n, _verdict())
+    state = run.state()
+    state.history.append(HistoryEntry(n=n, round=1, name="pass:vectorize", status="correct", score=1.2,
+                                      accepted=True, why="faster overall"))
+    state.plans.append(RoundPlan(1, "offline", "best #2", symptoms=[
+        {"id": "uncoalesced_loads", "band": "decode", "evidence": "decode0: global loads use 25% of each 32-byte "
+         "sector (8.0 sectors per request)", "source": "ncu", "facts": {}}],
+        plans=[{"band": "decode", "idea": "vectorize: 16-byte loads <use whole sectors>", "expected_speedup": 1.25,
+                "risk": "", "stop": False, "rationale": "decode: uncoalesced_loads: 25% (ncu)", "notes": [],
+                "step": "pass:vectorize"},
+               {"band": "decode", "idea": "coarsen: more rows per CTA", "expected_speedup": None, "risk": "",
+                "stop": False, "rationale": "", "notes": ["no pass 'coarsen' in the catalog"], "step": "pass:coarsen"}],
+        notes=["pass:reuse held back: all: spills"]))
+    run.save(state)
+
+    page = run_report.render(run)
+    section = page.split("<h2>Profile and plan per round</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "Round 1: offline, profiled best #2" in section
+    assert "global loads use 25% of each 32-byte sector" in section and ">ncu<" in section
+    assert "<li>pass:vectorize [decode] vectorize: 16-byte loads &lt;use whole sectors&gt; (expected x1.25)" in section
+    assert "no pass &#x27;coarsen&#x27; in the catalog" in section and "pass:reuse held back" in section
+    assert '<td class="l">pass:vectorize</td>' in section and "kept" in section
+    assert "const:kBlockSize=512" not in section  # a round-0 parameter candidate is not a pass of round 1
+
+    text = run_text.summary(run)
+    assert "round 1 (offline, profiled: best #2):" in text
+    assert "  symptom decode: uncoalesced_loads: decode0: global loads use 25%" in text
+    assert "  plan 2. pass:coarsen [decode] coarsen: more rows per CTA; no pass 'coarsen' in the catalog" in text
+    assert f"  applied #{n:03d} pass:vectorize: correct, x1.200, kept" in text
+
+
+def test_a_run_without_plans_has_no_plan_section(run):
+    from astra.report import run_text
+
+    assert "Profile and plan per round" not in run_report.render(run)
+    assert "symptom" not in run_text.summary(run)
