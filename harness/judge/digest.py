@@ -17,8 +17,9 @@ independent key streams are summed, so a collision has probability about 2**-62 
 (`Options.digest_key`) is drawn at random by the judge for each evaluation, so no kernel can be written
 against it. Products stay below 2**47 and a chunk's sum below 2**63: exact in int64 on every device.
 
-`digest(tensors, key)` hashes a list of tensors (each tensor's position salts its key stream) into one hex
-string of 64 characters, the same on the CPU and on a GPU.
+`digest(tensors, key)` hashes a list of tensors (their bytes end to end, their lengths beside the sums) into one
+hex string of 64 characters, the same on the CPU and on a GPU, in about 25 kernel launches and one
+synchronisation whatever the number of tensors.
 """
 
 from __future__ import annotations
@@ -41,49 +42,56 @@ def _lsr(x: torch.Tensor, shift: int) -> torch.Tensor:
     return (x >> shift) & ((1 << (64 - shift)) - 1)
 
 
-def _keys(positions: torch.Tensor, salt: int) -> torch.Tensor:
-    """Pseudo-random keys in [0, P) for `positions` (int64), from the splitmix64 finaliser of position and salt."""
-    z = positions * _GOLDEN + salt  # wraps modulo 2**64, as splitmix64 does
+def _keys(positions: torch.Tensor, salts: torch.Tensor) -> torch.Tensor:
+    """Pseudo-random keys in [0, P): one row per salt (a column of int64), one column per position (int64),
+    from the splitmix64 finaliser of position and salt."""
+    z = positions * _GOLDEN + salts  # wraps modulo 2**64, as splitmix64 does
     z = (z ^ _lsr(z, 30)) * _C1
     z = (z ^ _lsr(z, 27)) * _C2
     z = z ^ _lsr(z, 31)
     return _lsr(z, 33) % P
 
 
-def _salt(key: int, stream: int, index: int) -> int:
-    value = (key * 0x100000001B3 + stream + index * 0x9E3779B1) & ((1 << 64) - 1)
-    return value - (1 << 64) if value >= 1 << 63 else value
+def _salts(key: int) -> torch.Tensor:
+    """One salt per key stream, as int64 values (a column, to broadcast over positions)."""
+    salts = []
+    for stream in _STREAMS:
+        value = (key * 0x100000001B3 + stream) & ((1 << 64) - 1)
+        salts.append(value - (1 << 64) if value >= 1 << 63 else value)
+    return torch.tensor(salts, dtype=torch.int64).reshape(-1, 1)
 
 
-def _halfwords(data: torch.Tensor) -> torch.Tensor:
-    """The flat bytes of `data` as non-negative int64 half-words (little-endian pairs; an odd length padded)."""
-    flat = data.detach().contiguous().reshape(-1).view(torch.uint8)
+def _halfwords(flat: torch.Tensor) -> torch.Tensor:
+    """Flat uint8 bytes as non-negative int64 half-words (little-endian pairs; an odd length padded with 0)."""
     if flat.numel() % 2:
         flat = torch.cat([flat, flat.new_zeros(1)])
     pairs = flat.view(-1, 2).to(torch.int64)
     return pairs[:, 0] | (pairs[:, 1] << 8)
 
 
-def tensor_sums(data: torch.Tensor, key: int, index: int = 0) -> tuple[int, ...]:
-    """The keyed sums mod P of one tensor's bytes, one per key stream."""
+def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def byte_sums(data: torch.Tensor, key: int) -> tuple[int, ...]:
+    """The keyed sums mod P of the flat bytes `data` (uint8), one per key stream, both streams in one pass."""
     words = _halfwords(data)
-    sums = []
-    for stream in _STREAMS:
-        salt = _salt(key, stream, index)
-        total = torch.zeros((), dtype=torch.int64, device=words.device)
-        for start in range(0, words.numel(), CHUNK):
-            part = words[start:start + CHUNK]
-            positions = torch.arange(start, start + part.numel(), dtype=torch.int64, device=words.device)
-            total += ((part * _keys(positions, salt)) % P).sum() % P
-        sums.append(total)
-    values = torch.stack(sums).cpu().tolist()  # one synchronisation, 16 bytes
-    return tuple(int(v) % P for v in values)
+    salts = _salts(key).to(words.device)
+    total = torch.zeros(len(_STREAMS), dtype=torch.int64, device=words.device)
+    for start in range(0, words.numel(), CHUNK):
+        part = words[start:start + CHUNK]
+        positions = torch.arange(start, start + part.numel(), dtype=torch.int64, device=words.device)
+        total += ((part * _keys(positions, salts)) % P).sum(dim=1) % P
+    return tuple(int(v) % P for v in total.cpu().tolist())  # one synchronisation, 16 bytes
 
 
 def digest(tensors: Iterable[torch.Tensor], key: int) -> str:
-    """One hex digest of the bytes of `tensors`, in order (their lengths included)."""
-    parts = []
-    for index, tensor in enumerate(tensors):
-        nbytes = tensor.numel() * tensor.element_size()
-        parts.append(f"{nbytes}:" + ",".join(str(s) for s in tensor_sums(tensor, key, index)))
-    return hashlib.sha256(";".join(parts).encode()).hexdigest()
+    """One hex digest of the bytes of `tensors` in order: their lengths and the keyed sums of their bytes laid
+    end to end (one pass over all of them)."""
+    flats = [_flat_bytes(t) for t in tensors]
+    lengths = ",".join(str(f.numel()) for f in flats)
+    if not flats:
+        return hashlib.sha256(b"none").hexdigest()
+    data = flats[0] if len(flats) == 1 else torch.cat(flats)
+    sums = ",".join(str(s) for s in byte_sums(data, key))
+    return hashlib.sha256(f"{lengths}:{sums}".encode()).hexdigest()

@@ -37,6 +37,7 @@ import os
 import secrets
 import shutil
 import time
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -361,18 +362,29 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     phases["env_s"] = time.monotonic() - mark
     mark = time.monotonic()
     cand_so = {key: paths[("cand", key)] for key in keys}
-    if not job.options.outputs_checked:
-        results, checked, signatures = _unchecked(job), {}, {}
-    else:
-        clock = PhaseClock("check_")
-        outcome = _outputs_phase(job, device, deadline, keys, cand_so, modules, orig_signatures, reference, env, clock)
-        phases.update(clock.rounded())
-        if isinstance(outcome, Verdict):
-            return done(outcome)
-        results, checked, signatures = outcome
-    phases["check_s"] = time.monotonic() - mark
-    return done(_timing_phase(job, device, deadline, keys, modules, cand_so, results, checked, signatures, env, phases,
-                              reference))
+    with ExitStack() as stack:
+        timing = None
+        if job.options.modes and device.type == "cuda" and any(case.timed for case in job.cases):
+            # the idle GPU's latency first, before any candidate process starts; then the timing phase's
+            # candidate process, so its start (torch, CUDA, the modules) overlaps the outputs phase
+            quiet = QuietGpu(device)
+            run = stack.enter_context(CandidateRun(job, "timing", device=str(device), cand_so=cand_so,
+                                                   timed=[case.id for case in job.cases if case.timed],
+                                                   deadline=deadline, link=True))
+            timing = (run, quiet)
+        if not job.options.outputs_checked:
+            results, checked, signatures = _unchecked(job), {}, {}
+        else:
+            clock = PhaseClock("check_")
+            outcome = _outputs_phase(job, device, deadline, keys, cand_so, modules, orig_signatures, reference, env,
+                                     clock)
+            phases.update(clock.rounded())
+            if isinstance(outcome, Verdict):
+                return done(outcome)
+            results, checked, signatures = outcome
+        phases["check_s"] = time.monotonic() - mark
+        return done(_timing_phase(job, device, keys, modules, timing, results, checked, signatures, env, phases,
+                                  reference))
 
 
 def _unchecked(job: Job) -> list[CaseResult]:
@@ -423,35 +435,34 @@ def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[s
     return results, checked, signatures
 
 
-def _timing_phase(job: Job, device: torch.device, deadline: float, keys: list[str], modules: dict, cand_so: dict,
+def _timing_phase(job: Job, device: torch.device, keys: list[str], modules: dict, timing: tuple | None,
                   results: list[CaseResult], checked: dict, signatures: dict, env: dict, phases: dict,
                   reference=None) -> Verdict:
-    """The original timed here, the candidate in a candidate process of its own, interleaved and every timed
-    launch verified (harness.judge_timing.time_cases); then the verdict (see the module docstring)."""
+    """The original timed here, the candidate in the timing phase's candidate process (`timing`: that run and
+    the QuietGpu measured before it started; None: nothing to time here), interleaved and every timed launch
+    verified (harness.judge.timings.time_cases); then the verdict (see the module docstring)."""
     mark = time.monotonic()
     notes: list[str] = []
     incomplete: list[str] = []
     timed = [case.id for case, result in zip(job.cases, results) if case.timed and result.timed]
     if not all(r.correct for r in results):
         notes.append("timing skipped: the candidate is incorrect")
-    elif timed and job.options.modes and device.type == "cuda":
+    elif timed and timing is not None:
         log.info("timing %d case(s), %s, original here and candidate in its process", len(timed),
                  " and ".join(job.options.modes))
         orig_launches = {key: _launch(modules[key], job.entry) for key in keys}
-        quiet = QuietGpu(device)  # the idle GPU's latency, before the candidate process starts
-        with CandidateRun(job, "timing", device=str(device), cand_so=cand_so, timed=timed, deadline=deadline,
-                          link=True) as run:
-            try:
-                timings = time_cases(job, results, checked, orig_launches, run, device, quiet, reference)
-                run.remote_side(job.options.case_timeout_s).exit()
-            except Interference as error:
-                return _failure(job, "interferes", str(error), signatures=signatures, env=env)
-            except (LinkBroken, ProcessGone):
-                status, reason = run.failure("timings")
-                return _failure(job, status, reason, signatures=signatures, env=env)
-            if not run.clean_exit():
-                status, reason = run.failure("a clean exit")
-                return _failure(job, status, f"{reason} (after its timings)", signatures=signatures, env=env)
+        run, quiet = timing
+        try:
+            timings = time_cases(job, results, checked, orig_launches, run, device, quiet, reference)
+            run.remote_side(job.options.case_timeout_s).exit()
+        except Interference as error:
+            return _failure(job, "interferes", str(error), signatures=signatures, env=env)
+        except (LinkBroken, ProcessGone):
+            status, reason = run.failure("timings")
+            return _failure(job, status, reason, signatures=signatures, env=env)
+        if not run.clean_exit():
+            status, reason = run.failure("a clean exit")
+            return _failure(job, status, f"{reason} (after its timings)", signatures=signatures, env=env)
         incomplete = apply_timings(timings, job, results, env, device)
     phases["time_s"] = time.monotonic() - mark
     verdict = decide(results, list(job.options.modes), job.options.slowdown_threshold)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.judge import digest as keyed
-from harness.judge.digest import P, digest, tensor_sums
+from harness.judge.digest import P, byte_sums, digest
 
 
 def test_equal_bytes_give_equal_digests_and_the_key_matters():
@@ -39,21 +39,24 @@ def test_lengths_and_order_of_tensors_count():
     assert digest([odd], 0) != digest([padded], 0)
     a, b = torch.ones(8), torch.zeros(8)
     assert digest([a, b], 3) != digest([b, a], 3)
+    short, long = torch.arange(4, dtype=torch.uint8), torch.arange(4, 12, dtype=torch.uint8)
+    assert digest([short, long], 3) != digest([torch.arange(6, dtype=torch.uint8), torch.arange(6, 12, dtype=torch.uint8)], 3)
+    assert digest([], 3) != digest([torch.zeros(0)], 3)
 
 
 def test_chunks_sum_to_the_one_pass_value(monkeypatch):
-    data = torch.randn(5000)
-    whole = tensor_sums(data, 99)
+    data = torch.randn(5000).view(torch.uint8)
+    whole = byte_sums(data, 99)
     monkeypatch.setattr(keyed, "CHUNK", 777)
-    assert tensor_sums(data, 99) == whole
-    assert all(0 <= s < P for s in whole)
+    assert byte_sums(data, 99) == whole
+    assert all(0 <= s < P for s in whole) and len(whole) == 2
 
 
 def test_the_sum_is_the_keyed_linear_form():
     """h = sum_i w_i k_i mod P over little-endian half-words: checked against Python integers."""
-    data = torch.tensor([0x0102, 0x7FFF, -1, 12], dtype=torch.int16)
+    data = torch.tensor([0x0102, 0x7FFF, -1, 12], dtype=torch.int16).view(torch.uint8)
     words = [0x0102, 0x7FFF, 0xFFFF, 12]
-    salt = keyed._salt(5, keyed._STREAMS[0], 0)
-    keys = keyed._keys(torch.arange(4, dtype=torch.int64), salt).tolist()
-    assert all(0 <= k < P for k in keys) and len(set(keys)) == 4
-    assert tensor_sums(data, 5)[0] == sum(w * k for w, k in zip(words, keys)) % P
+    keys = keyed._keys(torch.arange(4, dtype=torch.int64), keyed._salts(5)).tolist()
+    assert all(0 <= k < P for row in keys for k in row) and len(set(keys[0])) == 4 and keys[0] != keys[1]
+    for stream, sums in enumerate(byte_sums(data, 5)):
+        assert sums == sum(w * k for w, k in zip(words, keys[stream])) % P

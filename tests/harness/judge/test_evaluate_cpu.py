@@ -353,12 +353,12 @@ def test_the_original_timed_unchecked_reads_timed_not_correct():
     job = _job(options=Options(outputs_checked=False, modes=["graph"]))
     results = _unchecked(job)
     assert [r.notes for r in results] == [[UNCHECKED_NOTE]] and results[0].trials == 0 and not results[0].checks
-    verdict = _timing_phase(job, torch.device("cpu"), math.inf, ["v"], {}, {}, results, {}, {}, {}, {})
+    verdict = _timing_phase(job, torch.device("cpu"), ["v"], {}, None, results, {}, {}, {}, {})
     assert verdict.status == "timed" and verdict.faster is None and verdict.correct is False  # not established
     assert UNCHECKED_NOTE in verdict.reason
     assert verdict.reason.startswith("timed on 1 cases") and UNCHECKED_NOTE in verdict.notes
     assert Verdict(status="timed", reason="r", correct=True).status == "timed"  # a status a verdict may carry
-    checked = _timing_phase(_job(options=Options(modes=["graph"])), torch.device("cpu"), math.inf, ["v"], {}, {},
+    checked = _timing_phase(_job(options=Options(modes=["graph"])), torch.device("cpu"), ["v"], {}, None,
                             [CaseResult(**{k: getattr(results[0], k) for k in ("id", "band", "label", "dtype", "dims",
                                                                                "timed", "bytes")})], {}, {}, {}, {})
     assert checked.status == "correct"
