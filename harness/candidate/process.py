@@ -90,7 +90,8 @@ def run_outputs(request: dict[str, Any], work: Path, box: Confinement) -> None:
     job = Job.from_dict(request["job"])
     device = _device(request["device"])
     box.warm_up(device)
-    ipc = bool(request.get("ipc")) and device.type == "cuda" and cuda_ipc.available()  # loaded before the seal
+    sanitized = bool(request.get("sanitized"))  # under compute-sanitizer: files, and digests on the host
+    ipc = not sanitized and device.type == "cuda" and cuda_ipc.available()  # the driver API loaded before the seal
     box.seal()
     modules = {variant: load_module(path) for variant, path in request["cand_so"].items()}
     box.lock_exec()
@@ -120,7 +121,7 @@ def run_outputs(request: dict[str, Any], work: Path, box: Confinement) -> None:
                                            f"{case.id}: cand back to back")
             writer.add_chain(error, launches)
             del launches
-        writer.finish(determinism_digests(launch, case, seed0, device, job.options.digest_key)
+        writer.finish(determinism_digests(launch, case, seed0, device, job.options.digest_key, sanitized)
                       if launch is not None else None)
     (work / DONE).touch()
     if any(writer.kept for writer in pending):  # the judge reads the last cases from this process's memory

@@ -66,7 +66,9 @@ class CandidateRun:
             child_fds, self.link_fds = (commands_read, replies_write), (commands_write, replies_read)
         config = current()
         self.wrapped = bool(config.wrap)
-        request["ipc"] = not self.wrapped  # outputs over CUDA IPC, except under compute-sanitizer (files there)
+        # under compute-sanitizer: outputs as files, not over CUDA IPC, and digests computed on the host, so the tool
+        # watches the candidate's kernels and no harness kernel of its own
+        request["sanitized"] = self.wrapped
         request_path = self.root / "request.json"
         request_path.write_text(json.dumps(request))
         self.wrap_exitcode = config.wrap_exitcode

@@ -357,11 +357,12 @@ def canonical(case: Case, tensors: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def output_digest(case: Case, args: dict[str, Any], key: int = 0) -> str:
+def output_digest(case: Case, args: dict[str, Any], key: int = 0, on_host: bool = False) -> str:
     """The keyed digest (harness.judge.digest) of the case's outputs after one call (unordered outputs
-    canonical), computed where they are."""
+    canonical), computed where they are, or with `on_host` on copies in host memory (the same value)."""
     args = canonical(case, args)
-    return digest([args[name] for name in output_names(case)], key)
+    tensors = [args[name] for name in output_names(case)]
+    return digest([t.cpu() for t in tensors] if on_host else tensors, key)
 
 
 def output_names(case: Case) -> list[str]:
@@ -383,11 +384,13 @@ def determinism_runs(launch: Launch, case: Case, seed: int, device: torch.device
 
 
 def determinism_digests(launch: Launch, case: Case, seed: int, device: torch.device,
-                        key: int = 0) -> list[str] | None:
+                        key: int = 0, on_host: bool = False) -> list[str] | None:
     """Keyed digests of the outputs of two runs on identical inputs (None if a run raised): what the candidate
-    process reports, the judge being in another process."""
+    process reports, the judge being in another process. `on_host`: computed in host memory, so that under
+    compute-sanitizer no kernel of the harness's own runs beside the candidate's (racecheck reports torch's
+    int64 reduction kernel)."""
     runs = determinism_runs(launch, case, seed, device)
-    return None if runs is None else [output_digest(case, args, key) for args in runs]
+    return None if runs is None else [output_digest(case, args, key, on_host) for args in runs]
 
 
 def deterministic(launch: Launch, case: Case, seed: int, device: torch.device,
