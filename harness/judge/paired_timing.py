@@ -38,6 +38,7 @@ case, naming the view and the launch.
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -68,8 +69,8 @@ SETS_FREE_SHARE = 0.25  # of the GPU memory free in the judge when a view starts
 # Samples per side and round in the cold view: a cold sample is one launch of a few us, so single-sample turns
 # spent most of a case's time stopping, checking and resuming the candidate process between turns (on an H100,
 # 2026-11-26: 370 turns per case of fused_add_rmsnorm). Turns of 8 keep ABBA order across turns and the same
-# number of samples.
-COLD_TURN = 8
+# number of samples. ASTRA_TIMING_COLD_TURN sets it for diagnosis (a timing diagnostic, like harness.timing.modes').
+COLD_TURN = max(1, int(os.environ.get("ASTRA_TIMING_COLD_TURN") or 8))
 
 
 @dataclass

@@ -31,7 +31,7 @@ from rowscale_job import (  # noqa: E402
 from harness.building.job_requests import build_requests  # noqa: E402
 from harness.building.module_loading import load_module  # noqa: E402
 from harness.building.nvcc_build import build_many  # noqa: E402
-from harness.judge.acceptance import band_noise  # noqa: E402
+from harness.judge.acceptance import VIEW_FLOOR, band_noise  # noqa: E402
 from harness.judge.evaluate import build_all, default_cache_dir  # noqa: E402
 from harness.judge.paired_timing import Pair, time_view  # noqa: E402
 from harness.judge.timed_outputs import LaunchCheck  # noqa: E402
@@ -101,6 +101,7 @@ def test_timed_work_unchanged_copy_times_at_parity():
         noise = band_noise(verdict.cases, mode)
         for band, value in bands.items():
             assert abs(value - 1.0) <= max(0.03, noise[band]), (mode, band, value, noise[band])
+    assert band_noise(verdict.cases, "cold")["all"] >= VIEW_FLOOR["cold"]  # what the cold view resolves
     for case in verdict.cases:
         for mode, timing in case.timings.items():
             assert timing.info["verified"][-1] == "the last sample", (case.id, mode, timing.info)

@@ -112,7 +112,8 @@ def test_patched_tree_passes_check(patched_repo, tmp_path):
 
 @pytest.mark.parametrize("verdict, needle", [
     (dict(status="incorrect"), "not verified: incorrect"),
-    (dict(slow_case=3, slow_speedup=0.97), "slower on 1 shape(s)"),
+    (dict(slow_case=3, slow_speedup=0.97, slow_mode="graph"), "slower on 1 shape(s)"),
+    (dict(slow_case=3, slow_speedup=0.93, slow_mode="cold"), "slower on 1 shape(s)"),
     (dict(sanitizer_findings=2), "compute-sanitizer found 2 problem(s)"),
 ])
 def test_refusals(sglang_0523, spec, tmp_path, verdict, needle):
@@ -123,9 +124,10 @@ def test_refusals(sglang_0523, spec, tmp_path, verdict, needle):
 
 
 def test_small_slowdown_within_threshold_is_accepted():
-    assert refusal(h.synthetic_verdict(slow_case=3, slow_speedup=0.985)) is None
-    assert "slower on 1 shape(s)" in refusal(h.synthetic_verdict(slow_case=3, slow_speedup=0.985),
+    assert refusal(h.synthetic_verdict(slow_case=3, slow_speedup=0.985, slow_mode="graph")) is None
+    assert "slower on 1 shape(s)" in refusal(h.synthetic_verdict(slow_case=3, slow_speedup=0.985, slow_mode="graph"),
                                              slowdown_threshold=0.01)
+    assert refusal(h.synthetic_verdict(slow_case=3, slow_speedup=0.97, slow_mode="cold")) is None  # the cold floor
 
 
 def test_identical_candidate_and_wrong_kernel_refused(sglang_0523, spec, tmp_path):
