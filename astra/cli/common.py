@@ -10,7 +10,7 @@ from astra.spec import model as spec_mod
 from astra.spec import trees
 
 
-def _check_tree_flags(args) -> None:
+def check_tree_flags(args) -> None:
     for flag, attr in (("--sglang", "sglang"), ("--sglang-src", "sglang_src")):
         value = getattr(args, attr, None)
         if value is not None and not value.strip():
@@ -19,13 +19,13 @@ def _check_tree_flags(args) -> None:
 
 def tree(args) -> sglang_tree.SglangTree:
     """--sglang VERSION, --sglang-src PATH, else the installed package, else the pinned default wheel."""
-    _check_tree_flags(args)
+    check_tree_flags(args)
     return sglang_tree.locate(version=getattr(args, "sglang", None), src=getattr(args, "sglang_src", None))
 
 
 def tree_for_spec(args, name: str) -> sglang_tree.SglangTree:
     """The spec's own SGLang version unless the user names another tree (astra.spec.trees)."""
-    _check_tree_flags(args)
+    check_tree_flags(args)
     version, src = getattr(args, "sglang", None), getattr(args, "sglang_src", None)
     if version or src:
         return tree(args)

@@ -100,21 +100,22 @@ def test_eval_reuses_a_finished_run_and_continues_a_cut_off_one(sglang_0523, mon
     monkeypatch.setattr(optimizer_eval, "run_optimize", loop)
     cut = _runs_of(spec, sglang_0523, None, 3)  # killed mid-run: stopped never written
     said: list[str] = []
-    optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    optimizer_eval.run_eval([spec], opts, sglang_version=sglang_0523.version, say=said.append)
     assert called == [cut.root.name] and "cut off after 3 candidate(s)" in said[0]
 
     done = _runs_of(spec, sglang_0523, "wall-time budget of 60s spent", 5)
     said.clear()
-    result = optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    result = optimizer_eval.run_eval([spec], opts, sglang_version=sglang_0523.version, say=said.append)
     assert called == [cut.root.name] and result["rows"][0]["run"] == done.root.name
     assert "finished earlier (wall-time budget of 60s spent): reused" in said[0]
+    assert (result["candidates"], result["judged"]) == (5, 0)  # a reused run judged nothing in this evaluation
 
     failed = _runs_of(spec, sglang_0523, "stopped by the agent: the exec command exited 1", 1)
     said.clear()
-    optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    optimizer_eval.run_eval([spec], opts, sglang_version=sglang_0523.version, say=said.append)
     assert called[-1] == failed.root.name and "(stopped by the agent" in said[0]  # an agent error is resumed
 
-    optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, fresh=True, say=said.append)
+    optimizer_eval.run_eval([spec], opts, sglang_version=sglang_0523.version, fresh=True, say=said.append)
     assert called[-1] is None  # --fresh: a new run, nothing reused
 
 
