@@ -92,7 +92,8 @@ def cmd_eval(args) -> int:
     executor = eval_executor(args.ray, args.gpus, len(specs))
     if executor is not None:
         where = "the Ray cluster" if args.ray else "this host"
-        print(f"{len(specs)} kernel(s), one GPU each, on {executor.gpus} GPU(s) of {where}", flush=True)
+        each = "one CPU task each (a dry run only builds)" if opts.dry_run else "one GPU each"
+        print(f"{len(specs)} kernel(s) at once, {each}, on {where} ({executor.gpus} GPU(s))", flush=True)
     try:
         result = run_eval(specs, opts, sglang_version=args.sglang, sglang_src=args.sglang_src, fresh=args.fresh,
                           executor=executor, events=_printer)

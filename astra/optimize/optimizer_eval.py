@@ -170,7 +170,8 @@ def in_worker(evaluate: Evaluate, name: str, spec_file: str, sglang_version: str
     def tagged(kind: str, data: dict) -> None:
         events(kind, {**data, "kernel": name})
 
-    say(f"started on {host()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '?')}")
+    device = os.environ.get("CUDA_VISIBLE_DEVICES")
+    say(f"started on {host()}" + (f":gpu{device}" if device else ""))
     return evaluate(spec_file, sglang_version, sglang_src, opts, fresh, say=say,
                     events=tagged if events is not None else None)
 
