@@ -193,3 +193,31 @@ def test_a_patch_names_every_accepted_step_the_best_was_built_on():
     assert text.index("drop the copy (verified x2.400") < text.index("BLOCK_DIM 256 -> 64 (verified x4.100")
     # a best found in one step reads as before
     assert found_by(run, first, "offline") == "Found by `astra optimize` (offline): drop the copy."
+
+
+def test_a_run_records_the_seconds_of_each_session(sglang_0523, monkeypatch):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import pytest
+
+    from astra.optimize import driver
+    from astra.optimize.options import OptimizeOptions
+
+    def session(run, spec, tree, opts, events, say):  # the loop itself needs a GPU
+        if opts.resume:
+            raise RuntimeError("killed")
+        state = run.state()
+        state.stopped = "1 round(s) done"
+        return state
+
+    clock = iter([100.0, 130.0, 200.0, 260.0])  # the start and the end of each session
+    monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(driver, "_run", session)
+    spec = spec_mod.load("rmsnorm")
+    opts = OptimizeOptions(offline=True, wall_min=1)
+    run, state = driver.run_optimize(spec, sglang_0523, opts)
+    assert state.wall_s == pytest.approx(30.0)
+    with pytest.raises(RuntimeError):
+        driver.run_optimize(spec, sglang_0523, replace(opts, resume=run.root.name))
+    assert RunDir.open(run.root.name).state().wall_s == pytest.approx(90.0)  # a failed session counts too
