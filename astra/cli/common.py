@@ -7,9 +7,10 @@ from pathlib import Path
 from astra.errors import AstraError
 from astra.sglang import tree as sglang_tree
 from astra.spec import model as spec_mod
+from astra.spec import trees
 
 
-def _check_tree_flags(args) -> None:
+def check_tree_flags(args) -> None:
     for flag, attr in (("--sglang", "sglang"), ("--sglang-src", "sglang_src")):
         value = getattr(args, attr, None)
         if value is not None and not value.strip():
@@ -18,21 +19,17 @@ def _check_tree_flags(args) -> None:
 
 def tree(args) -> sglang_tree.SglangTree:
     """--sglang VERSION, --sglang-src PATH, else the installed package, else the pinned default wheel."""
-    _check_tree_flags(args)
+    check_tree_flags(args)
     return sglang_tree.locate(version=getattr(args, "sglang", None), src=getattr(args, "sglang_src", None))
 
 
 def tree_for_spec(args, name: str) -> sglang_tree.SglangTree:
-    """The spec's own SGLang version unless the user names another tree."""
-    _check_tree_flags(args)
-    if getattr(args, "sglang", None) or getattr(args, "sglang_src", None):
+    """The spec's own SGLang version unless the user names another tree (astra.spec.trees)."""
+    check_tree_flags(args)
+    version, src = getattr(args, "sglang", None), getattr(args, "sglang_src", None)
+    if version or src:
         return tree(args)
-    spec = spec_mod.load(name)
-    version = str(spec.raw["source"]["sglang_version"])
-    installed = sglang_tree.find_installed()
-    if installed is not None and installed.version == version:
-        return installed  # the user's own install of that very version: no download
-    return sglang_tree.from_wheel(version)
+    return trees.tree_for(spec_mod.load(name), None, None)
 
 
 def check_output(path: str | None, flag: str = "--json") -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import time
 
-from astra.cli.common import check_output, tree_for_spec, write_text
+from astra.cli.common import check_output, check_tree_flags, tree_for_spec, write_text
 from astra.cli.testing import check_llm_config
 from astra.errors import AstraError
 from astra.optimize.driver import emit_best_patch, run_optimize
-from astra.optimize.optimizer_eval import run_eval
+from astra.optimize.optimizer_eval import eval_executor, run_eval
 from astra.optimize.options import OptimizeOptions
 from astra.optimize.rundir import RunDir
 from astra.report import run_text, table
@@ -29,7 +29,8 @@ def loop_options(args) -> OptimizeOptions:
 
 
 def _printer(kind: str, data: dict) -> None:
-    stamp = time.strftime("%H:%M:%S")
+    """The loop's events as lines; an event from an `astra eval` worker names its kernel (data["kernel"])."""
+    stamp = time.strftime("%H:%M:%S") + (f" {data['kernel']}" if data.get("kernel") else "")
     if kind == "baseline":
         print(f"[{stamp}] timing the original against itself (baseline profile)", flush=True)
     elif kind == "candidate":
@@ -87,27 +88,53 @@ def cmd_eval(args) -> int:
     specs = [resolve(n) for n in names]
     check_output(args.json)
     opts = loop_options(args)
-    paths_by_name = {spec.name: str(spec.path) for spec in specs}
-    result = run_eval(specs, lambda name: tree_for_spec(args, paths_by_name[name]), opts, fresh=args.fresh,
-                      events=_printer)
+    check_tree_flags(args)
+    executor = eval_executor(args.ray, args.gpus, len(specs))
+    if executor is not None:
+        where = "the Ray cluster" if args.ray else "this host"
+        each = "one CPU task each (a dry run only builds)" if opts.dry_run else "one GPU each"
+        print(f"{len(specs)} kernel(s) at once, {each}, on {where} ({executor.gpus} GPU(s))", flush=True)
+    try:
+        result = run_eval(specs, opts, sglang_version=args.sglang, sglang_src=args.sglang_src, fresh=args.fresh,
+                          executor=executor, events=_printer)
+    finally:
+        if executor is not None:
+            executor.close()
     rows = result["rows"]
 
     def band(r: dict, name: str) -> str:
         b = r.get("bands", {}).get(name)
         return "-" if not b else f"{b['us_before']:.3g} -> {b['us_after']:.3g}"
 
+    def correct(r: dict) -> str:
+        return "ERROR" if r.get("error") else {True: "yes", False: "NO", None: "(original kept)"}[r["correct"]]
+
     print(table.render(["kernel", "lines changed", "us before", "us after", "decode us", "middle us", "prefill us",
                         "speedup", "worst shape", "correct", "candidates", "agent", "patch"],
                        [[r["kernel"], r["lines_changed"], r["us_before"], r["us_after"], band(r, "decode"),
                          band(r, "middle"), band(r, "prefill"), r["speedup"], r["worst_shape"] or "-",
-                         {True: "yes", False: "NO", None: "(original kept)"}[r["correct"]], r["candidates"],
-                         r["agent"], _patch_cell(r.get("patch"))]
+                         correct(r), r["candidates"], r["agent"], _patch_cell(r.get("patch"))]
                         for r in rows]))
+    for r in rows:
+        if r.get("error"):
+            print(f"{r['kernel']}: ERROR: {r['error']}")
     mean = result["geomean_speedup"]
     print(f"average speedup (geomean over kernels): {'x%.3f' % mean if mean else 'n/a (nothing timed)'}; "
           "the Astra paper reports 1.32x (o4-mini, five rounds, simplified kernels)")
+    print(throughput_text(result))
     write_text(args.json, json.dumps(result, indent=1))
-    return 0
+    if result["failed"]:
+        print(f"{len(result['failed'])} kernel(s) failed: {', '.join(result['failed'])} (a re-run continues them)")
+    return 1 if result["failed"] else 0
+
+
+def throughput_text(result: dict) -> str:
+    """'judged 40 candidate(s) in 1800 s: 80.0 per hour (the runs hold 52 in all)': the candidates judged during
+    this evaluation (not those of runs it reused or resumed) per hour of its wall time."""
+    rate = result["judged_per_hour"]
+    return (f"judged {result['judged']} candidate(s) in {result['wall_s']:.0f} s: "
+            + (f"{rate:.1f} per hour" if rate is not None else "n/a per hour")
+            + (f" (the runs hold {result['candidates']} in all)" if result["candidates"] != result["judged"] else ""))
 
 
 def _patch_cell(text: str | None) -> str:

@@ -141,7 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "the same kernel, SGLang version, agent and source, and continue one that was cut off)")
     _sglang_options(p)
     _loop_options(p)
-    p.add_argument("--json", metavar="OUT", help="also write the table's rows and the average speedup as JSON")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="kernels at once on this host, one GPU each (default: every visible GPU; 1: one after "
+                        "another in this process, each kernel judging its candidates on every GPU)")
+    p.add_argument("--ray", metavar="auto|ADDRESS",
+                   help="run each kernel as a one-GPU Ray task on a cluster (pip install 'astra[ray]'); --gpus "
+                        "then caps the kernels in flight")
+    p.add_argument("--json", metavar="OUT", help="also write the table's rows, the average speedup and the "
+                                                 "candidates judged per hour as JSON")
 
     p = sub.add_parser("runs", help="list optimize runs")
 

@@ -27,7 +27,7 @@ from astra.spec import model as spec_mod
 from astra.spec.model import KernelSpec
 from astra.spec.resolve import draft_problem, resolve
 from astra.spec.source_check import require_same_source
-from astra.survey.bench import tree_for
+from astra.spec.trees import tree_for
 from astra.verify import runner
 from harness import Verdict
 

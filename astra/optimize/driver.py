@@ -7,6 +7,7 @@ Library code: `run_optimize(spec, tree, OptimizeOptions(...))`; the CLI only bui
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import Callable
 
@@ -39,6 +40,7 @@ def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, e
         state = run.state()
         state.identity = run_identity(spec, opts)
         run.save(state)
+    began = time.monotonic()
     try:
         return run, _run(run, spec, tree, opts, events, say)
     except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM or SIGHUP (harness.worker.children)
@@ -49,6 +51,18 @@ def run_optimize(spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions, *, e
 
         mark_stopped(run, f"failed: {one_line(err, 300) or type(err).__name__}")
         raise
+    finally:
+        _add_wall(run, time.monotonic() - began)
+
+
+def _add_wall(run: RunDir, seconds: float) -> None:
+    """Add this session's seconds to the run's `wall_s` (its candidates judged per hour)."""
+    try:
+        state = run.state()
+    except AstraError:
+        return
+    state.wall_s += seconds
+    run.save(state)
 
 
 def _resume(run_id: str, spec: KernelSpec) -> RunDir:

@@ -85,9 +85,16 @@ class RunState:
     started: float = field(default_factory=time.time)
     stopped: str | None = None
     identity: dict = field(default_factory=dict)  # what decides whether `astra eval` may reuse it (driver.run_identity)
+    wall_s: float = 0.0  # seconds its sessions ran (run_optimize, start to end), summed over resumptions
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def judged(self, since: int = 0) -> int:
+        """Candidates the judge gave a verdict, in history entries from `since` on: every entry but a dry
+        run's "built" (built by nvcc, never verified). A build failure is a verdict; a candidate judged again
+        (a quick search's best on the full suite) counts each time."""
+        return sum(1 for h in self.history[since:] if h.status != "built")
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunState":
@@ -114,9 +121,15 @@ class RunState:
         if not isinstance(state.kernel, str) or not isinstance(state.round, int) or not (
                 state.best is None or isinstance(state.best, int)):
             raise ValueError("`kernel`, `round` or `best` has the wrong type")
-        if not isinstance(state.tokens, int) or not isinstance(state.cost_usd, (int, float)):
-            raise ValueError("`tokens` or `cost_usd` is not a number")
+        if not isinstance(state.tokens, int) or not isinstance(state.cost_usd, (int, float)) or not isinstance(
+                state.wall_s, (int, float)):
+            raise ValueError("`tokens`, `cost_usd` or `wall_s` is not a number")
         return state
+
+
+def per_hour(count: int, seconds: float | None) -> float | None:
+    """`count` over `seconds`, per hour; None when no time was measured."""
+    return count * 3600.0 / seconds if seconds and seconds > 0 else None
 
 
 class RunDir:

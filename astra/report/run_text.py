@@ -7,7 +7,7 @@ from pathlib import Path
 from astra import input_files, paths
 from astra.errors import AstraError, RunStateError
 from astra.optimize.loop import band_summary, band_wins_line
-from astra.optimize.rundir import HistoryEntry, RoundPlan, RunDir, RunState, list_runs
+from astra.optimize.rundir import HistoryEntry, RoundPlan, RunDir, RunState, list_runs, per_hour
 from astra.report import table
 from astra.text import one_line, printable
 
@@ -33,6 +33,7 @@ def summary(run: RunDir) -> str:
     planned = plans_text(state)
     if planned:
         out.append(planned)
+    out.append(throughput_line(state))
     out.append(f"stopped: {one_line(state.stopped)}; tokens {state.tokens}, cost ${state.cost_usd:.4f}; run directory {run.root}")
     return "\n".join(out)
 
@@ -76,6 +77,16 @@ def plans_text(state: RunState) -> str:
         out += [f"  applied #{h.n:03d} {one_line(h.name, 60)}: {h.status}, x{h.score:.3f}"
                 + (", kept" if h.accepted else "") for h in entries] or ["  applied: none"]
     return "\n".join(out)
+
+
+def throughput_line(state: RunState) -> str:
+    """'judged 12 candidate(s) in 30.5 min of run time: 23.6 per hour' (a run made before runs recorded
+    their time says so)."""
+    judged = state.judged()
+    rate = per_hour(judged, state.wall_s)
+    if rate is None:
+        return f"judged {judged} candidate(s); run time not recorded"
+    return f"judged {judged} candidate(s) in {state.wall_s / 60:.1f} min of run time: {rate:.1f} per hour"
 
 
 def readable_run(root: Path) -> RunDir:

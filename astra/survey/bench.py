@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from astra.errors import AstraError
-from astra.sglang import tree as sglang_tree
-from astra.spec.model import KernelSpec
+from astra.spec.trees import tree_for
 from astra.text import one_line
 
 VIEWS = ("graph", "cold")
@@ -125,29 +123,6 @@ def serial_run(tasks: Sequence[BenchTask], bench: Bench = bench_one) -> Iterator
             yield BenchResult(task.name, None, one_line(err, 400), time.monotonic() - start)
         else:
             yield BenchResult(task.name, verdict, None, time.monotonic() - start)
-
-
-def tree_for(spec: KernelSpec, version: str | None, src: str | None) -> sglang_tree.SglangTree:
-    """The tree a spec is benched on: the one the user names, else the spec's own SGLang version
-    (the installed package when it is that version, else its wheel), as `astra bench` chooses."""
-    if version or src:
-        return sglang_tree.locate(version=version, src=src)
-    own = spec_version(spec)
-    installed = sglang_tree.find_installed()
-    if installed is not None and installed.version == own:
-        return installed
-    return sglang_tree.from_wheel(own)
-
-
-def tree_version(spec: KernelSpec | None, version: str | None, src: str | None) -> str:
-    """The SGLang version `tree_for` would give, without downloading anything."""
-    if src:
-        return sglang_tree.from_source(Path(src)).version
-    return version or spec_version(spec)
-
-
-def spec_version(spec: KernelSpec) -> str:
-    return str(spec.raw["source"]["sglang_version"])
 
 
 def gpu_name() -> str | None:

@@ -25,7 +25,7 @@ import re
 from typing import Callable
 
 from astra.errors import AstraError
-from astra.survey.bench import tree_for
+from astra.spec.trees import tree_for
 from astra.text import one_line
 
 REACH_FACTORS = {"warm": 1.0, "gated": 0.5, "cold": 0.1, "unknown": 1.0}

@@ -17,6 +17,7 @@ from typing import Callable
 from astra import input_files, paths
 from astra.errors import AstraError
 from astra.spec import model as spec_mod
+from astra.spec import trees
 from astra.spec.model import KernelSpec
 from astra.spec.resolve import draft_path, draft_problem, resolve, spec_sha256
 from astra.survey import bench as bench_mod
@@ -84,8 +85,8 @@ def sglang_label_version(targets: list[Target], version: str | None, src: str | 
     """The SGLang version a default store label names: the tree the user gives, else the specs' own
     (the most common one; a tie goes to the newest)."""
     if version or src:
-        return bench_mod.tree_version(None, version, src)
-    counts = Counter(bench_mod.spec_version(resolve(str(t.spec_file))) for t in targets)
+        return trees.tree_version(None, version, src)
+    counts = Counter(trees.spec_version(resolve(str(t.spec_file))) for t in targets)
     return max(counts, key=lambda v: (counts[v], v)) if counts else "unknown"
 
 
@@ -97,7 +98,7 @@ def plan(targets: list[Target], store: Store, *, sglang_version: str | None, sgl
         spec = resolve(str(target.spec_file))
         why = "--force" if force else stale_reason(
             store.read(target.name), spec_sha256=spec_sha256(spec.path),
-            sglang_version=bench_mod.tree_version(spec, sglang_version, sglang_src), gpu=gpu, views=views)
+            sglang_version=trees.tree_version(spec, sglang_version, sglang_src), gpu=gpu, views=views)
         if why is None:
             out.current.append(target.name)
         else:
@@ -133,7 +134,7 @@ def survey(targets: list[Target], store: Store, *, sglang_version: str | None = 
         record = make_record(
             name=target.name, kind=target.kind, spec_file=str(spec.path), spec_sha256=spec_sha256(spec.path),
             module=spec.module, token_dim=str(spec.raw["shapes"].get("token_dim", "tokens")),
-            sglang_version=bench_mod.tree_version(spec, sglang_version, sglang_src), gpu=gpu, wall_s=wall,
+            sglang_version=trees.tree_version(spec, sglang_version, sglang_src), gpu=gpu, wall_s=wall,
             verdict=result.verdict, error=result.error, reach=reach, guesses=review_markers(spec.path))
         store.write(record)
         if result.verdict is None:
@@ -156,7 +157,7 @@ def review_markers(path: Path | str) -> int | None:
 
 def _reach(spec: KernelSpec, version: str | None, src: str | None, reach_of: reach_mod.ReachOf,
            cache: dict[tuple, dict]) -> dict:
-    key = (spec.module, version, src, None if (version or src) else bench_mod.spec_version(spec))
+    key = (spec.module, version, src, None if (version or src) else trees.spec_version(spec))
     if key not in cache:
         try:
             cache[key] = reach_of(spec, version, src)

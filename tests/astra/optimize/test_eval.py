@@ -100,21 +100,22 @@ def test_eval_reuses_a_finished_run_and_continues_a_cut_off_one(sglang_0523, mon
     monkeypatch.setattr(optimizer_eval, "run_optimize", loop)
     cut = _runs_of(spec, sglang_0523, None, 3)  # killed mid-run: stopped never written
     said: list[str] = []
-    optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    optimizer_eval.run_eval([spec], opts, sglang_version=sglang_0523.version, say=said.append)
     assert called == [cut.root.name] and "cut off after 3 candidate(s)" in said[0]
 
     done = _runs_of(spec, sglang_0523, "wall-time budget of 60s spent", 5)
     said.clear()
-    result = optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    result = optimizer_eval.run_eval([spec], opts, sglang_version=sglang_0523.version, say=said.append)
     assert called == [cut.root.name] and result["rows"][0]["run"] == done.root.name
     assert "finished earlier (wall-time budget of 60s spent): reused" in said[0]
+    assert (result["candidates"], result["judged"]) == (5, 0)  # a reused run judged nothing in this evaluation
 
     failed = _runs_of(spec, sglang_0523, "stopped by the agent: the exec command exited 1", 1)
     said.clear()
-    optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, say=said.append)
+    optimizer_eval.run_eval([spec], opts, sglang_version=sglang_0523.version, say=said.append)
     assert called[-1] == failed.root.name and "(stopped by the agent" in said[0]  # an agent error is resumed
 
-    optimizer_eval.run_eval([spec], lambda name: sglang_0523, opts, fresh=True, say=said.append)
+    optimizer_eval.run_eval([spec], opts, sglang_version=sglang_0523.version, fresh=True, say=said.append)
     assert called[-1] is None  # --fresh: a new run, nothing reused
 
 
@@ -192,3 +193,31 @@ def test_a_patch_names_every_accepted_step_the_best_was_built_on():
     assert text.index("drop the copy (verified x2.400") < text.index("BLOCK_DIM 256 -> 64 (verified x4.100")
     # a best found in one step reads as before
     assert found_by(run, first, "offline") == "Found by `astra optimize` (offline): drop the copy."
+
+
+def test_a_run_records_the_seconds_of_each_session(sglang_0523, monkeypatch):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import pytest
+
+    from astra.optimize import driver
+    from astra.optimize.options import OptimizeOptions
+
+    def session(run, spec, tree, opts, events, say):  # the loop itself needs a GPU
+        if opts.resume:
+            raise RuntimeError("killed")
+        state = run.state()
+        state.stopped = "1 round(s) done"
+        return state
+
+    clock = iter([100.0, 130.0, 200.0, 260.0])  # the start and the end of each session
+    monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(driver, "_run", session)
+    spec = spec_mod.load("rmsnorm")
+    opts = OptimizeOptions(offline=True, wall_min=1)
+    run, state = driver.run_optimize(spec, sglang_0523, opts)
+    assert state.wall_s == pytest.approx(30.0)
+    with pytest.raises(RuntimeError):
+        driver.run_optimize(spec, sglang_0523, replace(opts, resume=run.root.name))
+    assert RunDir.open(run.root.name).state().wall_s == pytest.approx(90.0)  # a failed session counts too
