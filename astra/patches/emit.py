@@ -36,6 +36,7 @@ from astra.patches import patchfile
 from astra.patches.patchfile import git_exe
 from astra.sglang.tree import SglangTree, sha256_file
 from astra.spec.model import KernelSpec
+from astra.verify.runner import SCREEN_NOTE
 from harness import Verdict, verified_faster
 from harness.judge.acceptance import SLOWDOWN_THRESHOLD
 
@@ -68,6 +69,8 @@ def refusal(verdict: Verdict, *, spec_name: str | None = None, slowdown_threshol
     check_threshold(slowdown_threshold)
     if spec_name and verdict.name and verdict.name != spec_name:
         return f"the verdict is for kernel {verdict.name!r}, not {spec_name!r}"
+    if SCREEN_NOTE in (verdict.notes or []):
+        return f"{SCREEN_NOTE}; run `astra check` without --quick first"
     findings = verdict.sanitizer.get("findings") or []
     if findings:
         first = findings[0]

@@ -124,7 +124,8 @@ def environment(verdict: Verdict) -> str:
         return ""
     bw = env.get("copy_bandwidth_Bps")
     bw_text = f", copy {bw / 1e12:.2f} TB/s" if isinstance(bw, (int, float)) else ""
-    phase_text = ", ".join(f"{k} {v:.1f}s" for k, v in verdict.phases.items() if isinstance(v, (int, float)))
+    phase_text = ", ".join((f"{k} {v:.1f}s" if k.endswith("_s") else f"{k} {v:g}")
+                           for k, v in verdict.phases.items() if isinstance(v, (int, float)))
     return (f"GPU: {env.get('gpu')} (sm {env.get('capability')}), driver {env.get('driver')}, "
             f"CUDA runtime {env.get('cuda_runtime')}, nvcc {env.get('nvcc')}, "
             f"torch {env.get('torch')}, tvm-ffi {env.get('tvm_ffi')}{bw_text}"

@@ -65,6 +65,10 @@ def timeout_for(job: Job) -> float:
     return 300.0 + 10.0 * len(job.cases)
 
 
+SCREEN_NOTE = ("a --quick screen (the median shape of each band, one seed, the graph view, no sanitizer): for "
+               "iterating, not evidence for a patch")
+
+
 def quick_cases(job: Job) -> Job:
     """A screen for iteration, not evidence: the first dtype's cases, of its timed shapes only the median by
     bytes of each band (its untimed edge shapes all kept), one seed without the large/small/extreme trials,
@@ -92,7 +96,10 @@ def check_candidate(spec: KernelSpec, tree: SglangTree, source: str, label: str,
     job = jobs.make_job(spec, tree, candidate_source=source, label=label, options=opts.harness_options())
     if opts.quick:
         job = quick_cases(job)
-    return verify_job(job, timeout_s=timeout_for(job), progress=progress)
+    verdict = verify_job(job, timeout_s=timeout_for(job), progress=progress)
+    if opts.quick:
+        verdict.notes.append(SCREEN_NOTE)  # the patch emitter refuses it (astra.patches.emit.refusal)
+    return verdict
 
 
 def bench_original(spec: KernelSpec, tree: SglangTree, opts: CheckOptions, kernel_rel: str | None = None) -> Verdict:

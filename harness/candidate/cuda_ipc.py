@@ -124,7 +124,9 @@ class Imports:
         if not (isinstance(offset, int) and 0 <= offset and offset + nbytes <= size):
             raise IpcError(f"bytes [{offset}, {offset}+{nbytes}) lie outside the allocation of {size} bytes")
         out = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        if nbytes:  # on the legacy default stream, which torch's work on this device is ordered with
+        # On the legacy default stream: ordered with the judge's work on torch's default stream, where every read
+        # of the candidate's outputs happens (a caller on a non-blocking stream would have to synchronise first).
+        if nbytes:
             _check(_load().cuMemcpyDtoD_v2(out.data_ptr(), pointer + offset, nbytes), "cuMemcpyDtoD")
         self.copies += 1
         return out

@@ -30,7 +30,7 @@ from typing import Iterable
 import torch
 
 P = (1 << 31) - 1
-CHUNK = 1 << 24  # half-words per step: int64 temporaries of 128 MiB at most
+CHUNK = 1 << 23  # half-words per step: each int64 temporary of two key streams 128 MiB
 _C1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64's multipliers, as signed int64
 _C2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -74,13 +74,14 @@ def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def byte_sums(data: torch.Tensor, key: int) -> tuple[int, ...]:
-    """The keyed sums mod P of the flat bytes `data` (uint8), one per key stream, both streams in one pass."""
-    words = _halfwords(data)
-    salts = _salts(key).to(words.device)
-    total = torch.zeros(len(_STREAMS), dtype=torch.int64, device=words.device)
-    for start in range(0, words.numel(), CHUNK):
-        part = words[start:start + CHUNK]
-        positions = torch.arange(start, start + part.numel(), dtype=torch.int64, device=words.device)
+    """The keyed sums mod P of the flat bytes `data` (uint8), one per key stream, both streams in one pass,
+    CHUNK half-words at a time (the int64 temporaries stay a few hundred MiB whatever the data's size)."""
+    salts = _salts(key).to(data.device)
+    total = torch.zeros(len(_STREAMS), dtype=torch.int64, device=data.device)
+    for start in range(0, data.numel(), 2 * CHUNK):
+        part = _halfwords(data[start:start + 2 * CHUNK])
+        first = start // 2
+        positions = torch.arange(first, first + part.numel(), dtype=torch.int64, device=data.device)
         total += ((part * _keys(positions, salts)) % P).sum(dim=1) % P
     return tuple(int(v) % P for v in total.cpu().tolist())  # one synchronisation, 16 bytes
 

@@ -18,8 +18,9 @@ anew behind pads of one random layout (where the sets land moves a µs kernel's 
 the placement is sampled like any other random factor; `info.block_ratios` holds each block's ratio of
 medians, from which the judge widens the case's noise band (harness.judge.timings.placement_noise).
 
-Order: ABBA by rounds (o c, c o, o c, ...), consecutive samples of one side run as one turn; a round of the
-cold view holds COLD_TURN samples per side. Before each of
+Order: ABBA by rounds (o c, c o, o c, ...), consecutive samples of one side run as one turn. A cold sample
+relaunches set 0 after restoring it, so a verification sees a turn's last launch only; turns therefore stay one
+or two samples long (longer ones would save most stops and resumes, but first need a set per sample of a turn). Before each of
 the original's turns the candidate process is stopped and the GPU checked quiet (harness.quiet_gpu: an
 `Interference` rejects the candidate); before each command to the candidate it is resumed. The stop rule is
 harness.timing's (`stop_reason`) over both sides' samples of the block, with the block's share of the case's
@@ -38,7 +39,6 @@ case, naming the view and the launch.
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -66,11 +66,6 @@ from harness.timing.timing_link import LinkBroken, SideFailed
 MAX_GRAPH_SETS = 4096
 SETS_MAX_BYTES = 8 << 30  # per side: the original's sets in the judge, the candidate's in its process
 SETS_FREE_SHARE = 0.25  # of the GPU memory free in the judge when a view starts
-# Samples per side and round in the cold view: a cold sample is one launch of a few us, so single-sample turns
-# spent most of a case's time stopping, checking and resuming the candidate process between turns (on an H100,
-# 2026-11-26: 370 turns per case of fused_add_rmsnorm). Turns of 8 keep ABBA order across turns and the same
-# number of samples. ASTRA_TIMING_COLD_TURN sets it for diagnosis (a timing diagnostic, like harness.timing.modes').
-COLD_TURN = max(1, int(os.environ.get("ASTRA_TIMING_COLD_TURN") or 8))
 
 
 @dataclass
@@ -175,9 +170,7 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
     min_samples = MIN_SAMPLES if view == "graph" else COLD_MIN_SAMPLES
     layouts = layout_seeds(rng)
     check = make_check(seeds)  # one per view: outputs already compared by value are not fetched again
-    turn = COLD_TURN if view == "cold" else 1
-    # (block, round) verified during sampling: a round among those the block's least samples take
-    probe = (rng.randrange(len(layouts)), rng.randrange(max(1, math.ceil(min_samples / turn))))
+    probe = (rng.randrange(len(layouts)), rng.randrange(min_samples))  # (block, round) verified during sampling
     samples: dict[str, list[float]] = {"orig": [], "cand": []}
     failures: list[str] = []
     verified: list[str] = []
@@ -190,7 +183,7 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
         pair.cand.prepare(view, seeds, layout)
         block_probe = probe[1] if probe[0] == block else None
         taken, stop = _sample_block(pair, options, check, min_samples, block_probe, block, len(layouts),
-                                    failures, verified, turn)
+                                    failures, verified)
         rounds += taken["rounds"]
         stops.append(stop)
         block_ratios.append(median(taken["orig"]) / median(taken["cand"]))
@@ -210,10 +203,9 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
 
 
 def _sample_block(pair: Pair, options, check, min_samples: int, probe: int | None, block: int, blocks: int,
-                  failures: list[str], verified: list[str], turn: int = 1) -> tuple[dict[str, Any], str]:
-    """Block `block` of `blocks`: ABBA rounds of `turn` samples per side until the stop rule holds on this
-    block's samples (its share of the budget); verifies after round `probe` (None: not in this block) and after
-    the block's last sample."""
+                  failures: list[str], verified: list[str]) -> tuple[dict[str, Any], str]:
+    """Block `block` of `blocks`: ABBA rounds until the stop rule holds on this block's samples (its share
+    of the budget); verifies after round `probe` (None: not in this block) and after the block's last sample."""
     samples: dict[str, list[float]] = {"orig": [], "cand": []}
     budget_s = options.budget_ms_per_case / 1000.0 * 2 / blocks
     rounds, stop, start, verifying = 0, None, time.perf_counter(), 0.0
@@ -225,9 +217,9 @@ def _sample_block(pair: Pair, options, check, min_samples: int, probe: int | Non
         for side, count in abba(rounds, end):
             if side == "orig":
                 pair.hold_candidate()
-                samples["orig"] += pair.orig.sample(count * turn)
+                samples["orig"] += pair.orig.sample(count)
             else:
-                samples["cand"] += pair.cand.sample(count * turn)
+                samples["cand"] += pair.cand.sample(count)
         rounds = end
         stop = stop_reason(samples, time.perf_counter() - start - verifying, budget_s, options.target_rel_stderr,
                            min_samples, MAX_SAMPLES)

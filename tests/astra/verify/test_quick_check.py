@@ -25,3 +25,15 @@ def test_quick_keeps_one_median_timed_shape_per_band_and_every_edge(sglang_0523)
     assert quick.options.seeds == [0] and not quick.options.extra_trials
     assert quick.options.modes == ["graph"] and not quick.options.sanitizer
     assert len(quick.cases) < len(full.cases) / 2
+
+
+def test_a_quick_screen_is_not_evidence_for_a_patch():
+    from astra.patches.emit import refusal
+    from astra.verify.runner import SCREEN_NOTE
+    from tests.astra.patches import patch_helpers as h
+
+    verdict = h.synthetic_verdict()
+    assert refusal(verdict) is None  # the same numbers from a full check make a patch
+    verdict.notes.append(SCREEN_NOTE)
+    why = refusal(verdict)
+    assert why is not None and "--quick" in why and "without --quick" in why
