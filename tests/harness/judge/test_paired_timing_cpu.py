@@ -227,3 +227,40 @@ def test_graph_sets_fill_the_replay_within_memory():
     assert graph_sets(5.0, 1 << 20, 10 << 20) == 10  # bounded by memory
     assert graph_sets(0.001, 1, 1 << 40) == MAX_GRAPH_SETS
     assert graph_sets(5.0, 1 << 40, 1 << 30) == 1
+
+
+@pytest.mark.parametrize("period", [3, 8])
+def test_a_cold_cheat_that_does_full_work_on_one_launch_in_n_is_caught(period):
+    """A kernel that counts its launches (and sees each placement's new sets) computes every row only on one
+    launch in `period`, half of them otherwise: each cold verification sees a turn's last launch, and turns are
+    one or two samples long, so most verifications land on a cheating launch."""
+    state = {"launches": 0}
+
+    def cheater(args):
+        state["launches"] += 1
+        x, w, out = args
+        if state["launches"] <= 3 or (state["launches"] - 3) % period == 0:  # the warm-ups, then one in `period`
+            out.copy_(x * w)
+        else:
+            half = x.shape[0] // 2
+            out[:half].copy_(x[:half] * w)  # the other half keeps the poison
+
+    class Counting(TimingSide):
+        def prepare(self, view, seeds, layout=0):
+            state["launches"] = 0
+            return super().prepare(view, seeds, layout)
+
+    case = _case()
+    job = _job(case)
+    caught = 0
+    for seed in range(8):
+        orig, cand = TimingSide("orig", rowscale, case, "cpu"), Counting("cand", cheater, case, "cpu")
+
+        def make(seeds, orig=orig, cand=cand):
+            return LaunchCheck(case, job, "cold", seeds, checked_for(case, rowscale, bit_exact=True), orig.set_args,
+                               lambda indices: {i: cand.set_args(i) for i in indices})
+
+        outcome = time_view(case, "cold", Pair(orig, cand), job.options, make, torch.device("cpu"),
+                            random.Random(seed))
+        caught += bool(outcome.failures)
+    assert caught == 8
