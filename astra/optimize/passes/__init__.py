@@ -1,0 +1,92 @@
+"""Rewrite passes: general source-to-source transformations of a kernel file, read with libclang.
+
+Where the offline agent's catalog (astra.optimize.transforms, param_space) turns knobs a kernel already
+has, a pass rewrites its code: packed 16-byte loads and stores (`vectorize`), loop-invariant loads
+hoisted (`reuse`), a block's shared-memory reduction done with warp shuffles (`warp_reduce`), fast
+intrinsics where the spec's tolerance allows (`fast_math`), several rows per CTA (`coarsen`). One pass
+per module of this package; each checks its preconditions on the parsed source and refuses with a
+one-line reason when they do not hold. None is assumed to be faster or even correct: every output is
+built and verified like any other candidate. Passes compose: each reads whatever source it is given.
+
+`PASSES` is the default catalog (the passes whose candidates built for at least ten SGLang modules,
+docs/results/passes-0.5.23.json); `all_passes()` every pass; `catalog(headers)` the same passes parsing
+with a tree's headers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from astra.optimize.passes.syntax import Headers, Unit, headers_for_spec, try_parse
+
+
+@dataclass(frozen=True)
+class PassResult:
+    applies: bool
+    source: str | None  # the whole rewritten kernel file when applies
+    reason: str  # what was done, or why it refuses (one line)
+
+
+class RewritePass(Protocol):
+    name: str
+    family: str  # for the offline agent's ordering
+
+    def apply(self, source: str, spec: dict | None = None) -> PassResult: ...
+
+
+class Refusal(Exception):
+    """Raised inside a pass to refuse: its message is the one-line reason."""
+
+
+class ParsedPass:
+    """The shared frame of the passes: parse (with the given headers, else the spec's), call `rewrite`,
+    turn a `Refusal` into a refusing result. `rewrite(unit, spec)` returns (new source, what was done)."""
+
+    name = ""
+    family = ""
+
+    def __init__(self, headers: Headers | None = None):
+        self.headers = headers
+
+    def apply(self, source: str, spec: dict | None = None) -> PassResult:
+        unit, why = try_parse(source, self.headers or headers_for_spec(spec))
+        if unit is None:
+            return PassResult(False, None, f"cannot parse the source: {why}")
+        try:
+            new, done = self.rewrite(unit, spec)
+        except Refusal as refusal:
+            return PassResult(False, None, str(refusal))
+        except ValueError as err:  # two rewrites of one range: a gap in the pass's rules, reported as such
+            return PassResult(False, None, f"internal: {err}")
+        if new == source:
+            return PassResult(False, None, "nothing to change")
+        return PassResult(True, new, done)
+
+    def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
+        raise NotImplementedError
+
+
+def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None) -> dict[str, RewritePass]:
+    """The passes named (default: every pass), parsing with `headers`."""
+    from astra.optimize.passes.coarsen import Coarsen
+    from astra.optimize.passes.fast_math import FastMath
+    from astra.optimize.passes.reuse import Reuse
+    from astra.optimize.passes.vectorize import Vectorize
+    from astra.optimize.passes.warp_reduce import WarpReduce
+
+    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen]
+    return {cls.name: cls(headers) for cls in every if names is None or cls.name in names}
+
+
+# The passes whose candidates built for at least ten modules of SGLang 0.5.23 (`astra passes`,
+# docs/results/passes-0.5.23.json).
+DEFAULT = ("vectorize", "reuse", "fast_math", "coarsen")
+
+
+def all_passes() -> dict[str, RewritePass]:
+    """Every pass, in the catalog or not."""
+    return catalog()
+
+
+PASSES: dict[str, RewritePass] = catalog(names=DEFAULT)

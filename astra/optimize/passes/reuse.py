@@ -1,0 +1,293 @@
+"""reuse: what does not change across a loop's iterations is computed once, before the loop.
+
+    for (int i = tid; i < n; i += stride) {            const auto scale_v = scale[row];
+      out[i] = in[i] * scale[row];              ->     for (int i = tid; i < n; i += stride) {
+    }                                                    out[i] = in[i] * scale_v;
+                                                       }
+
+Two shapes, in the innermost loops of `__global__` kernels:
+- a `const` local declared in the loop's body whose initialiser is loop-invariant moves above the loop
+  whole (`const auto weight_vec = gmem.load(weight_ptr);` in a grid-stride loop over rows);
+- any other loop-invariant load in the body becomes a `const auto` local above the loop, named after
+  its pointer, and the loop reads the local.
+Loop-invariant means: every name it reads is declared outside the loop (or by a declaration already
+moved out) and is neither assigned, incremented nor taken the address of in the loop; it calls nothing
+but loads, casts and math functions; and every load reads read-only memory: a pointer to const, not
+shared memory (no `__shared__` name anywhere in it), that the loop does not store through. A load is
+`p[e]`, `*p`, or a call named like one (`__ldg`, `__ldcs`, `load`, `load_as`, ...) whose arguments are
+loop-invariant. The compiler cannot do this itself when the loop also stores through a pointer that
+might alias the one read, or calls a function it cannot see through.
+
+Refused: loops with inline assembly, lambdas, or a PDL wait (a load moved above the wait would read
+before the previous kernel wrote). The hoisted load runs even when the loop runs zero times; the
+harness's memcheck sees an out-of-range one. The new local goes just above the loop's `#pragma` lines.
+"""
+
+from __future__ import annotations
+
+import re
+
+from astra.optimize.passes import ParsedPass, Refusal
+from astra.optimize.passes.syntax import (
+    Unit,
+    body,
+    callee,
+    has_asm,
+    operator,
+    parents,
+    refers_to,
+    splice,
+    stores,
+    walk,
+    written,
+)
+
+_LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT", "CXX_FOR_RANGE_STMT")
+_LOADS = ("__ldg", "__ldca", "__ldcg", "__ldcs", "__ldlu", "__ldcv", "load", "load_as", "ld_global", "ldg")
+_PURE = ("static_cast", "cast", "expf", "__expf", "logf", "__logf", "sqrtf", "rsqrtf", "fabsf", "fminf", "fmaxf",
+         "min", "max", "abs", "exp2f", "__fdividef", "__frcp_rn", "__float2half", "__half2float", "__float2bfloat16",
+         "__bfloat162float", "rsqrt", "sqrt", "exp", "log")
+_VALUE_NODES = ("BINARY_OPERATOR", "UNARY_OPERATOR", "UNEXPOSED_EXPR", "PAREN_EXPR", "INTEGER_LITERAL",
+                "FLOATING_LITERAL", "CXX_BOOL_LITERAL_EXPR", "DECL_REF_EXPR", "MEMBER_REF_EXPR", "CSTYLE_CAST_EXPR",
+                "CXX_STATIC_CAST_EXPR", "CXX_FUNCTIONAL_CAST_EXPR", "TYPE_REF", "NAMESPACE_REF", "TEMPLATE_REF",
+                "OVERLOADED_DECL_REF", "CALL_EXPR", "ARRAY_SUBSCRIPT_EXPR", "CONDITIONAL_OPERATOR")
+_BUILTINS = ("threadIdx", "blockIdx", "blockDim", "gridDim")
+_DECLS = ("VAR_DECL", "PARM_DECL", "NON_TYPE_TEMPLATE_PARAMETER", "UNEXPOSED_DECL", "FIELD_DECL")
+_WAITS = ("PDLWaitPrimary", "cudaGridDependencySynchronize", "griddepcontrol_wait")
+
+
+class Reuse(ParsedPass):
+    name = "reuse"
+    family = "reuse"
+
+    def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
+        edits: list[tuple[int, int, str]] = []
+        done: list[str] = []
+        for kernel in unit.kernels():
+            if body(kernel) is None:
+                continue
+            up = parents(kernel)
+            taken = {t.spelling for t in kernel.get_tokens() if t.kind.name == "IDENTIFIER"}
+            shared = _shared_names(kernel)
+            counts: dict[str, int] = {}
+            for node in walk(kernel):
+                if node.kind.name == "VAR_DECL":
+                    counts[node.spelling] = counts.get(node.spelling, 0) + 1
+            for loop in [n for n in walk(body(kernel)) if n.kind.name in _LOOPS and unit.in_main(n)]:
+                if _inner_loop(loop) or _hazard(unit, loop) or not _own_statement(unit, loop, up):
+                    continue
+                done += _hoist_loop(unit, loop, up, shared, taken, counts, edits)
+        if not edits:
+            raise Refusal("no loop reads read-only memory or computes a value at a loop-invariant place")
+        more = " ..." if len(done) > 4 else ""
+        return splice(unit, edits), f"moved {len(done)} loop-invariant value(s) out of loops: {', '.join(done[:4])}{more}"
+
+
+def _shared_names(kernel) -> set[str]:
+    """Names declared `__shared__` in the kernel (and whatever is initialised from them)."""
+    out = set()
+    for node in walk(kernel):
+        if node.kind.name == "VAR_DECL":
+            tokens = {t.spelling for t in node.get_tokens()}
+            if "__shared__" in tokens or tokens & out:
+                out.add(node.spelling)
+    return out
+
+
+def _own_statement(unit: Unit, loop, up: dict) -> bool:
+    """Whether the loop is a statement of a block, alone at the start of its line (nothing guards it there)."""
+    parent = up.get(loop)
+    start = unit.span(loop)[0]
+    return parent is not None and parent.kind.name == "COMPOUND_STMT" and not unit.data[
+        unit.line_start(start):start].strip()
+
+
+def _inner_loop(loop) -> bool:
+    return any(n.kind.name in _LOOPS for n in walk(loop) if n != loop)
+
+
+def _hazard(unit: Unit, loop) -> bool:
+    return has_asm(unit, loop) or any(n.kind.name == "LAMBDA_EXPR" for n in walk(loop)) or any(
+        n.kind.name == "CALL_EXPR" and callee(n) in _WAITS for n in walk(loop))
+
+
+def _loop_body(loop):
+    children = list(loop.get_children())
+    return children[0] if loop.kind.name == "DO_STMT" else children[-1]
+
+
+class _Loop:
+    """What one loop writes, and the test of whether an expression in it is the same every iteration."""
+
+    def __init__(self, unit: Unit, loop, shared: set[str]):
+        self.unit, self.shared = unit, shared
+        self.assigned, self.made = written(unit, loop)
+        self.stored = {refers_to(b) for s in stores(unit, loop) for b in walk(next(s.get_children()))
+                       if refers_to(b) is not None}
+        self.outside: set = set()  # declarations moved out of the loop
+
+    def invariant(self, expr) -> bool:
+        loads = 0
+        for node in walk(expr):
+            kind = node.kind.name
+            if kind not in _VALUE_NODES:
+                return False
+            if kind == "CALL_EXPR":
+                name = callee(node)
+                if name in _LOADS:
+                    loads += 1
+                    if not self._readonly(node):
+                        return False
+                elif name not in _PURE:
+                    return False
+            elif kind == "ARRAY_SUBSCRIPT_EXPR" or (kind == "UNARY_OPERATOR" and operator(self.unit, node) == "*"):
+                if not self._readonly(node):
+                    return False
+            elif kind == "UNARY_OPERATOR" and operator(self.unit, node) in ("++", "--", "&"):
+                return False
+            target = refers_to(node)
+            if target is None or target.spelling in _BUILTINS:
+                continue
+            if target.kind.name in ("FUNCTION_DECL", "FUNCTION_TEMPLATE", "CXX_METHOD"):
+                continue
+            if target.spelling in self.shared or target.kind.name not in _DECLS:
+                return False
+            if target in self.assigned or (target in self.made and target not in self.outside):
+                return False
+        return True
+
+    def _readonly(self, load) -> bool:
+        """Whether every pointer the load reads through points to const and is not stored through here."""
+        pointers = [refers_to(n) for n in walk(load) if refers_to(n) is not None
+                    and "*" in refers_to(n).type.spelling]
+        if not pointers:
+            return False
+        return all(_const_pointee(p.type.spelling) and p not in self.stored and p.spelling not in self.shared
+                   for p in pointers)
+
+
+def _const_pointee(spelled: str) -> bool:
+    spelled = spelled.replace("__restrict__", "").replace("__restrict", "").strip()
+    head = spelled.split("*")[0].strip()
+    return spelled.count("*") == 1 and (head.startswith("const ") or head.endswith(" const"))
+
+
+def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts: dict, edits: list) -> list[str]:
+    facts = _Loop(unit, loop, shared)
+    loop_body = _loop_body(loop)
+    if loop_body.kind.name != "COMPOUND_STMT":
+        return []
+    lines: list[str] = []
+    done: list[str] = []
+    moved: list = []
+    for stmt in loop_body.get_children():
+        decl = _const_decl(unit, stmt)
+        if decl is None or counts.get(decl.spelling, 0) != 1:
+            continue
+        init = list(decl.get_children())[-1] if list(decl.get_children()) else None
+        if init is None or not facts.invariant(init) or not _worth(unit, init):
+            continue
+        facts.outside.add(decl)
+        lines.append(unit.code(stmt).strip() + ("" if unit.code(stmt).strip().endswith(";") else ";"))
+        start, end = unit.span(stmt)
+        line_begin, line_end = unit.line_start(start), unit.data.find(b"\n", end)
+        alone = not unit.data[line_begin:start].strip() and not unit.data[end:line_end].strip(b" \t;")
+        edits.append((line_begin, line_end + 1, "") if alone else (start, end, ""))
+        moved.append((start, end))
+        done.append(decl.spelling)
+    names: dict[str, str] = {}
+    for node in walk(loop_body):
+        if any(a <= node.extent.start.offset < b for a, b in moved):
+            continue
+        if not _is_load(unit, node) or not _read_as_value(unit, node, up) or not facts.invariant(node):
+            continue
+        text = re.sub(r"\s+", " ", unit.code(node))
+        if text not in names:
+            names[text] = _fresh(_pointer_name(node), taken)
+            lines.append(f"const auto {names[text]} = {text};")
+            done.append(text)
+        start, end = unit.span(node)
+        edits.append((start, end, names[text]))
+        moved.append((start, end))
+    if lines:
+        at = _above_pragmas(unit, unit.span(loop)[0])
+        indent = unit.indent(unit.span(loop)[0])
+        edits.append((at, at, "".join(f"{indent}{line}\n" for line in lines)))
+    return done
+
+
+def _const_decl(unit: Unit, stmt):
+    """The variable of `const T name = init;` (one variable, no array, not static or shared), or None."""
+    if stmt.kind.name != "DECL_STMT":
+        return None
+    decls = list(stmt.get_children())
+    if len(decls) != 1 or decls[0].kind.name != "VAR_DECL":
+        return None
+    tokens = [t.spelling for t in stmt.get_tokens()]
+    if "const" not in tokens[:3] or {"static", "__shared__", "[", "&", "constexpr"} & set(tokens[:tokens.index(
+            decls[0].spelling)] if decls[0].spelling in tokens else tokens):
+        return None
+    return decls[0]
+
+
+def _worth(unit: Unit, init) -> bool:
+    """Whether moving the initialiser saves work: it loads or calls (not just renames or adds)."""
+    return any(n.kind.name in ("CALL_EXPR", "ARRAY_SUBSCRIPT_EXPR") or (
+        n.kind.name == "UNARY_OPERATOR" and operator(unit, n) == "*") or (
+        n.kind.name == "BINARY_OPERATOR" and operator(unit, n) in ("/", "%")) for n in walk(init))
+
+
+def _is_load(unit: Unit, node) -> bool:
+    kind = node.kind.name
+    if kind == "ARRAY_SUBSCRIPT_EXPR":
+        return True
+    if kind == "UNARY_OPERATOR" and operator(unit, node) == "*":
+        return True
+    return kind == "CALL_EXPR" and callee(node) in _LOADS
+
+
+def _read_as_value(unit: Unit, node, up: dict) -> bool:
+    """Neither assigned to, nor under `&`, nor the argument of a load call (that call is the load)."""
+    parent = up.get(node)
+    while parent is not None and parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
+        node, parent = parent, up.get(parent)
+    if parent is None:
+        return False
+    kind = parent.kind.name
+    if kind == "UNARY_OPERATOR" and operator(unit, parent) in ("&", "++", "--"):
+        return False
+    if kind in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR") and next(parent.get_children()) == node:
+        return operator(unit, parent) not in ("=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=")
+    if kind == "CALL_EXPR" and callee(parent) in _LOADS:
+        return False
+    return True
+
+
+def _pointer_name(load) -> str:
+    ref = next((refers_to(n) for n in walk(load) if refers_to(n) is not None and "*" in refers_to(n).type.spelling),
+               None)
+    stem = ref.spelling if ref is not None else "loaded"
+    return bare_name(stem) + "_v"
+
+
+def bare_name(name: str) -> str:
+    return name[:-4] if name.endswith("_ptr") else name
+
+
+def _fresh(stem: str, taken: set) -> str:
+    name, k = stem, 2
+    while name in taken:
+        name, k = f"{stem}{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def _above_pragmas(unit: Unit, offset: int) -> int:
+    """The start of the loop's line, moved up over the `#pragma` lines written right above it."""
+    at = unit.line_start(offset)
+    while at > 0:
+        prev = unit.line_start(at - 1)
+        if not unit.data[prev:at].strip().startswith(b"#pragma"):
+            break
+        at = prev
+    return at
