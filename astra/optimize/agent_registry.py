@@ -87,7 +87,7 @@ def _offline(setup: AgentSetup) -> Agent:
     spec, tree = setup.spec, setup.tree
     return OfflineAgent(spec.kernel_file, tree.csrc_dir, [str(tree.include_dir)], evaluator=setup.evaluator,
                         entries=[w["entry"] for w in spec.raw["build"].get("wrappers", []) if "entry" in w],
-                        on_search_line=search_logger(setup.run, setup.say))
+                        on_search_line=search_logger(setup.run, setup.say), spec=spec.raw)
 
 
 @register("llm")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 
 from astra.optimize.passes import ParsedPass, Refusal
-from astra.optimize.passes.syntax import Unit, body, is_global, parents, splice, walk
+from astra.optimize.passes.syntax import Unit, body, is_global, splice, walk
 
 ROWS = 2
 _QUERIES = ("get_blocks_per_sm", "cudaFuncSetAttribute", "cudaFuncGetAttributes", "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
@@ -119,8 +119,8 @@ def _constant_name(kernel: str) -> str:
 def _launches(unit: Unit, kernel, hosts: list, functions: list):
     """[(the launch call, its grid argument)] for every reference to the kernel (directly, or through a
     variable initialised with it: `static constexpr auto kernel = k<T>;`), or why not."""
-    up = parents(unit.tu.cursor)
-    refs = [n for n in walk(unit.tu.cursor) if _names(n, kernel) and unit.in_main(n)
+    up = unit.parents()
+    refs = [n for n in unit.nodes() if _names(n, kernel) and unit.in_main(n)
             and not unit.span(kernel)[0] <= unit.span(n)[0] < unit.span(kernel)[1]]
     aliases = []
     out = []
@@ -136,7 +136,7 @@ def _launches(unit: Unit, kernel, hosts: list, functions: list):
             return f"referenced other than as LaunchKernel(grid, block, ...)(kernel, ...) (line {ref.extent.start.line})"
         aliases.append(alias)
     for alias in aliases:
-        for ref in walk(unit.tu.cursor):
+        for ref in unit.nodes():
             if ref.kind.name == "DECL_REF_EXPR" and ref.referenced == alias and unit.in_main(ref):
                 if _inspected(ref, up):
                     continue

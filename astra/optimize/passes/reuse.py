@@ -30,6 +30,7 @@ import re
 from astra.optimize.passes import ParsedPass, Refusal
 from astra.optimize.passes.syntax import (
     Unit,
+    bare,
     body,
     callee,
     has_asm,
@@ -143,8 +144,11 @@ class _Loop:
             elif kind == "ARRAY_SUBSCRIPT_EXPR" or (kind == "UNARY_OPERATOR" and operator(self.unit, node) == "*"):
                 if not self._readonly(node):
                     return False
-            elif kind == "UNARY_OPERATOR" and operator(self.unit, node) in ("++", "--", "&"):
+            elif kind == "UNARY_OPERATOR" and operator(self.unit, node) in ("++", "--"):
                 return False
+            elif kind == "UNARY_OPERATOR" and operator(self.unit, node) == "&" and (
+                    bare(next(node.get_children())).kind.name != "ARRAY_SUBSCRIPT_EXPR"):
+                return False  # the address of an element is arithmetic; of a variable, a way to write it
             target = refers_to(node)
             if target is None or target.spelling in _BUILTINS:
                 continue
@@ -159,7 +163,7 @@ class _Loop:
     def _readonly(self, load) -> bool:
         """Whether every pointer the load reads through points to const and is not stored through here."""
         pointers = [refers_to(n) for n in walk(load) if refers_to(n) is not None
-                    and "*" in refers_to(n).type.spelling]
+                    and refers_to(n).kind.name in _DECLS and "*" in refers_to(n).type.spelling]
         if not pointers:
             return False
         return all(_const_pointee(p.type.spelling) and p not in self.stored and p.spelling not in self.shared
@@ -264,8 +268,8 @@ def _read_as_value(unit: Unit, node, up: dict) -> bool:
 
 
 def _pointer_name(load) -> str:
-    ref = next((refers_to(n) for n in walk(load) if refers_to(n) is not None and "*" in refers_to(n).type.spelling),
-               None)
+    ref = next((refers_to(n) for n in walk(load) if refers_to(n) is not None and refers_to(n).kind.name in _DECLS
+                and "*" in refers_to(n).type.spelling), None)
     stem = ref.spelling if ref is not None else "loaded"
     return bare_name(stem) + "_v"
 

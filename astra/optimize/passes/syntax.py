@@ -85,6 +85,22 @@ class Unit:
     def line_start(self, offset: int) -> int:
         return self.data.rfind(b"\n", 0, offset) + 1
 
+    def top(self) -> list:
+        """The declarations of this file at the top level of the translation unit (headers left out)."""
+        return [c for c in self.tu.cursor.get_children() if self.in_main(c)]
+
+    def nodes(self):
+        """Every node of this file's own declarations, in order (never the included headers')."""
+        for cursor in self.top():
+            yield from walk(cursor)
+
+    def parents(self) -> dict:
+        """`parents` over this file's own declarations."""
+        out: dict = {}
+        for cursor in self.top():
+            out.update(parents(cursor))
+        return out
+
     def functions(self) -> list:
         """Every function defined in this file (in namespaces and classes too), in order."""
         out: list = []
