@@ -5,21 +5,26 @@
     }                                                    out[i] = in[i] * scale_v;
                                                        }
 
-Two shapes, in the innermost loops of `__global__` kernels:
+Two shapes, in the loops of `__global__` kernels (outermost first: what an outer loop moved out, an
+inner one does not see again):
 - a `const` local declared in the loop's body whose initialiser is loop-invariant moves above the loop
-  whole (`const auto weight_vec = gmem.load(weight_ptr);` in a grid-stride loop over rows);
-- any other loop-invariant load in the body becomes a `const auto` local above the loop, named after
-  its pointer, and the loop reads the local.
+  whole (`const auto weight_vec = gmem.load(weight_ptr);` in a grid-stride loop over rows), where its
+  name is declared once in the kernel;
+- any other loop-invariant load in the body that runs on every iteration (not under an `if`, `?:`,
+  `&&` or `||`: a guarded load may be out of range where the guard is false) becomes a `const auto`
+  local above the loop, named after its pointer, and the loop reads the local.
 Loop-invariant means: every name it reads is declared outside the loop (or by a declaration already
-moved out) and is neither assigned, incremented nor taken the address of in the loop; it calls nothing
-but loads, casts and math functions; and every load reads read-only memory: a pointer to const, not
-shared memory (no `__shared__` name anywhere in it), that the loop does not store through. A load is
-`p[e]`, `*p`, or a call named like one (`__ldg`, `__ldcs`, `load`, `load_as`, ...) whose arguments are
-loop-invariant. The compiler cannot do this itself when the loop also stores through a pointer that
-might alias the one read, or calls a function it cannot see through.
+moved out) and is neither assigned, incremented nor taken the address of in it; it calls nothing but
+loads, casts and math functions; and every load reads memory the loop cannot change: not stored
+through in the loop, no shared memory (no `__shared__` name, nor a name initialised from one), and
+either a pointer to const or one whose element type the loop stores nowhere (directly, or through a
+call given a pointer). A load is `p[e]`, `*p`, `params.p[e]`, or a call named like one (`__ldg`,
+`__ldcs`, `load`, `load_as`, ...) whose arguments are loop-invariant. The compiler cannot do this itself
+when the loop also stores through a pointer that might alias the one read, or calls a function it
+cannot see through.
 
 Refused: loops with inline assembly, lambdas, or a PDL wait (a load moved above the wait would read
-before the previous kernel wrote). The hoisted load runs even when the loop runs zero times; the
+before the previous kernel wrote). A hoisted load runs even when the loop runs zero times; the
 harness's memcheck sees an out-of-range one. The new local goes just above the loop's `#pragma` lines.
 """
 
@@ -33,11 +38,16 @@ from astra.optimize.passes.syntax import (
     bare,
     body,
     callee,
+    const_pointee,
+    every_iteration,
     has_asm,
     operator,
     parents,
+    pointee,
+    pragmas_above,
     refers_to,
     splice,
+    statement_parent,
     stores,
     walk,
     written,
@@ -71,13 +81,14 @@ class Reuse(ParsedPass):
             taken = {t.spelling for t in kernel.get_tokens() if t.kind.name == "IDENTIFIER"}
             shared = _shared_names(kernel)
             counts: dict[str, int] = {}
+            covered: list[tuple[int, int]] = []  # what an outer loop already moved out
             for node in walk(kernel):
                 if node.kind.name == "VAR_DECL":
                     counts[node.spelling] = counts.get(node.spelling, 0) + 1
             for loop in [n for n in walk(body(kernel)) if n.kind.name in _LOOPS and unit.in_main(n)]:
-                if _inner_loop(loop) or _hazard(unit, loop) or not _own_statement(unit, loop, up):
+                if _hazard(unit, loop) or not _own_statement(unit, loop, up):
                     continue
-                done += _hoist_loop(unit, loop, up, shared, taken, counts, edits)
+                done += _hoist_loop(unit, loop, up, shared, taken, counts, edits, covered)
         if not edits:
             raise Refusal("no loop reads read-only memory or computes a value at a loop-invariant place")
         more = " ..." if len(done) > 4 else ""
@@ -97,14 +108,8 @@ def _shared_names(kernel) -> set[str]:
 
 def _own_statement(unit: Unit, loop, up: dict) -> bool:
     """Whether the loop is a statement of a block, alone at the start of its line (nothing guards it there)."""
-    parent = up.get(loop)
     start = unit.span(loop)[0]
-    return parent is not None and parent.kind.name == "COMPOUND_STMT" and not unit.data[
-        unit.line_start(start):start].strip()
-
-
-def _inner_loop(loop) -> bool:
-    return any(n.kind.name in _LOOPS for n in walk(loop) if n != loop)
+    return statement_parent(loop, up) is not None and not unit.data[unit.line_start(start):start].strip()
 
 
 def _hazard(unit: Unit, loop) -> bool:
@@ -123,8 +128,12 @@ class _Loop:
     def __init__(self, unit: Unit, loop, shared: set[str]):
         self.unit, self.shared = unit, shared
         self.assigned, self.made = written(unit, loop)
-        self.stored = {refers_to(b) for s in stores(unit, loop) for b in walk(next(s.get_children()))
-                       if refers_to(b) is not None}
+        bases = [bare(next(bare(next(s.get_children())).get_children())) for s in stores(unit, loop)]
+        self.stored = {unit.code(b) for b in bases}  # what the loop stores through, as written
+        # the element types stored through pointers (a local or shared array is no global memory's alias)
+        self.stored_elements = {pointee(b.type.spelling) or "?" for b in bases if "[" not in b.type.spelling}
+        self.opaque = any(_passes_pointer(n) for n in walk(loop) if n.kind.name == "CALL_EXPR"
+                          and callee(n) not in _LOADS and callee(n) not in _PURE)
         self.outside: set = set()  # declarations moved out of the loop
 
     def invariant(self, expr) -> bool:
@@ -161,29 +170,43 @@ class _Loop:
         return True
 
     def _readonly(self, load) -> bool:
-        """Whether every pointer the load reads through points to const and is not stored through here."""
-        pointers = [refers_to(n) for n in walk(load) if refers_to(n) is not None
-                    and refers_to(n).kind.name in _DECLS and "*" in refers_to(n).type.spelling]
-        if not pointers:
+        """Whether the memory the load reads cannot change in the loop: it is not stored through there,
+        not shared memory, and either points to const or nothing in the loop stores an element of its
+        type (directly, or through a call that is given a pointer)."""
+        bases = [n for n in walk(load) if "*" in n.type.spelling and (
+            (refers_to(n) is not None and refers_to(n).kind.name in _DECLS) or n.kind.name == "MEMBER_REF_EXPR")]
+        if not bases:
             return False
-        return all(_const_pointee(p.type.spelling) and p not in self.stored and p.spelling not in self.shared
-                   for p in pointers)
+        for base in bases:
+            text, spelled = self.unit.code(base), base.type.spelling
+            if text in self.stored or any(name in self.shared for name in re.findall(r"\w+", text)):
+                return False
+            if const_pointee(spelled):
+                continue
+            element = pointee(spelled)
+            if element is None or element in self.stored_elements or "?" in self.stored_elements or self.opaque:
+                return False
+        return True
 
 
-def _const_pointee(spelled: str) -> bool:
-    spelled = spelled.replace("__restrict__", "").replace("__restrict", "").strip()
-    head = spelled.split("*")[0].strip()
-    return spelled.count("*") == 1 and (head.startswith("const ") or head.endswith(" const"))
+def _passes_pointer(call) -> bool:
+    """Whether a call is given a pointer or an array (it may store through it) or an argument of a type
+    libclang cannot tell in a template."""
+    for arg in call.get_arguments():
+        spelled = arg.type.spelling
+        if "*" in spelled or "[" in spelled or not spelled or "dependent" in spelled:
+            return True
+    return False
 
 
-def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts: dict, edits: list) -> list[str]:
+def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts: dict, edits: list,
+                moved: list) -> list[str]:
     facts = _Loop(unit, loop, shared)
     loop_body = _loop_body(loop)
-    if loop_body.kind.name != "COMPOUND_STMT":
+    if loop_body.kind.name != "COMPOUND_STMT" or any(a <= unit.span(loop)[0] < b for a, b in moved):
         return []
     lines: list[str] = []
     done: list[str] = []
-    moved: list = []
     for stmt in loop_body.get_children():
         decl = _const_decl(unit, stmt)
         if decl is None or counts.get(decl.spelling, 0) != 1:
@@ -205,6 +228,8 @@ def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts
             continue
         if not _is_load(unit, node) or not _read_as_value(unit, node, up) or not facts.invariant(node):
             continue
+        if not every_iteration(unit, node, loop_body, up):
+            continue  # a load under a condition may be out of range where the condition is false
         text = re.sub(r"\s+", " ", unit.code(node))
         if text not in names:
             names[text] = _fresh(_pointer_name(node), taken)
@@ -214,7 +239,7 @@ def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts
         edits.append((start, end, names[text]))
         moved.append((start, end))
     if lines:
-        at = _above_pragmas(unit, unit.span(loop)[0])
+        at = pragmas_above(unit, unit.span(loop)[0])
         indent = unit.indent(unit.span(loop)[0])
         edits.append((at, at, "".join(f"{indent}{line}\n" for line in lines)))
     return done
@@ -284,14 +309,3 @@ def _fresh(stem: str, taken: set) -> str:
         name, k = f"{stem}{k}", k + 1
     taken.add(name)
     return name
-
-
-def _above_pragmas(unit: Unit, offset: int) -> int:
-    """The start of the loop's line, moved up over the `#pragma` lines written right above it."""
-    at = unit.line_start(offset)
-    while at > 0:
-        prev = unit.line_start(at - 1)
-        if not unit.data[prev:at].strip().startswith(b"#pragma"):
-            break
-        at = prev
-    return at

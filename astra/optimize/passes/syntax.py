@@ -16,6 +16,7 @@ without either the file is parsed alone and every pass that needs a resolved typ
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -330,3 +331,60 @@ def callee(node) -> str:
     if ref is not None:
         return ref.spelling
     return names[-1] if head.kind.name == "DECL_REF_EXPR" and names else ""
+
+
+def statement_parent(node, up: dict):
+    """The block a statement stands in, looking through the attributed statement a `#pragma unroll`
+    wraps a loop in; None when it is not directly in a block."""
+    parent = up.get(node)
+    while parent is not None and parent.kind.name == "UNEXPOSED_STMT":
+        parent = up.get(parent)
+    return parent if parent is not None and parent.kind.name == "COMPOUND_STMT" else None
+
+
+def pragmas_above(unit: Unit, offset: int) -> int:
+    """The start of the line holding `offset`, moved up over the `#pragma` lines written right above it."""
+    at = unit.line_start(offset)
+    while at > 0:
+        prev = unit.line_start(at - 1)
+        if not unit.data[prev:at].strip().startswith(b"#pragma"):
+            break
+        at = prev
+    return at
+
+
+_CONDITIONAL = ("IF_STMT", "CONDITIONAL_OPERATOR", "SWITCH_STMT", "CASE_STMT", "DEFAULT_STMT")
+
+
+def every_iteration(unit: Unit, node, loop_body, up: dict) -> bool:
+    """Whether `node` runs on every pass through `loop_body` (no condition, `?:`, `&&` or `||` between)."""
+    while node is not None and node != loop_body:
+        parent = up.get(node)
+        if parent is None:
+            return False
+        if parent.kind.name in _CONDITIONAL:
+            children = list(parent.get_children())
+            if not children or children[0] != node:  # the condition itself always runs
+                return False
+        if parent.kind.name == "BINARY_OPERATOR" and operator(unit, parent) in ("&&", "||"):
+            if list(parent.get_children())[0] != node:
+                return False
+        node = parent
+    return node == loop_body
+
+
+def pointee(spelled: str) -> str | None:
+    """The element type of a pointer type as clang spells it, `const`, `volatile` and `__restrict`
+    dropped (`const T *__restrict` -> `T`); None for anything but a single pointer, or `void *`."""
+    text = re.sub(r"\b(const|volatile|__restrict__|__restrict)\b", " ", spelled)
+    if text.count("*") != 1 or text.split("*")[1].strip():
+        return None
+    element = re.sub(r"\s+", " ", text.split("*")[0]).strip()
+    return None if element in ("void", "") else element
+
+
+def const_pointee(spelled: str) -> bool:
+    """Whether a pointer type points to const (`const T *`, `T const *__restrict`)."""
+    spelled = re.sub(r"\b(__restrict__|__restrict)\b", " ", spelled).strip()
+    head = spelled.split("*")[0].strip()
+    return spelled.count("*") == 1 and (head.startswith("const ") or head.endswith(" const"))

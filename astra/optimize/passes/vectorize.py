@@ -9,9 +9,10 @@ array, the body run on each element, the written pack stored with one `uint4` st
 loop over the tail the packs leave; otherwise the original loop, unchanged.
 
 Applies to a `for` loop in a `__global__` or `__device__` function when:
-- it is `for (T i = S; i < N; i += D)` (or `++i`) with S the thread's place in the stride D:
-  `threadIdx.x`, `blockIdx.x * blockDim.x + threadIdx.x` or a local initialised to one of them, with D
-  free of `i`; or S = 0 with a unit step (one thread walks the row);
+- it is `for (T i = S; i < N; i += D)` (or `++i`) with S the thread's place in the stride D (an
+  expression of `threadIdx`, or a local initialised with one: `threadIdx.x`, `lane_id`, `blockIdx.x *
+  blockDim.x + threadIdx.x`), D free of `i`; or S = 0 with a unit step (one thread walks the row). The
+  packs keep that layout: thread t takes packs t, t + D, ... as it took elements;
 - `i` appears only as the index of pointer accesses `p[i]`, `p[B + i]` or `p[i + B]`, with one offset B
   per pointer, B and N and D unchanged in the loop;
 - every pointer accessed has the same element type (`const` aside; not `void`), is not reassigned in
@@ -35,14 +36,15 @@ from astra.optimize.passes.syntax import (
     has_asm,
     operator,
     parents,
+    pointee,
+    pragmas_above,
     refers_to,
     splice,
+    statement_parent,
     walk,
     written,
 )
 
-_THREAD_START = re.compile(r"threadIdx\.x|blockIdx\.x\s*\*\s*blockDim\.x\s*\+\s*threadIdx\.x|"
-                           r"threadIdx\.x\s*\+\s*blockIdx\.x\s*\*\s*blockDim\.x")
 _SYNC = ("__syncthreads", "__syncwarp", "__threadfence")
 
 
@@ -80,9 +82,8 @@ class _Access:
 
 
 def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
-    parent = up.get(loop)
     start = unit.span(loop)[0]
-    if parent is None or parent.kind.name != "COMPOUND_STMT" or unit.data[unit.line_start(start):start].strip():
+    if statement_parent(loop, up) is None or unit.data[unit.line_start(start):start].strip():
         raise Refusal("the loop is not a statement of its own")
     children = list(loop.get_children())
     if len(children) != 4:
@@ -91,7 +92,7 @@ def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
     var, first = _induction(unit, init)
     bound = _bound(unit, cond, var)
     stride = _stride(unit, step, var)
-    if not (_THREAD_START.fullmatch(_origin(unit, first, up)) and stride != "1") and not (
+    if not ("threadIdx" in _origin(unit, first, up) and stride != "1") and not (
             unit.code(first).strip() == "0" and stride == "1"):
         raise Refusal(f"the loop does not start at the thread's place in its stride (starts at {unit.code(first)})")
     _check_body(unit, loop_body, loop)
@@ -182,7 +183,7 @@ def _accesses(unit: Unit, loop_body, var, up: dict) -> dict:
         pointer = refers_to(bare(list(parent.get_children())[0]))
         if pointer is None or "*" not in pointer.type.spelling:
             raise Refusal("an indexed base is not a named pointer")
-        element = _element(pointer.type.spelling)
+        element = pointee(pointer.type.spelling)
         if element is None:
             raise Refusal(f"{pointer.spelling} has no element type to pack ({pointer.type.spelling})")
         access = out.setdefault(pointer, _Access(pointer, offset, element))
@@ -197,14 +198,6 @@ def _accesses(unit: Unit, loop_body, var, up: dict) -> dict:
     if not any(a.write for a in out.values()):
         raise Refusal("the loop stores nothing through the pointers it indexes")
     return out
-
-
-def _element(spelled: str) -> str | None:
-    text = re.sub(r"\b(const|volatile|__restrict__|__restrict)\b", " ", spelled)
-    if text.count("*") != 1:
-        return None
-    element = re.sub(r"\s+", " ", text.split("*")[0]).strip()
-    return None if element in ("void", "") else element
 
 
 def _role(unit: Unit, subscript, up: dict, loop_body) -> str:
@@ -283,16 +276,20 @@ def _emit(unit: Unit, loop, loop_body, var, first, bound: str, stride: str, acce
         if a.write:
             lines.append(f"{ind}{step * 3}*reinterpret_cast<uint4*>({at(p, head)}) = "
                          f"*reinterpret_cast<const uint4*>({names[p]});")
+    above = pragmas_above(unit, start)
+    pragmas = [line.strip() for line in unit.data[above:unit.line_start(start)].decode().splitlines() if line.strip()]
     original = unit.code(loop)
     f0, f1 = (x - start for x in unit.span(first))
     tail = original[:f0] + f"({bound}) / {pack} * {pack} + {unit.code(first)}" + original[f1:]
     lines += [f"{ind}{step * 2}}}",
+              *[ind + step * 2 + p for p in pragmas],
               *_reindent(tail, ind, ind + step * 2),
               f"{ind}{step}}} else {{",
+              *[ind + step * 2 + p for p in pragmas],
               *_reindent(original, ind, ind + step * 2),
               f"{ind}{step}}}",
               f"{ind}}}"]
-    return unit.line_start(start), end, "\n".join(lines)
+    return above, end, "\n".join(lines)
 
 
 def _stem(name: str) -> str:
