@@ -92,16 +92,14 @@ def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
     var, first = _induction(unit, init)
     bound = _bound(unit, cond, var)
     stride = _stride(unit, step, var)
-    if not ("threadIdx" in _origin(unit, first, up) and stride != "1") and not (
-            unit.code(first).strip() == "0" and stride == "1"):
-        raise Refusal(f"the loop does not start at the thread's place in its stride (starts at {unit.code(first)})")
+    off, place = _split_start(unit, first, stride, up)
     _check_body(unit, loop_body, loop)
     accesses = _accesses(unit, loop_body, var, up)
     elements = {a.element for a in accesses.values()}
     if len(elements) != 1:
         raise Refusal(f"pointers of different element types ({', '.join(sorted(elements))})")
     element = elements.pop()
-    return _emit(unit, loop, loop_body, var, first, bound, stride, accesses, element, taken)
+    return _emit(unit, loop, loop_body, var, (first, off, place), bound, stride, accesses, element, taken)
 
 
 def _induction(unit: Unit, init):
@@ -115,7 +113,35 @@ def _induction(unit: Unit, init):
     return var, value[-1]
 
 
-def _origin(unit: Unit, first, up: dict) -> str:
+_PLACE = re.compile(r"threadIdx\.x(?:\s*[%&]\s*\w+)?|blockIdx\.x\s*\*\s*blockDim\.x\s*\+\s*threadIdx\.x|"
+                    r"threadIdx\.x\s*\+\s*blockIdx\.x\s*\*\s*blockDim\.x")
+
+
+def _split_start(unit: Unit, first, stride: str, up: dict) -> tuple[str, str]:
+    """(offset, thread's place) of the loop's start: `off + threadIdx.x` is ("off", "threadIdx.x"), a
+    serial loop from `start` is ("start", "0"); refused when the start is neither."""
+    if stride == "1":
+        text = unit.code(first).strip()
+        return ("" if text == "0" else text), "0"
+    if _is_place(unit, first):
+        return "", unit.code(first).strip()
+    node = bare(first)
+    if node.kind.name == "BINARY_OPERATOR" and operator(unit, node) == "+":
+        lhs, rhs = list(node.get_children())
+        for place, off in ((lhs, rhs), (rhs, lhs)):
+            if _is_place(unit, place) and "threadIdx" not in unit.code(off):
+                return unit.code(off).strip(), unit.code(place).strip()
+    raise Refusal(f"the loop does not start at the thread's place in its stride (starts at {unit.code(first)})")
+
+
+def _is_place(unit: Unit, node) -> bool:
+    text = re.sub(r"static_cast<[^<>]*>|\(\s*(?:int|unsigned|uint32_t|int32_t|int64_t|size_t)\s*\)", "",
+                  _origin(unit, node))
+    text = re.sub(r"[()]", "", text).strip()
+    return _PLACE.fullmatch(re.sub(r"\s+", " ", text)) is not None
+
+
+def _origin(unit: Unit, first) -> str:
     """The start's text, through a local it names (`tid` of `const int tid = threadIdx.x;`)."""
     target = refers_to(bare(first))
     if target is not None and target.kind.name == "VAR_DECL":
@@ -224,23 +250,24 @@ def _fresh(stem: str, taken: set) -> str:
     return name
 
 
-def _emit(unit: Unit, loop, loop_body, var, first, bound: str, stride: str, accesses: dict, element: str,
+def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: str, accesses: dict, element: str,
           taken: set) -> tuple[int, int, str]:
+    first, off, place = origin
     start, end = unit.span(loop)
     ind = unit.indent(start)
     step = "  "
     i = var.spelling
-    index_type = "auto" if var.type.spelling in ("auto", "const auto") else var.type.spelling
-    if index_type == "auto":
-        index_type = f"decltype({bound})"
+    index_type = "auto" if "auto" in var.type.spelling or "dependent" in var.type.spelling else var.type.spelling
     pack, packs, lane, head = (_fresh(n, taken) for n in ("kPack", f"{i}_pack", "lane", f"{i}_first"))
     names = {p: _fresh(f"{_stem(p.spelling)}_pack", taken) for p in accesses}
 
-    def at(p, where: str) -> str:
-        offset = accesses[p].offset
-        if where == "0":
-            return f"&{p.spelling}[{offset or 0}]"
-        return f"&{p.spelling}[{offset} + {where}]" if offset else f"&{p.spelling}[{where}]"
+    def at(p, where: str = "") -> str:
+        base = " + ".join(x for x in (accesses[p].offset, off, where) if x)
+        return f"&{p.spelling}[{base or 0}]"
+
+    count = f"(({bound}) - ({off}))" if off else f"({bound})"
+    advance = f"++{packs}" if stride == "1" else f"{packs} += {stride}"
+    resume = " + ".join(x for x in (off, f"{count} / {pack} * {pack}", place if place != "0" else "") if x)
 
     # the body, each access replaced by its pack's element
     b0, b1 = unit.span(loop_body)
@@ -253,14 +280,14 @@ def _emit(unit: Unit, loop, loop_body, var, first, bound: str, stride: str, acce
         inner = inner[1:-1].strip("\n").rstrip()
         inner_lines = _reindent(inner, unit.indent(b0) + step, ind + step * 4)
     else:
-        inner_lines = [ind + step * 4 + inner.strip()]
-    checks = " &&\n".join(f"{ind}{step * 4}reinterpret_cast<uintptr_t>({at(p, '0')}) % 16 == 0"
-                          for p in accesses).lstrip()
+        inner_lines = [ind + step * 4 + inner.strip() + ("" if inner.strip().endswith(";") else ";")]
+    checks = " &&\n".join(([f"{ind}{step * 4}({off}) < ({bound})"] if off else [])
+                          + [f"{ind}{step * 4}reinterpret_cast<uintptr_t>({at(p)}) % 16 == 0" for p in accesses]).lstrip()
     lines = [
         f"{ind}{{  // 16-byte packed loads and stores where every pointer is aligned; the scalar loop does the rest",
         f"{ind}{step}constexpr int {pack} = 16 / sizeof({element});",
         f"{ind}{step}if ({checks}) {{",
-        f"{ind}{step * 2}for ({index_type} {packs} = {unit.code(first)}; {packs} < ({bound}) / {pack}; {packs} += {stride}) {{",
+        f"{ind}{step * 2}for ({index_type} {packs} = {place}; {packs} < {count} / {pack}; {advance}) {{",
         f"{ind}{step * 3}const {index_type} {head} = {packs} * {pack};",
     ]
     for p, a in accesses.items():
@@ -279,8 +306,12 @@ def _emit(unit: Unit, loop, loop_body, var, first, bound: str, stride: str, acce
     above = pragmas_above(unit, start)
     pragmas = [line.strip() for line in unit.data[above:unit.line_start(start)].decode().splitlines() if line.strip()]
     original = unit.code(loop)
+    if loop_body.kind.name != "COMPOUND_STMT" and not original.endswith(";"):  # `for (...) x;`: the `;` is not in it
+        semicolon = unit.data.find(b";", end)
+        if semicolon >= 0 and not unit.data[end:semicolon].strip():
+            end, original = semicolon + 1, original + ";"
     f0, f1 = (x - start for x in unit.span(first))
-    tail = original[:f0] + f"({bound}) / {pack} * {pack} + {unit.code(first)}" + original[f1:]
+    tail = original[:f0] + resume + original[f1:]
     lines += [f"{ind}{step * 2}}}",
               *[ind + step * 2 + p for p in pragmas],
               *_reindent(tail, ind, ind + step * 2),

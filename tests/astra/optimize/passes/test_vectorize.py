@@ -33,6 +33,29 @@ def test_packed_loop_with_alignment_check_tail_and_fallback_builds(tmp_path):
                     "const __nv_bfloat16*, const __nv_bfloat16*, int);") == ""
 
 
+def test_an_offset_start_and_a_serial_loop_keep_their_elements(tmp_path):
+    source = """
+#include <cstdint>
+__global__ void fill_tail(float* __restrict__ out, const float* __restrict__ in, int start, int n) {
+  for (int i = start + threadIdx.x; i < n; i += blockDim.x) out[i] = in[i] * 2.0f;
+  if (threadIdx.x == 0) {
+    for (int j = start; j < n; ++j) out[n + j] = in[j];
+  }
+}
+"""
+    result = all_passes()["vectorize"].apply(source)
+    assert result.applies, result.reason
+    out = result.source
+    # packs of [start, n): thread t takes packs t, t + blockDim.x, ... and the tail resumes after the last
+    assert "if ((start) < (n) &&" in out and "reinterpret_cast<uintptr_t>(&in[start]) % 16 == 0" in out
+    assert "for (int i_pack = threadIdx.x; i_pack < ((n) - (start)) / kPack; i_pack += blockDim.x)" in out
+    assert "&in[start + i_first]" in out
+    assert "for (int i = start + ((n) - (start)) / kPack * kPack + threadIdx.x; i < n; i += blockDim.x)" in out
+    assert "for (int j_pack = 0; j_pack < ((n) - (start)) / kPack2; ++j_pack)" in out  # the serial loop
+    assert "&out[n + start + j_first]" in out
+    assert compiles(tmp_path, out) == ""
+
+
 def test_refusals_say_which_precondition_failed():
     cases = {
         "a reduction": ("__global__ void k(const float* x, float* y, int n) {\n  float s = 0.f;\n"
@@ -44,6 +67,9 @@ def test_refusals_say_which_precondition_failed():
         "another use of i": ("__global__ void k(const float* x, float* y, int n) {\n"
                              "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i] * i; }\n}\n",
                              "other than as a pointer's index"),
+        "a start not at the thread's place": ("__global__ void k(const float* x, float* y, int n) {\n"
+                                              "  for (int i = 2 * threadIdx.x; i < n; i += blockDim.x) y[i] = x[i];\n}\n",
+                                              "thread's place in its stride"),
         "mixed types": ("__global__ void k(const float* x, double* y, int n) {\n"
                         "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n}\n",
                         "different element types"),
