@@ -83,7 +83,8 @@ def _coarsen(unit: Unit, kernel, hosts: list, functions: list, edits: list) -> s
     staged = []
     for outer, grid in launches:
         g = unit.code(grid)
-        if "dim3" in g or g.lstrip().startswith("{") or re.search(r"\+\+|--|[^=!<>]=[^=]", g):
+        written = [n for n in walk(grid) if unit.span(n) == unit.span(grid)][-1]  # under the conversion to dim3
+        if "dim3" in g or "dim3" in written.type.spelling or g.lstrip().startswith("{") or re.search(r"\+\+|--|[^=!<>]=[^=]", g):
             return f"grid `{g}` is not a plain 1-D size"
         staged.append((outer, grid, g))
     const = _constant_name(kernel.spelling)
@@ -188,7 +189,8 @@ def _launch_of(unit: Unit, ref, up: dict):
     if call is None or call.kind.name != "CALL_EXPR":
         return None
     children = list(call.get_children())
-    if len(children) < 2 or children[1] != node:
+    operator_ref = len(children) > 2 and children[1].spelling == "operator()"  # a call outside a template
+    if len(children) < 2 or children[2 if operator_ref else 1] != node:
         return None
     head = children[0]
     constructs = [n for n in walk(head) if n.kind.name in ("CALL_EXPR", "UNEXPOSED_EXPR", "CXX_FUNCTIONAL_CAST_EXPR")

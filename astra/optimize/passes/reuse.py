@@ -23,8 +23,9 @@ call given a pointer). A load is `p[e]`, `*p`, `params.p[e]`, or a call named li
 when the loop also stores through a pointer that might alias the one read, or calls a function it
 cannot see through.
 
-Refused: loops with inline assembly, lambdas, or a PDL wait (a load moved above the wait would read
-before the previous kernel wrote). A hoisted load runs even when the loop runs zero times; the
+Refused: loops with inline assembly, lambdas, `break`/`continue`/`return` (what follows one may not run
+every iteration), or a PDL wait (a load moved above the wait would read before the previous kernel
+wrote). A hoisted load runs even when the loop runs zero times; the
 harness's memcheck sees an out-of-range one. The new local goes just above the loop's `#pragma` lines.
 """
 
@@ -113,7 +114,10 @@ def _own_statement(unit: Unit, loop, up: dict) -> bool:
 
 
 def _hazard(unit: Unit, loop) -> bool:
-    return has_asm(unit, loop) or any(n.kind.name == "LAMBDA_EXPR" for n in walk(loop)) or any(
+    """Inline asm, a lambda, a PDL wait, or a jump (what follows a `continue` may not run every iteration)."""
+    kinds = {n.kind.name for n in walk(loop)}
+    return has_asm(unit, loop) or bool(kinds & {"LAMBDA_EXPR", "CONTINUE_STMT", "BREAK_STMT", "RETURN_STMT",
+                                                 "GOTO_STMT"}) or any(
         n.kind.name == "CALL_EXPR" and callee(n) in _WAITS for n in walk(loop))
 
 
@@ -260,10 +264,9 @@ def _const_decl(unit: Unit, stmt):
 
 
 def _worth(unit: Unit, init) -> bool:
-    """Whether moving the initialiser saves work: it loads or calls (not just renames or adds)."""
-    return any(n.kind.name in ("CALL_EXPR", "ARRAY_SUBSCRIPT_EXPR") or (
-        n.kind.name == "UNARY_OPERATOR" and operator(unit, n) == "*") or (
-        n.kind.name == "BINARY_OPERATOR" and operator(unit, n) in ("/", "%")) for n in walk(init))
+    """Whether moving the initialiser saves work: it loads, calls or computes (not just renames)."""
+    return any(n.kind.name in ("CALL_EXPR", "ARRAY_SUBSCRIPT_EXPR", "BINARY_OPERATOR", "MEMBER_REF_EXPR") or (
+        n.kind.name == "UNARY_OPERATOR" and operator(unit, n) == "*") for n in walk(init))
 
 
 def _is_load(unit: Unit, node) -> bool:

@@ -106,9 +106,17 @@ def run(tree: SglangTree, opts: SurveyOptions, progress: Callable[[int, int], No
 
         results = build_many([req for _, _, req in candidates], paths.sub("builds"), jobs=opts.jobs,
                              progress=build_progress)
+        failed = {module: replace(req, overrides={}) for (_, module, req), res in zip(candidates, results)
+                  if not res.ok}
+        # where a candidate fails, the original is built too: a failure of the guessed template arguments
+        # is the module's, not the pass's
+        originals = dict(zip(failed, build_many(list(failed.values()), paths.sub("builds"), jobs=opts.jobs)))
         for (name, module, _), res in zip(candidates, results):
             if res.ok:
                 outcomes[name].builds.append(module)
+            elif not originals[module].ok:
+                outcomes[name].build_failed[module] = ("the original does not build either: "
+                                                       + _first_error(originals[module].error or originals[module].log))
             else:
                 outcomes[name].build_failed[module] = _first_error(res.error or res.log)
     return Survey(tree.version, [m.name for m in mods], skipped, outcomes, opts.build)
