@@ -41,14 +41,16 @@ from astra.optimize.passes.syntax import (
     callee,
     const_pointee,
     every_iteration,
+    fresh_name,
     has_asm,
     operator,
+    own_statement,
     parents,
     pointee,
+    pointer_stem,
     pragmas_above,
     refers_to,
     splice,
-    statement_parent,
     stores,
     walk,
     written,
@@ -87,7 +89,7 @@ class Reuse(ParsedPass):
                 if node.kind.name == "VAR_DECL":
                     counts[node.spelling] = counts.get(node.spelling, 0) + 1
             for loop in [n for n in walk(body(kernel)) if n.kind.name in _LOOPS and unit.in_main(n)]:
-                if _hazard(unit, loop) or not _own_statement(unit, loop, up):
+                if _hazard(unit, loop) or not own_statement(unit, loop, up):
                     continue
                 done += _hoist_loop(unit, loop, up, shared, taken, counts, edits, covered)
         if not edits:
@@ -105,12 +107,6 @@ def _shared_names(kernel) -> set[str]:
             if "__shared__" in tokens or tokens & out:
                 out.add(node.spelling)
     return out
-
-
-def _own_statement(unit: Unit, loop, up: dict) -> bool:
-    """Whether the loop is a statement of a block, alone at the start of its line (nothing guards it there)."""
-    start = unit.span(loop)[0]
-    return statement_parent(loop, up) is not None and not unit.data[unit.line_start(start):start].strip()
 
 
 def _hazard(unit: Unit, loop) -> bool:
@@ -236,7 +232,7 @@ def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts
             continue  # a load under a condition may be out of range where the condition is false
         text = re.sub(r"\s+", " ", unit.code(node))
         if text not in names:
-            names[text] = _fresh(_pointer_name(node), taken)
+            names[text] = fresh_name(_pointer_name(node), taken)
             lines.append(f"const auto {names[text]} = {text};")
             done.append(text)
         start, end = unit.span(node)
@@ -299,16 +295,4 @@ def _pointer_name(load) -> str:
     ref = next((refers_to(n) for n in walk(load) if refers_to(n) is not None and refers_to(n).kind.name in _DECLS
                 and "*" in refers_to(n).type.spelling), None)
     stem = ref.spelling if ref is not None else "loaded"
-    return bare_name(stem) + "_v"
-
-
-def bare_name(name: str) -> str:
-    return name[:-4] if name.endswith("_ptr") else name
-
-
-def _fresh(stem: str, taken: set) -> str:
-    name, k = stem, 2
-    while name in taken:
-        name, k = f"{stem}{k}", k + 1
-    taken.add(name)
-    return name
+    return pointer_stem(stem) + "_v"

@@ -388,3 +388,23 @@ def const_pointee(spelled: str) -> bool:
     spelled = re.sub(r"\b(__restrict__|__restrict)\b", " ", spelled).strip()
     head = spelled.split("*")[0].strip()
     return spelled.count("*") == 1 and (head.startswith("const ") or head.endswith(" const"))
+
+
+def own_statement(unit: Unit, node, up: dict) -> bool:
+    """Whether `node` is a statement of a block, alone at the start of its line (nothing guards it there)."""
+    start = unit.span(node)[0]
+    return statement_parent(node, up) is not None and not unit.data[unit.line_start(start):start].strip()
+
+
+def fresh_name(stem: str, taken: set) -> str:
+    """`stem`, or `stem2`, `stem3`, ... whichever is not in `taken` (which then holds it)."""
+    name, k = stem, 2
+    while name in taken:
+        name, k = f"{stem}{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def pointer_stem(name: str) -> str:
+    """A pointer's name without a `_ptr` suffix, to name what is read through it."""
+    return name[:-4] if name.endswith("_ptr") else name

@@ -33,14 +33,16 @@ from astra.optimize.passes.syntax import (
     bare,
     body,
     callee,
+    fresh_name,
     has_asm,
     operator,
+    own_statement,
     parents,
     pointee,
+    pointer_stem,
     pragmas_above,
     refers_to,
     splice,
-    statement_parent,
     walk,
     written,
 )
@@ -82,8 +84,7 @@ class _Access:
 
 
 def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
-    start = unit.span(loop)[0]
-    if statement_parent(loop, up) is None or unit.data[unit.line_start(start):start].strip():
+    if not own_statement(unit, loop, up):
         raise Refusal("the loop is not a statement of its own")
     children = list(loop.get_children())
     if len(children) != 4:
@@ -242,14 +243,6 @@ def _role(unit: Unit, subscript, up: dict, loop_body) -> str:
     return "read"
 
 
-def _fresh(stem: str, taken: set) -> str:
-    name, k = stem, 2
-    while name in taken:
-        name, k = f"{stem}{k}", k + 1
-    taken.add(name)
-    return name
-
-
 def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: str, accesses: dict, element: str,
           taken: set) -> tuple[int, int, str]:
     first, off, place = origin
@@ -258,8 +251,8 @@ def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: s
     step = "  "
     i = var.spelling
     index_type = "auto" if "auto" in var.type.spelling or "dependent" in var.type.spelling else var.type.spelling
-    pack, packs, lane, head = (_fresh(n, taken) for n in ("kPack", f"{i}_pack", "lane", f"{i}_first"))
-    names = {p: _fresh(f"{_stem(p.spelling)}_pack", taken) for p in accesses}
+    pack, packs, lane, head = (fresh_name(n, taken) for n in ("kPack", f"{i}_pack", "lane", f"{i}_first"))
+    names = {p: fresh_name(f"{pointer_stem(p.spelling)}_pack", taken) for p in accesses}
 
     def at(p, where: str = "") -> str:
         base = " + ".join(x for x in (accesses[p].offset, off, where) if x)
@@ -321,10 +314,6 @@ def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: s
               f"{ind}{step}}}",
               f"{ind}}}"]
     return above, end, "\n".join(lines)
-
-
-def _stem(name: str) -> str:
-    return name[:-4] if name.endswith("_ptr") else name
 
 
 def _reindent(text: str, old: str, new: str) -> list[str]:
