@@ -96,7 +96,12 @@ def _coarsen(unit: Unit, kernel, hosts: list, functions: list, edits: list) -> s
         a, b = unit.span(grid)
         edits.append((a, b, f"({g} + {const} - 1) / {const}"))
         close = unit.span(outer)[1] - 1  # the `)` of the launch's argument list
-        edits.append((close, close, f", static_cast<uint32_t>({g})"))
+        added = f"static_cast<uint32_t>({g})"
+        line = unit.data[unit.line_start(close):unit.data.find(b"\n", close)]
+        same_line = unit.line_start(unit.span(grid)[0]) == unit.line_start(close)
+        grown = len(line) + len(added) + 2 + (len(f"({g} + {const} - 1) / {const}") - len(g) if same_line else 0)
+        wrap = f",\n{unit.indent(close)}    " if grown > 120 else ", "
+        edits.append((close, close, wrap + added))
     return ""
 
 

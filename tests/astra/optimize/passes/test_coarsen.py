@@ -49,7 +49,8 @@ def test_rows_per_cta_and_the_launch_builds(tmp_path):
     assert "out[block_row * n + i]" in out and "[&] {" in out
     assert "__syncthreads();  // the next row" in out  # shared memory: rows are separated by a barrier
     assert "LaunchKernel((rows + kRowScaleRowsPerBlock - 1) / kRowScaleRowsPerBlock, 128, stream)" in out
-    assert "(kernel, out, in, alpha, n, static_cast<uint32_t>(rows))" in out
+    assert "(kernel, out, in, alpha, n, static_cast<uint32_t>(rows))" in " ".join(out.split())  # wrapped at 120
+    assert max(len(line) for line in out.splitlines()) <= 120
     assert compiles(tmp_path, out, "template struct RowScale<float>;") == ""
 
 
