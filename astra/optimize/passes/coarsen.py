@@ -20,9 +20,10 @@ a CTA's launch and prologue cost amortised over `k` rows (k = 2).
 
 Applies to a `__global__` kernel of this file that reads `blockIdx.x` and is launched from host code of
 this file through SGLang's `LaunchKernel(grid, block, ...)(kernel, args...)` only (every reference to
-it is such a launch), with a one-dimensional grid (not a `dim3`). Refused: kernels using clusters,
-grid-wide sync or cooperative groups, and files whose other device functions read `blockIdx` (they would
-see the CTA's index, not the row's).
+it is such a launch, or an occupancy or attribute query), with a one-dimensional grid (not a `dim3`).
+Refused: kernels using clusters, 2-D/3-D grids, grid-wide sync or cooperative groups, and kernels that
+call a device function of this file reading `blockIdx` or `gridDim` (it would see the CTA's index, not
+the row's).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import re
 
 from astra.optimize.passes import ParsedPass, Refusal
-from astra.optimize.passes.syntax import Unit, body, is_global, splice, walk
+from astra.optimize.passes.syntax import Unit, body, callee, is_global, splice, walk
 
 ROWS = 2
 _QUERIES = ("get_blocks_per_sm", "cudaFuncSetAttribute", "cudaFuncGetAttributes", "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
@@ -45,14 +46,15 @@ class Coarsen(ParsedPass):
 
     def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
         functions = unit.functions()
-        if any(not is_global(f) and "blockIdx" in unit.code(f) for f in unit.device_functions()):
-            raise Refusal("a device function other than a kernel reads blockIdx: it would see the CTA, not the row")
         hosts = unit.host_functions()
+        seeing = _grid_readers(unit)
         reasons: list[str] = []
         edits: list[tuple[int, int, str]] = []
         done: list[str] = []
         for kernel in unit.kernels():
-            why = _coarsen(unit, kernel, hosts, functions, edits)
+            called = {callee(n) for n in walk(kernel) if n.kind.name == "CALL_EXPR"} & seeing
+            why = (f"calls {sorted(called)[0]}, which reads blockIdx or gridDim: it would see the CTA, not the row"
+                   if called else _coarsen(unit, kernel, hosts, functions, edits))
             if why:
                 reasons.append(f"{kernel.spelling}: {why}")
             else:
@@ -60,6 +62,19 @@ class Coarsen(ParsedPass):
         if not done:
             raise Refusal(reasons[0] if reasons else "no __global__ kernel in the file")
         return splice(unit, edits), (f"{ROWS} blocks' rows per CTA, grid divided by {ROWS}: {', '.join(done)}")
+
+
+def _grid_readers(unit: Unit) -> set[str]:
+    """Names of this file's device functions (not kernels) that read blockIdx or gridDim, directly or
+    through another such function."""
+    helpers = {f.spelling: f for f in unit.device_functions() if not is_global(f)}
+    calls = {name: {callee(n) for n in walk(f) if n.kind.name == "CALL_EXPR"} for name, f in helpers.items()}
+    out = {name for name, f in helpers.items() if re.search(r"\b(blockIdx|gridDim)\b", unit.code(f))}
+    grew = True
+    while grew:
+        more = {name for name in helpers if name not in out and calls[name] & out}
+        grew, out = bool(more), out | more
+    return out
 
 
 def _coarsen(unit: Unit, kernel, hosts: list, functions: list, edits: list) -> str:

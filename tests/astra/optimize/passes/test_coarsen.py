@@ -62,6 +62,9 @@ def test_refusals():
     result = all_passes()["coarsen"].apply(two_d)
     assert not result.applies and "not a plain 1-D size" in result.reason
     helper = KERNEL.replace("template <typename T>\n__global__", "__device__ int row() { return blockIdx.x; }\n"
+                            "__device__ int row_twice() { return 2 * row(); }\n"
                             "template <typename T>\n__global__", 1)
-    result = all_passes()["coarsen"].apply(helper)
-    assert not result.applies and "device function other than a kernel reads blockIdx" in result.reason
+    assert all_passes()["coarsen"].apply(helper).applies  # a helper it does not call is no concern
+    calling = helper.replace("if (threadIdx.x == 0) total = alpha;", "if (threadIdx.x == 0) total = alpha * row_twice();")
+    result = all_passes()["coarsen"].apply(calling)
+    assert not result.applies and "calls row_twice, which reads blockIdx or gridDim" in result.reason
