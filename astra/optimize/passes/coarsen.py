@@ -108,13 +108,15 @@ def _coarsen(unit: Unit, kernel, hosts: list, functions: list, edits: list) -> s
     edits.append(_new_parameter(unit, params))
     edits.append(_body_edit(unit, block, rows, const))
     for outer, grid, g in staged:
+        host = next((f for f in functions if unit.span(f)[0] <= unit.span(outer)[0] < unit.span(f)[1]), None)
+        qualified = _qualifier(kernel, host) + const  # the launch may stand in another namespace than the kernel
         a, b = unit.span(grid)
-        edits.append((a, b, f"({g} + {const} - 1) / {const}"))
+        edits.append((a, b, f"({g} + {qualified} - 1) / {qualified}"))
         close = unit.span(outer)[1] - 1  # the `)` of the launch's argument list
         added = f"static_cast<uint32_t>({g})"
         line = unit.data[unit.line_start(close):unit.data.find(b"\n", close)]
         same_line = unit.line_start(unit.span(grid)[0]) == unit.line_start(close)
-        grown = len(line) + len(added) + 2 + (len(f"({g} + {const} - 1) / {const}") - len(g) if same_line else 0)
+        grown = len(line) + len(added) + 2 + (len(f"({g} + {qualified} - 1) / {qualified}") - len(g) if same_line else 0)
         wrap = f",\n{unit.indent(close)}    " if grown > 120 else ", "
         edits.append((close, close, wrap + added))
     return ""
@@ -131,6 +133,27 @@ def _new_parameter(unit: Unit, params: list) -> tuple[int, int, str]:
     first = unit.span(params[0])[0]
     column = first - unit.line_start(first)
     return at, at, ",\n" + " " * column + "const uint32_t coarse_grid"
+
+
+def _namespaces(cursor) -> list[str]:
+    """The named namespaces `cursor` is declared in, outermost first (classes passed through)."""
+    parts = []
+    parent = cursor.semantic_parent
+    while parent is not None and parent.kind.name != "TRANSLATION_UNIT":
+        if parent.kind.name == "NAMESPACE" and parent.spelling:
+            parts.append(parent.spelling)
+        parent = parent.semantic_parent
+    return list(reversed(parts))
+
+
+def _qualifier(kernel, host) -> str:
+    """What names the kernel's namespace from the launching function's (`detail::` from `sglang` for
+    `sglang::detail`; nothing where they share it)."""
+    inner, outer = _namespaces(kernel), _namespaces(host) if host is not None else []
+    common = 0
+    while common < min(len(inner), len(outer)) and inner[common] == outer[common]:
+        common += 1
+    return "".join(f"{p}::" for p in inner[common:])
 
 
 def _constant_name(kernel: str) -> str:
@@ -187,7 +210,9 @@ def _alias_of(ref, up: dict):
         node = up[node]
     parent = up.get(node)
     if parent is not None and parent.kind.name == "VAR_DECL" and list(parent.get_children())[-1] == node:
-        return parent
+        head = [t.spelling for t in parent.get_tokens()]
+        if "auto" in head[:head.index(parent.spelling)] if parent.spelling in head else False:
+            return parent  # a declared function-pointer type would no longer match the kernel's new signature
     return None
 
 

@@ -68,3 +68,18 @@ def test_refusals():
     calling = helper.replace("if (threadIdx.x == 0) total = alpha;", "if (threadIdx.x == 0) total = alpha * row_twice();")
     result = all_passes()["coarsen"].apply(calling)
     assert not result.applies and "calls row_twice, which reads blockIdx or gridDim" in result.reason
+
+
+def test_a_kernel_in_another_namespace_and_a_typed_kernel_pointer(tmp_path):
+    nested = KERNEL.replace("template <typename T>\n__global__", "namespace detail {\ntemplate <typename T>\n__global__", 1)
+    nested = nested.replace("template <typename T>\nstruct RowScale", "}  // namespace detail\n\ntemplate <typename T>\n"
+                            "struct RowScale", 1).replace("= row_scale<T>;", "= detail::row_scale<T>;")
+    result = all_passes()["coarsen"].apply(nested)
+    assert result.applies, result.reason
+    assert "(rows + detail::kRowScaleRowsPerBlock - 1) / detail::kRowScaleRowsPerBlock" in result.source
+    assert compiles(tmp_path, result.source, "template struct RowScale<float>;") == ""
+    typed = KERNEL.replace("static constexpr auto kernel = row_scale<T>;",
+                           "using KernelT = void (*)(T*, const T*, float, int);\n  static constexpr KernelT kernel = "
+                           "row_scale<T>;")
+    result = all_passes()["coarsen"].apply(typed)
+    assert not result.applies and "referenced other than as LaunchKernel" in result.reason
