@@ -115,10 +115,10 @@ def run(tree: SglangTree, opts: SurveyOptions, progress: Callable[[int, int], No
             if res.ok:
                 outcomes[name].builds.append(module)
             elif not originals[module].ok:
-                outcomes[name].build_failed[module] = ("the original does not build either: "
-                                                       + _first_error(originals[module].error or originals[module].log))
+                outcomes[name].build_failed[module] = ("the original does not build either: " + _first_error(
+                    originals[module].error or originals[module].log, tree))
             else:
-                outcomes[name].build_failed[module] = _first_error(res.error or res.log)
+                outcomes[name].build_failed[module] = _first_error(res.error or res.log, tree)
     return Survey(tree.version, [m.name for m in mods], skipped, outcomes, opts.build)
 
 
@@ -150,8 +150,9 @@ def _first_rewrite(name: str, texts: list, include_dirs: tuple, defines: tuple) 
     return None, "; ".join(f"{rel}: {why}" for rel, why in refusals)
 
 
-def _first_error(log: str) -> str:
-    lines = [line.strip() for line in log.splitlines() if line.strip()]
+def _first_error(log: str, tree: SglangTree) -> str:
+    """The first line of a build log that says `error`, paths shown relative to the tree."""
+    lines = [line.strip().replace(f"{tree.root}/", "") for line in log.splitlines() if line.strip()]
     for line in lines:
         if "error" in line.lower():
             return line[:300]
