@@ -9,10 +9,11 @@ array, the body run on each element, the written pack stored with one `uint4` st
 loop over the tail the packs leave; otherwise the original loop, unchanged.
 
 Applies to a `for` loop in a `__global__` or `__device__` function when:
-- it is `for (T i = S; i < N; i += D)` (or `++i`) with S the thread's place in the stride D (an
-  expression of `threadIdx`, or a local initialised with one: `threadIdx.x`, `lane_id`, `blockIdx.x *
-  blockDim.x + threadIdx.x`), D free of `i`; or S = 0 with a unit step (one thread walks the row). The
-  packs keep that layout: thread t takes packs t, t + D, ... as it took elements;
+- it is `for (T i = S; i < N; i += D)` with S = `off + P`: P the thread's place in the stride D
+  (`threadIdx.x`, `threadIdx.x % W`, `blockIdx.x * blockDim.x + threadIdx.x`, or a local initialised
+  with one), `off` anything else, D free of `i`; or `for (T i = S; i < N; ++i)` from any S (one thread
+  walks the range). The packs cover [off, N) in the same layout: thread P takes packs P, P + D, ... as
+  it took elements, and `off < N` joins the run-time check;
 - `i` appears only as the index of pointer accesses `p[i]`, `p[B + i]` or `p[i + B]`, with one offset B
   per pointer, B and N and D unchanged in the loop;
 - every pointer accessed has the same element type (`const` aside; not `void`), is not reassigned in
