@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 
-from astra.optimize.passes import ParsedPass, Refusal
+from astra.optimize.passes.base import ParsedPass, Refusal
 from astra.optimize.passes.syntax import Unit, body, callee, is_global, splice, walk
 
 ROWS = 2

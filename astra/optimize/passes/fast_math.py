@@ -15,7 +15,7 @@ spec the harness's tolerance decides. This is the one home of that rule.
 
 from __future__ import annotations
 
-from astra.optimize.passes import ParsedPass, Refusal
+from astra.optimize.passes.base import ParsedPass, Refusal
 from astra.optimize.passes.syntax import Unit, attrs, body, operator, parents, splice, walk
 
 _INTRINSICS = {"expf": "__expf", "logf": "__logf", "sinf": "__sinf", "cosf": "__cosf", "tanf": "__tanf",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from astra.optimize.passes import ParsedPass, Refusal
+from astra.optimize.passes.base import ParsedPass, Refusal
 from astra.optimize.passes.syntax import (
     Unit,
     bare,

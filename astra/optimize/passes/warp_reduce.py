@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from astra.optimize.passes import ParsedPass, Refusal
+from astra.optimize.passes.base import ParsedPass, Refusal
 from astra.optimize.passes.syntax import Unit, bare, body, parents, refers_to, splice, walk
 
 _COMBINE = re.compile(r"^if\s*\(\s*(?P<tid>\w+|threadIdx\.x)\s*<\s*(?P<s>\w+)\s*\)\s*\{?\s*"
