@@ -25,6 +25,7 @@ def _message(err: AstraError) -> str:
 _HANDLERS = {  # command -> (module of astra.cli, function); only the command's own module is imported
     "list": ("kernels", "cmd_list"), "extract": ("kernels", "cmd_extract"), "build": ("kernels", "cmd_build"),
     "parse-check": ("kernels", "cmd_parse_check"), "spec-check": ("kernels", "cmd_spec_check"),
+    "passes": ("passes", "cmd_passes"),
     "check": ("verify", "cmd_check"), "bench": ("verify", "cmd_bench"),
     "optimize": ("optimize", "cmd_optimize"), "eval": ("optimize", "cmd_eval"), "runs": ("optimize", "cmd_runs"),
     "show": ("optimize", "cmd_show"),

@@ -104,6 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true",
                    help="no progress line on stderr (it is drawn only when stderr is a terminal)")
 
+    p = sub.add_parser("passes", help="apply the rewrite passes to every buildable module and build the candidates "
+                       "(no GPU needed)")
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help="passes to run (vectorize, reuse, warp_reduce, fast_math, coarsen; default: every pass)")
+    _sglang_options(p)
+    p.add_argument("--module", action="append", default=[], metavar="MODULE",
+                   help="only this module (repeatable; default: every sm_90a-buildable module)")
+    p.add_argument("--no-build", action="store_true",
+                   help="only apply the passes: say where each applies and why it refuses, build nothing")
+    p.add_argument("--jobs", type=int, default=1, help="parallel nvcc builds (default 1: builds are CPU-heavy)")
+    p.add_argument("--json", metavar="OUT", help="also write the per-pass results as JSON")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line on stderr (it is drawn only when stderr is a terminal)")
+
     p = sub.add_parser("parse-check", help="parse every CUDA source with libclang and report failures")
     _sglang_options(p)
     p.add_argument("--json", action="store_true", help="print every file's result as JSON instead of the failures")

@@ -4,9 +4,10 @@ With an evaluator that screens (a GPU run: astra.optimize.evaluator), each new b
 (launch and tile constants, vector widths, launch bounds, unroll factors: astra.optimize.param_space)
 explored by successive halving on representative shapes (astra.optimize.param_search) within part of
 the wall time left; the survivors are proposed for full verification, followed by the catalog
-transformations of families the space does not cover (restrict, fastmath, unroll pragmas). Without a
-GPU (a dry run), the catalog alone, ordered by the profile (which band is far from its floor). Every
-proposal is made once per base."""
+transformations of families the space does not cover (restrict, unroll pragmas), then the outputs of
+the rewrite passes (astra.optimize.passes: packed loads, hoisted loads, fast math where the spec's
+tolerance allows, ...), each `pass:NAME`. Without a GPU (a dry run), the catalog and the passes, ordered
+by the profile (which band is far from its floor). Every proposal is made once per base."""
 
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ from harness import Verdict
 # 8% on its middle ones (graph view); inkling_rel_proj's decode lost 2%.
 # A per-thread copy of read-only memory comes first everywhere: on an H100 (2026-11-24) dropping
 # lplb_dispatch_probability's 288-column copy (255 registers, spills) measured x2.44 over its suite.
-_ORDER_LATENCY = ["remat", "launch", "bounds", "unroll", "restrict", "fastmath", "pdl"]  # small shapes: launch first
-_ORDER_BANDWIDTH = ["remat", "restrict", "unroll", "launch", "bounds", "fastmath", "pdl"]  # large: memory path first
+_ORDER_LATENCY = ["remat", "launch", "coarsen", "bounds", "unroll", "reuse", "restrict", "fastmath", "vectorize",
+                  "warp_reduce", "pdl"]  # small shapes: launch first
+_ORDER_BANDWIDTH = ["remat", "vectorize", "restrict", "reuse", "unroll", "launch", "bounds", "coarsen", "fastmath",
+                    "warp_reduce", "pdl"]  # large: memory path first
 
 
 def band_gaps(verdict: Verdict | None, mode: str = "graph") -> dict[str, float]:
@@ -81,7 +84,7 @@ class OfflineAgent(Agent):
         self.entries = list(entries or [])  # the spec's host entries: the search stays in the code they reach
         self._parses: dict[str, object] = {}  # source id -> libclang's view: the search and the catalog share it
         self.profiler = profiler if profiler is not None else ProfilingAgent()  # planning: no ncu unless given
-        self.spec = spec
+        self.spec = spec  # the spec's raw form: the planner and the passes read its tolerance
 
     def propose(self, ctx: Context) -> list[Proposal]:
         base = source_id(ctx.base_source)
@@ -91,7 +94,8 @@ class OfflineAgent(Agent):
         order, self.rationale = plan(ctx.base_verdict)
         planned, self.plan = planning.plan_round(self.profiler, ctx, self.spec)  # symptoms -> planned rewrite passes
         searched = self._search(ctx, base)
-        proposals = self._reached(ctx.base_source, catalog(ctx.base_source, self._kernels(ctx.base_source)))
+        proposals = self._reached(ctx.base_source, catalog(ctx.base_source, self._kernels(ctx.base_source))
+                                  + self._rewrites(ctx.base_source))
         if self._searches():  # the space covers launch constants and unroll factors: the catalog the rest
             proposals = [p for p in proposals if p.family not in ("launch", "bounds")]
         proposals.sort(key=lambda p: order.index(p.family) if p.family in order else len(order))
@@ -121,6 +125,19 @@ class OfflineAgent(Agent):
         return [Proposal(param_search.param_space.slug(p.assignment), "param",
                          f"{p.reason} (screened x{p.score:.3f} on {len(search.rungs[len(p.scores) - 1])} shapes)", p.source)
                 for p in survivors]
+
+    def _rewrites(self, source: str) -> list[Proposal]:
+        """The default rewrite passes' outputs for this source, one proposal per pass that applies."""
+        from astra.optimize import passes
+        from astra.optimize.passes.syntax import Headers
+
+        headers = Headers((*self.include_dirs, str(self.source_root)), (), str(self.source_root / self.kernel_file))
+        out = []
+        for name, rewrite in passes.catalog(headers, passes.DEFAULT).items():
+            result = rewrite.apply(source, self.spec)
+            if result.applies and result.source is not None:
+                out.append(Proposal(f"pass:{name}", rewrite.family, result.reason, result.source))
+        return out
 
     def _searches(self) -> bool:
         """Whether new bases are searched: only with an evaluator that screens (on a GPU)."""

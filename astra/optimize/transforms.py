@@ -4,8 +4,9 @@ Each transformation proposes whole-file variants (`Proposal`s) of the kernel sou
 to help or even to be correct: every proposal is built and verified by the harness like any other
 candidate. The catalog covers the knobs that decide memory-bound kernels on Hopper: launch shape
 (threads, vector width, tile constants), `__launch_bounds__`, unrolling, `__restrict__` aliasing
-information, fast-math intrinsics where the spec's tolerance allows, and an earlier PDL trigger where
-the kernel already uses programmatic dependent launch.
+information, and an earlier PDL trigger where the kernel already uses programmatic dependent launch.
+Fast-math intrinsics, packed loads and the other rewrites of code come from the rewrite passes
+(astra.optimize.passes), which the offline agent proposes alongside this catalog.
 
 Locations come from libclang's view of the file (the `__global__` kernels and their parameters,
 through astra.cuda_parse) where the edit depends on C++ structure, and from token-level patterns
@@ -27,9 +28,6 @@ _TUNABLE = re.compile(
     r"RowsPerBlock|LoopCount|Stages)\w*)\s*=\s*)(?P<value>\d+)(?P<tail>[uUlL]*\s*;)")
 _FOR = re.compile(r"^(?P<indent>[ \t]*)for\s*\(", re.M)
 _PRAGMA_BEFORE = re.compile(r"#pragma\s+unroll[^\n]*\n[ \t]*$")
-_FASTMATH = [(r"(?<![\w_])expf\(", "__expf(", "expf -> __expf"),
-             (r"(?<![\w_])logf\(", "__logf(", "logf -> __logf"),
-             (r"1\.0f\s*/\s*sqrtf\(", "rsqrtf(", "1/sqrtf -> rsqrtf")]
 
 
 def tunable_constants(text: str) -> list[Proposal]:
@@ -101,15 +99,6 @@ def launch_bounds(text: str, kernels: list) -> list[Proposal]:
     return out if any(k for k in kernels) else []
 
 
-def fast_math(text: str) -> list[Proposal]:
-    out = []
-    for pattern, repl, what in _FASTMATH:
-        source, n = re.subn(pattern, repl, text)
-        if n:
-            out.append(Proposal(f"fastmath:{what.split()[0]}", "fastmath", f"{what} ({n} site(s))", source))
-    return out
-
-
 _PDL_WAIT = re.compile(r"^[ \t]*(?:[\w:]+::)?(?:PDLWaitPrimary\s*<[^<>;]*>\s*\(\s*\)|"
                        r"cudaGridDependencySynchronize\s*\(\s*\))\s*;[ \t]*\n", re.M)
 _PDL_TRIGGER = re.compile(r"^[ \t]*(?P<call>(?:[\w:]+::)?(?:PDLTriggerSecondary\s*<[^<>;]*>\s*\(\s*\)|"
@@ -179,7 +168,7 @@ def rematerialize(text: str) -> list[Proposal]:
 def catalog(text: str, kernels: list) -> list[Proposal]:
     """Every proposal for this source, in a fixed order (largest expected effect first)."""
     proposals = (rematerialize(text) + tunable_constants(text) + early_pdl_trigger(text) + restrict_pointers(text, kernels)
-                 + launch_bounds(text, kernels) + unroll_loops(text) + fast_math(text))
+                 + launch_bounds(text, kernels) + unroll_loops(text))
     seen, unique = set(), []
     for p in proposals:
         if p.source != text and p.source not in seen:

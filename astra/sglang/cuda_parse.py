@@ -386,24 +386,28 @@ def _report_one(job: tuple) -> ParseResult:
 # ---------------------------------------------------------------- the buildable modules
 
 
+def module_defines(module) -> dict[str, str]:
+    """The -D flags a module's first call site passes (values guessed where symbolic), as a parse takes them."""
+    from astra.sglang import variants
+
+    out = {}
+    for flag in variants.guess(module.call_sites[0]).extra_cuda_cflags:
+        if flag.startswith("-D") and "{" not in flag:
+            name, _, value = flag[2:].partition("=")
+            out[name] = value or "1"
+    return out
+
+
 def parse_buildable(tree, progress: Callable[[int, int], None] | None = None) -> list:
     """`parse_tree_report` over every sm_90a-buildable module's sources, each file parsed with the -D
     flags its call site passes (values guessed where symbolic); sorted by path. `progress(done, total)`
     is called as each file is parsed."""
-    from astra.sglang import registry, variants
-
-    def defines(module) -> dict[str, str]:
-        out = {}
-        for flag in variants.guess(module.call_sites[0]).extra_cuda_cflags:
-            if flag.startswith("-D") and "{" not in flag:
-                name, _, value = flag[2:].partition("=")
-                out[name] = value or "1"
-        return out
+    from astra.sglang import registry
 
     by_defines: dict[tuple, set[str]] = {}
     for m in registry.modules(tree):
         if m.sm90a in ("yes", "built"):
-            key = tuple(sorted(defines(m).items()))
+            key = tuple(sorted(module_defines(m).items()))
             by_defines.setdefault(key, set()).update(s for s in m.sources if not s.startswith("/"))
     groups, seen = [], set()
     for key, files in sorted(by_defines.items(), key=lambda kv: len(kv[0])):

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from astra.optimize.offline import plan
-from astra.optimize.transforms import catalog, fast_math, launch_bounds, tunable_constants, unroll_loops
+from astra.optimize.transforms import catalog, launch_bounds, tunable_constants, unroll_loops
 from tests.verdicts import make_verdict
 
 KERNEL = """
@@ -42,11 +42,23 @@ def test_unroll_only_in_device_code():
     assert "#pragma unroll\n  for (int k" in props[0].source
 
 
-def test_launch_bounds_and_fast_math():
+def test_launch_bounds():
     bounds = launch_bounds(KERNEL, kernels=[object()])
     assert "__global__ void __launch_bounds__(256) scale(" in bounds[0].source
-    fm = fast_math(KERNEL)
-    assert fm and "__expf(in[" in fm[0].source
+
+
+def test_the_agent_proposes_the_rewrite_passes(tmp_path):
+    from astra.optimize.loop import Context
+    from astra.optimize.offline import OfflineAgent
+
+    (tmp_path / "scale.cuh").write_text(KERNEL)
+    agent = OfflineAgent("scale.cuh", tmp_path, [], spec={"tolerance": {"float32": {"atol": 1e-5, "rtol": 1e-5}}})
+    props = agent.propose(Context(kernel="scale", round=0, base_source=KERNEL, base_verdict=None))
+    fast = [p for p in props if p.name == "pass:fast_math"]
+    assert fast and fast[0].family == "fastmath" and "__expf(in[" in fast[0].source
+    exact = OfflineAgent("scale.cuh", tmp_path, [], spec={"tolerance": {"float32": {"atol": 0.0, "rtol": 0.0}}})
+    props = exact.propose(Context(kernel="scale", round=0, base_source=KERNEL, base_verdict=None))
+    assert not [p for p in props if p.name == "pass:fast_math"]
 
 
 def test_catalog_is_deduplicated_and_never_returns_the_input():

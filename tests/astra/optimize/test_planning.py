@@ -160,6 +160,12 @@ def fake_passes(monkeypatch):
                      "reuse": FakePass("reuse", "reuse", "refuse"),
                      "fast_math": FakePass("fast_math", "fastmath")}
     module.all_passes = lambda: dict(module.PASSES)
+    module.DEFAULT = ()  # the offline agent's own proposals of the default catalog: none here, the plan's only
+    module.catalog = lambda headers, names=(): {}
+    syntax = types.ModuleType("astra.optimize.passes.syntax")
+    syntax.Headers = lambda *args: args
+    module.syntax = syntax
+    monkeypatch.setitem(sys.modules, "astra.optimize.passes.syntax", syntax)
     monkeypatch.setitem(sys.modules, "astra.optimize.passes", module)
     monkeypatch.setattr(astra.optimize, "passes", module, raising=False)
     return specs

@@ -1,0 +1,49 @@
+"""Rewrite passes: general source-to-source transformations of a kernel file, read with libclang.
+
+Where the offline agent's catalog (astra.optimize.transforms, param_space) turns knobs a kernel already
+has, a pass rewrites its code: packed 16-byte loads and stores (`vectorize`), loop-invariant loads
+hoisted (`reuse`), a block's shared-memory reduction done with warp shuffles (`warp_reduce`), fast
+intrinsics where the spec's tolerance allows (`fast_math`), several rows per CTA (`coarsen`). One pass
+per module of this package; each checks its preconditions on the parsed source and refuses with a
+one-line reason when they do not hold. None is assumed to be faster or even correct: every output is
+built and verified like any other candidate. Passes compose: each reads whatever source it is given.
+
+`PASSES` is the default catalog (the passes whose candidates built for at least ten SGLang modules,
+docs/results/passes-0.5.23.json); `all_passes()` every pass; `catalog(headers)` the same passes parsing
+with a tree's headers.
+"""
+
+from __future__ import annotations
+
+from astra.optimize.passes.base import ParsedPass, PassResult, Refusal, RewritePass
+from astra.optimize.passes.syntax import Headers
+
+__all__ = ["DEFAULT", "PASSES", "Headers", "ParsedPass", "PassResult", "Refusal", "RewritePass", "all_passes",
+           "catalog"]
+
+
+def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None) -> dict[str, RewritePass]:
+    """The passes named (default: every pass), parsing with `headers`."""
+    from astra.optimize.passes.coarsen import Coarsen
+    from astra.optimize.passes.fast_math import FastMath
+    from astra.optimize.passes.reuse import Reuse
+    from astra.optimize.passes.vectorize import Vectorize
+    from astra.optimize.passes.warp_reduce import WarpReduce
+
+    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen]
+    return {cls.name: cls(headers) for cls in every if names is None or cls.name in names}
+
+
+# The passes whose candidates built for at least ten modules of SGLang 0.5.23 (`astra passes`,
+# docs/results/passes-0.5.23.json; tests/astra/optimize/passes/test_catalog.py holds the two together).
+# vectorize, reuse and warp_reduce find their patterns in a few modules only: SGLang's kernels already
+# load through packed vectors, hoist their loads and reduce with warp shuffles.
+DEFAULT = ("fast_math", "coarsen")
+
+
+def all_passes() -> dict[str, RewritePass]:
+    """Every pass, in the catalog or not."""
+    return catalog()
+
+
+PASSES: dict[str, RewritePass] = catalog(names=DEFAULT)

@@ -1,0 +1,298 @@
+"""reuse: what does not change across a loop's iterations is computed once, before the loop.
+
+    for (int i = tid; i < n; i += stride) {            const auto scale_v = scale[row];
+      out[i] = in[i] * scale[row];              ->     for (int i = tid; i < n; i += stride) {
+    }                                                    out[i] = in[i] * scale_v;
+                                                       }
+
+Two shapes, in the loops of `__global__` kernels (outermost first: what an outer loop moved out, an
+inner one does not see again):
+- a `const` local declared in the loop's body whose initialiser is loop-invariant moves above the loop
+  whole (`const auto weight_vec = gmem.load(weight_ptr);` in a grid-stride loop over rows), where its
+  name is declared once in the kernel;
+- any other loop-invariant load in the body that runs on every iteration (not under an `if`, `?:`,
+  `&&` or `||`: a guarded load may be out of range where the guard is false) becomes a `const auto`
+  local above the loop, named after its pointer, and the loop reads the local.
+Loop-invariant means: every name it reads is declared outside the loop (or by a declaration already
+moved out) and is neither assigned, incremented nor taken the address of in it; it calls nothing but
+loads, casts and math functions; and every load reads memory the loop cannot change: not stored
+through in the loop, no shared memory (no `__shared__` name, nor a name initialised from one), and
+either a pointer to const or one whose element type the loop stores nowhere (directly, or through a
+call given a pointer). A load is `p[e]`, `*p`, `params.p[e]`, or a call named like one (`__ldg`,
+`__ldcs`, `load`, `load_as`, ...) whose arguments are loop-invariant. The compiler cannot do this itself
+when the loop also stores through a pointer that might alias the one read, or calls a function it
+cannot see through.
+
+Refused: loops with inline assembly, lambdas, `break`/`continue`/`return` (what follows one may not run
+every iteration), or a PDL wait (a load moved above the wait would read before the previous kernel
+wrote). A hoisted load runs even when the loop runs zero times; the
+harness's memcheck sees an out-of-range one. The new local goes just above the loop's `#pragma` lines.
+"""
+
+from __future__ import annotations
+
+import re
+
+from astra.optimize.passes.base import ParsedPass, Refusal
+from astra.optimize.passes.syntax import (
+    Unit,
+    bare,
+    body,
+    callee,
+    const_pointee,
+    every_iteration,
+    fresh_name,
+    has_asm,
+    operator,
+    own_statement,
+    parents,
+    pointee,
+    pointer_stem,
+    pragmas_above,
+    refers_to,
+    splice,
+    stores,
+    walk,
+    written,
+)
+
+_LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT", "CXX_FOR_RANGE_STMT")
+_LOADS = ("__ldg", "__ldca", "__ldcg", "__ldcs", "__ldlu", "__ldcv", "load", "load_as", "ld_global", "ldg")
+_PURE = ("static_cast", "cast", "expf", "__expf", "logf", "__logf", "sqrtf", "rsqrtf", "fabsf", "fminf", "fmaxf",
+         "min", "max", "abs", "exp2f", "__fdividef", "__frcp_rn", "__float2half", "__half2float", "__float2bfloat16",
+         "__bfloat162float", "rsqrt", "sqrt", "exp", "log")
+_VALUE_NODES = ("BINARY_OPERATOR", "UNARY_OPERATOR", "UNEXPOSED_EXPR", "PAREN_EXPR", "INTEGER_LITERAL",
+                "FLOATING_LITERAL", "CXX_BOOL_LITERAL_EXPR", "DECL_REF_EXPR", "MEMBER_REF_EXPR", "CSTYLE_CAST_EXPR",
+                "CXX_STATIC_CAST_EXPR", "CXX_FUNCTIONAL_CAST_EXPR", "TYPE_REF", "NAMESPACE_REF", "TEMPLATE_REF",
+                "OVERLOADED_DECL_REF", "CALL_EXPR", "ARRAY_SUBSCRIPT_EXPR", "CONDITIONAL_OPERATOR")
+_BUILTINS = ("threadIdx", "blockIdx", "blockDim", "gridDim")
+_DECLS = ("VAR_DECL", "PARM_DECL", "NON_TYPE_TEMPLATE_PARAMETER", "UNEXPOSED_DECL", "FIELD_DECL")
+_WAITS = ("PDLWaitPrimary", "cudaGridDependencySynchronize", "griddepcontrol_wait")
+
+
+class Reuse(ParsedPass):
+    name = "reuse"
+    family = "reuse"
+
+    def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
+        edits: list[tuple[int, int, str]] = []
+        done: list[str] = []
+        for kernel in unit.kernels():
+            if body(kernel) is None:
+                continue
+            up = parents(kernel)
+            taken = {t.spelling for t in kernel.get_tokens() if t.kind.name == "IDENTIFIER"}
+            shared = _shared_names(kernel)
+            counts: dict[str, int] = {}
+            covered: list[tuple[int, int]] = []  # what an outer loop already moved out
+            for node in walk(kernel):
+                if node.kind.name == "VAR_DECL":
+                    counts[node.spelling] = counts.get(node.spelling, 0) + 1
+            for loop in [n for n in walk(body(kernel)) if n.kind.name in _LOOPS and unit.in_main(n)]:
+                if _hazard(unit, loop) or not own_statement(unit, loop, up):
+                    continue
+                done += _hoist_loop(unit, loop, up, shared, taken, counts, edits, covered)
+        if not edits:
+            raise Refusal("no loop reads read-only memory or computes a value at a loop-invariant place")
+        more = " ..." if len(done) > 4 else ""
+        return splice(unit, edits), f"moved {len(done)} loop-invariant value(s) out of loops: {', '.join(done[:4])}{more}"
+
+
+def _shared_names(kernel) -> set[str]:
+    """Names declared `__shared__` in the kernel (and whatever is initialised from them)."""
+    out = set()
+    for node in walk(kernel):
+        if node.kind.name == "VAR_DECL":
+            tokens = {t.spelling for t in node.get_tokens()}
+            if "__shared__" in tokens or tokens & out:
+                out.add(node.spelling)
+    return out
+
+
+def _hazard(unit: Unit, loop) -> bool:
+    """Inline asm, a lambda, a PDL wait, or a jump (what follows a `continue` may not run every iteration)."""
+    kinds = {n.kind.name for n in walk(loop)}
+    return has_asm(unit, loop) or bool(kinds & {"LAMBDA_EXPR", "CONTINUE_STMT", "BREAK_STMT", "RETURN_STMT",
+                                                 "GOTO_STMT"}) or any(
+        n.kind.name == "CALL_EXPR" and callee(n) in _WAITS for n in walk(loop))
+
+
+def _loop_body(loop):
+    children = list(loop.get_children())
+    return children[0] if loop.kind.name == "DO_STMT" else children[-1]
+
+
+class _Loop:
+    """What one loop writes, and the test of whether an expression in it is the same every iteration."""
+
+    def __init__(self, unit: Unit, loop, shared: set[str]):
+        self.unit, self.shared = unit, shared
+        self.assigned, self.made = written(unit, loop)
+        bases = [bare(next(bare(next(s.get_children())).get_children())) for s in stores(unit, loop)]
+        self.stored = {unit.code(b) for b in bases}  # what the loop stores through, as written
+        # the element types stored through pointers (a local or shared array is no global memory's alias)
+        self.stored_elements = {pointee(b.type.spelling) or "?" for b in bases if "[" not in b.type.spelling}
+        self.opaque = any(_passes_pointer(n) for n in walk(loop) if n.kind.name == "CALL_EXPR"
+                          and callee(n) not in _LOADS and callee(n) not in _PURE)
+        self.outside: set = set()  # declarations moved out of the loop
+
+    def invariant(self, expr) -> bool:
+        loads = 0
+        for node in walk(expr):
+            kind = node.kind.name
+            if kind not in _VALUE_NODES:
+                return False
+            if kind == "CALL_EXPR":
+                name = callee(node)
+                if name in _LOADS:
+                    loads += 1
+                    if not self._readonly(node):
+                        return False
+                elif name not in _PURE:
+                    return False
+            elif kind == "ARRAY_SUBSCRIPT_EXPR" or (kind == "UNARY_OPERATOR" and operator(self.unit, node) == "*"):
+                if not self._readonly(node):
+                    return False
+            elif kind == "UNARY_OPERATOR" and operator(self.unit, node) in ("++", "--"):
+                return False
+            elif kind == "UNARY_OPERATOR" and operator(self.unit, node) == "&" and (
+                    bare(next(node.get_children())).kind.name != "ARRAY_SUBSCRIPT_EXPR"):
+                return False  # the address of an element is arithmetic; of a variable, a way to write it
+            target = refers_to(node)
+            if target is None or target.spelling in _BUILTINS:
+                continue
+            if target.kind.name in ("FUNCTION_DECL", "FUNCTION_TEMPLATE", "CXX_METHOD"):
+                continue
+            if target.spelling in self.shared or target.kind.name not in _DECLS:
+                return False
+            if target in self.assigned or (target in self.made and target not in self.outside):
+                return False
+        return True
+
+    def _readonly(self, load) -> bool:
+        """Whether the memory the load reads cannot change in the loop: it is not stored through there,
+        not shared memory, and either points to const or nothing in the loop stores an element of its
+        type (directly, or through a call that is given a pointer)."""
+        bases = [n for n in walk(load) if "*" in n.type.spelling and (
+            (refers_to(n) is not None and refers_to(n).kind.name in _DECLS) or n.kind.name == "MEMBER_REF_EXPR")]
+        if not bases:
+            return False
+        for base in bases:
+            text, spelled = self.unit.code(base), base.type.spelling
+            if text in self.stored or any(name in self.shared for name in re.findall(r"\w+", text)):
+                return False
+            if const_pointee(spelled):
+                continue
+            element = pointee(spelled)
+            if element is None or element in self.stored_elements or "?" in self.stored_elements or self.opaque:
+                return False
+        return True
+
+
+def _passes_pointer(call) -> bool:
+    """Whether a call is given a pointer or an array (it may store through it) or an argument of a type
+    libclang cannot tell in a template."""
+    for arg in call.get_arguments():
+        spelled = arg.type.spelling
+        if "*" in spelled or "[" in spelled or not spelled or "dependent" in spelled:
+            return True
+    return False
+
+
+def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts: dict, edits: list,
+                moved: list) -> list[str]:
+    facts = _Loop(unit, loop, shared)
+    loop_body = _loop_body(loop)
+    if loop_body.kind.name != "COMPOUND_STMT" or any(a <= unit.span(loop)[0] < b for a, b in moved):
+        return []
+    lines: list[str] = []
+    done: list[str] = []
+    for stmt in loop_body.get_children():
+        decl = _const_decl(unit, stmt)
+        if decl is None or counts.get(decl.spelling, 0) != 1:
+            continue
+        init = list(decl.get_children())[-1] if list(decl.get_children()) else None
+        if init is None or not facts.invariant(init) or not _worth(unit, init):
+            continue
+        facts.outside.add(decl)
+        lines.append(unit.code(stmt).strip() + ("" if unit.code(stmt).strip().endswith(";") else ";"))
+        start, end = unit.span(stmt)
+        line_begin, line_end = unit.line_start(start), unit.data.find(b"\n", end)
+        alone = not unit.data[line_begin:start].strip() and not unit.data[end:line_end].strip(b" \t;")
+        edits.append((line_begin, line_end + 1, "") if alone else (start, end, ""))
+        moved.append((start, end))
+        done.append(decl.spelling)
+    names: dict[str, str] = {}
+    for node in walk(loop_body):
+        if any(a <= node.extent.start.offset < b for a, b in moved):
+            continue
+        if not _is_load(unit, node) or not _read_as_value(unit, node, up) or not facts.invariant(node):
+            continue
+        if not every_iteration(unit, node, loop_body, up):
+            continue  # a load under a condition may be out of range where the condition is false
+        text = re.sub(r"\s+", " ", unit.code(node))
+        if text not in names:
+            names[text] = fresh_name(_pointer_name(node), taken)
+            lines.append(f"const auto {names[text]} = {text};")
+            done.append(text)
+        start, end = unit.span(node)
+        edits.append((start, end, names[text]))
+        moved.append((start, end))
+    if lines:
+        at = pragmas_above(unit, unit.span(loop)[0])
+        indent = unit.indent(unit.span(loop)[0])
+        edits.append((at, at, "".join(f"{indent}{line}\n" for line in lines)))
+    return done
+
+
+def _const_decl(unit: Unit, stmt):
+    """The variable of `const T name = init;` (one variable, no array, not static or shared), or None."""
+    if stmt.kind.name != "DECL_STMT":
+        return None
+    decls = list(stmt.get_children())
+    if len(decls) != 1 or decls[0].kind.name != "VAR_DECL":
+        return None
+    tokens = [t.spelling for t in stmt.get_tokens()]
+    if "const" not in tokens[:3] or {"static", "__shared__", "[", "&", "constexpr"} & set(tokens[:tokens.index(
+            decls[0].spelling)] if decls[0].spelling in tokens else tokens):
+        return None
+    return decls[0]
+
+
+def _worth(unit: Unit, init) -> bool:
+    """Whether moving the initialiser saves work: it loads, calls or computes (not just renames)."""
+    return any(n.kind.name in ("CALL_EXPR", "ARRAY_SUBSCRIPT_EXPR", "BINARY_OPERATOR", "MEMBER_REF_EXPR") or (
+        n.kind.name == "UNARY_OPERATOR" and operator(unit, n) == "*") for n in walk(init))
+
+
+def _is_load(unit: Unit, node) -> bool:
+    kind = node.kind.name
+    if kind == "ARRAY_SUBSCRIPT_EXPR":
+        return True
+    if kind == "UNARY_OPERATOR" and operator(unit, node) == "*":
+        return True
+    return kind == "CALL_EXPR" and callee(node) in _LOADS
+
+
+def _read_as_value(unit: Unit, node, up: dict) -> bool:
+    """Neither assigned to, nor under `&`, nor the argument of a load call (that call is the load)."""
+    parent = up.get(node)
+    while parent is not None and parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
+        node, parent = parent, up.get(parent)
+    if parent is None:
+        return False
+    kind = parent.kind.name
+    if kind == "UNARY_OPERATOR" and operator(unit, parent) in ("&", "++", "--"):
+        return False
+    if kind in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR") and next(parent.get_children()) == node:
+        return operator(unit, parent) not in ("=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=")
+    if kind == "CALL_EXPR" and callee(parent) in _LOADS:
+        return False
+    return True
+
+
+def _pointer_name(load) -> str:
+    ref = next((refers_to(n) for n in walk(load) if refers_to(n) is not None and refers_to(n).kind.name in _DECLS
+                and "*" in refers_to(n).type.spelling), None)
+    stem = ref.spelling if ref is not None else "loaded"
+    return pointer_stem(stem) + "_v"

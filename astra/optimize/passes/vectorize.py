@@ -1,0 +1,330 @@
+"""vectorize: an element-wise loop over contiguous elements reads and writes 16 bytes at a time.
+
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      out[row * n + i] = f(in[row * n + i]);
+    }
+becomes, when both `&out[row * n]` and `&in[row * n]` are 16-byte aligned at run time, a loop over packs
+of `kPack = 16 / sizeof(T)` elements (each pack loaded with one `uint4` load into an `alignas(16)`
+array, the body run on each element, the written pack stored with one `uint4` store), then the scalar
+loop over the tail the packs leave; otherwise the original loop, unchanged.
+
+Applies to a `for` loop in a `__global__` or `__device__` function when:
+- it is `for (T i = S; i < N; i += D)` with S = `off + P`: P the thread's place in the stride D
+  (`threadIdx.x`, `threadIdx.x % W`, `blockIdx.x * blockDim.x + threadIdx.x`, or a local initialised
+  with one), `off` anything else, D free of `i`; or `for (T i = S; i < N; ++i)` from any S (one thread
+  walks the range). The packs cover [off, N) in the same layout: thread P takes packs P, P + D, ... as
+  it took elements, and `off < N` joins the run-time check;
+- `i` appears only as the index of pointer accesses `p[i]`, `p[B + i]` or `p[i + B]`, with one offset B
+  per pointer, B and N and D unchanged in the loop;
+- every pointer accessed has the same element type (`const` aside; not `void`), is not reassigned in
+  the loop, and a pointer written there is written by a statement of the loop's body itself (not
+  under a condition: the whole pack is stored);
+- the body writes no variable declared outside the loop (no reduction) and has no `break`,
+  `continue`, `return`, barrier, atomic, inline assembly or lambda.
+The element order each thread visits changes (pack by pack), which an element-wise body cannot see.
+"""
+
+from __future__ import annotations
+
+import re
+
+from astra.optimize.passes.base import ParsedPass, Refusal
+from astra.optimize.passes.syntax import (
+    Unit,
+    bare,
+    body,
+    callee,
+    fresh_name,
+    has_asm,
+    operator,
+    own_statement,
+    parents,
+    pointee,
+    pointer_stem,
+    pragmas_above,
+    refers_to,
+    splice,
+    walk,
+    written,
+)
+
+_SYNC = ("__syncthreads", "__syncwarp", "__threadfence")
+
+
+class Vectorize(ParsedPass):
+    name = "vectorize"
+    family = "vectorize"
+
+    def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
+        edits: list[tuple[int, int, str]] = []
+        done: list[str] = []
+        first_reason = ""
+        for function in unit.device_functions():
+            if body(function) is None:
+                continue
+            up = parents(function)
+            taken = {t.spelling for t in function.get_tokens() if t.kind.name == "IDENTIFIER"}
+            for loop in [n for n in walk(body(function)) if n.kind.name == "FOR_STMT" and unit.in_main(n)]:
+                if any(a <= unit.span(loop)[0] < b for a, b, _ in edits):
+                    continue
+                try:
+                    edits.append(_vectorize(unit, loop, up, taken))
+                    done.append(f"{function.spelling} line {unit.line_of(unit.span(loop)[0])}")
+                except Refusal as refusal:
+                    first_reason = first_reason or f"line {unit.line_of(unit.span(loop)[0])}: {refusal}"
+        if not edits:
+            raise Refusal(first_reason or "no for loop in device code")
+        return splice(unit, edits), f"16-byte packed loads/stores with a scalar fallback: {', '.join(done)}"
+
+
+class _Access:
+    def __init__(self, pointer, offset: str, element: str):
+        self.pointer, self.offset, self.element = pointer, offset, element
+        self.read = self.write = False
+        self.nodes: list = []
+
+
+def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
+    if not own_statement(unit, loop, up):
+        raise Refusal("the loop is not a statement of its own")
+    children = list(loop.get_children())
+    if len(children) != 4:
+        raise Refusal("not a `for (init; cond; step)` loop")
+    init, cond, step, loop_body = children
+    var, first = _induction(unit, init)
+    bound = _bound(unit, cond, var)
+    stride = _stride(unit, step, var)
+    off, place = _split_start(unit, first, stride, up)
+    _check_body(unit, loop_body, loop)
+    accesses = _accesses(unit, loop_body, var, up)
+    elements = {a.element for a in accesses.values()}
+    if len(elements) != 1:
+        raise Refusal(f"pointers of different element types ({', '.join(sorted(elements))})")
+    element = elements.pop()
+    return _emit(unit, loop, loop_body, var, (first, off, place), bound, stride, accesses, element, taken)
+
+
+def _induction(unit: Unit, init):
+    decls = [n for n in walk(init) if n.kind.name == "VAR_DECL"]
+    if init.kind.name != "DECL_STMT" or len(decls) != 1:
+        raise Refusal("the loop does not declare one variable")
+    var = decls[0]
+    value = [c for c in var.get_children() if c.kind.name not in ("TYPE_REF", "NAMESPACE_REF")]
+    if not value:
+        raise Refusal("the loop variable has no initial value")
+    return var, value[-1]
+
+
+_PLACE = re.compile(r"threadIdx\.x(?:\s*[%&]\s*\w+)?|blockIdx\.x\s*\*\s*blockDim\.x\s*\+\s*threadIdx\.x|"
+                    r"threadIdx\.x\s*\+\s*blockIdx\.x\s*\*\s*blockDim\.x")
+
+
+def _split_start(unit: Unit, first, stride: str, up: dict) -> tuple[str, str]:
+    """(offset, thread's place) of the loop's start: `off + threadIdx.x` is ("off", "threadIdx.x"), a
+    serial loop from `start` is ("start", "0"); refused when the start is neither."""
+    if stride == "1":
+        text = unit.code(first).strip()
+        return ("" if text == "0" else text), "0"
+    if _is_place(unit, first):
+        return "", unit.code(first).strip()
+    node = bare(first)
+    if node.kind.name == "BINARY_OPERATOR" and operator(unit, node) == "+":
+        lhs, rhs = list(node.get_children())
+        for place, off in ((lhs, rhs), (rhs, lhs)):
+            if _is_place(unit, place) and "threadIdx" not in unit.code(off):
+                return unit.code(off).strip(), unit.code(place).strip()
+    raise Refusal(f"the loop does not start at the thread's place in its stride (starts at {unit.code(first)})")
+
+
+def _is_place(unit: Unit, node) -> bool:
+    text = re.sub(r"static_cast<[^<>]*>|\(\s*(?:int|unsigned|uint32_t|int32_t|int64_t|size_t)\s*\)", "",
+                  _origin(unit, node))
+    text = re.sub(r"[()]", "", text).strip()
+    return _PLACE.fullmatch(re.sub(r"\s+", " ", text)) is not None
+
+
+def _origin(unit: Unit, first) -> str:
+    """The start's text, through a local it names (`tid` of `const int tid = threadIdx.x;`)."""
+    target = refers_to(bare(first))
+    if target is not None and target.kind.name == "VAR_DECL":
+        value = [c for c in target.get_children() if c.kind.name not in ("TYPE_REF", "NAMESPACE_REF")]
+        if value:
+            return re.sub(r"\s+", " ", unit.code(bare(value[-1]))).strip()
+    return re.sub(r"\s+", " ", unit.code(bare(first))).strip()
+
+
+def _bound(unit: Unit, cond, var) -> str:
+    cond = bare(cond)
+    if cond.kind.name != "BINARY_OPERATOR" or operator(unit, cond) != "<":
+        raise Refusal("the loop condition is not `i < N`")
+    lhs, rhs = list(cond.get_children())
+    if refers_to(bare(lhs)) != var or any(refers_to(n) == var for n in walk(rhs)):
+        raise Refusal("the loop condition is not `i < N`")
+    return unit.code(rhs)
+
+
+def _stride(unit: Unit, step, var) -> str:
+    step = bare(step)
+    if step.kind.name == "UNARY_OPERATOR" and operator(unit, step) == "++":
+        return "1"
+    if step.kind.name == "COMPOUND_ASSIGNMENT_OPERATOR" and operator(unit, step) == "+=":
+        lhs, rhs = list(step.get_children())
+        if refers_to(bare(lhs)) == var and not any(refers_to(n) == var for n in walk(rhs)):
+            return unit.code(rhs)
+    raise Refusal("the loop step is not `i += D` or `++i`")
+
+
+def _check_body(unit: Unit, loop_body, loop) -> None:
+    kinds = {n.kind.name for n in walk(loop_body)}
+    if kinds & {"BREAK_STMT", "CONTINUE_STMT", "RETURN_STMT", "GOTO_STMT", "LAMBDA_EXPR", "FOR_STMT", "WHILE_STMT",
+                "DO_STMT"}:
+        raise Refusal("the body breaks, continues, returns, loops or holds a lambda")
+    names = [callee(n) for n in walk(loop_body) if n.kind.name == "CALL_EXPR"]
+    if has_asm(unit, loop_body) or any(n.startswith(("atomic", "__sync", "__threadfence")) or n in _SYNC
+                                       for n in names):
+        raise Refusal("the body synchronises, uses atomics or inline assembly")
+    assigned, made = written(unit, loop_body)
+    outside = [d for d in assigned if d not in made]
+    if outside:
+        raise Refusal(f"the body writes {outside[0].spelling}, declared outside the loop (a reduction)")
+
+
+def _accesses(unit: Unit, loop_body, var, up: dict) -> dict:
+    """Each pointer the loop variable indexes: its offset, element type, whether read and written."""
+    out: dict = {}
+    for ref in [n for n in walk(loop_body) if refers_to(n) == var]:
+        node = ref
+        while up.get(node) is not None and up[node].kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
+            node = up[node]
+        parent = up.get(node)
+        offset = ""
+        if parent is not None and parent.kind.name == "BINARY_OPERATOR" and operator(unit, parent) == "+":
+            other = [c for c in parent.get_children() if c != node][0]
+            if any(refers_to(n) == var for n in walk(other)):
+                raise Refusal("the loop variable appears twice in one index")
+            offset = unit.code(other)
+            node, parent = parent, up.get(parent)
+            while parent is not None and parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
+                node, parent = parent, up.get(parent)
+        if parent is None or parent.kind.name != "ARRAY_SUBSCRIPT_EXPR" or list(parent.get_children())[1] != node:
+            raise Refusal(f"{var.spelling} is used other than as a pointer's index")
+        pointer = refers_to(bare(list(parent.get_children())[0]))
+        if pointer is None or "*" not in pointer.type.spelling:
+            raise Refusal("an indexed base is not a named pointer")
+        element = pointee(pointer.type.spelling)
+        if element is None:
+            raise Refusal(f"{pointer.spelling} has no element type to pack ({pointer.type.spelling})")
+        access = out.setdefault(pointer, _Access(pointer, offset, element))
+        if access.offset != offset:
+            raise Refusal(f"{pointer.spelling} is indexed at two offsets")
+        access.nodes.append(parent)
+        role = _role(unit, parent, up, loop_body)
+        access.read |= role in ("read", "update")
+        access.write |= role in ("write", "update")
+    if not out:
+        raise Refusal("the loop indexes no pointer with its variable")
+    if not any(a.write for a in out.values()):
+        raise Refusal("the loop stores nothing through the pointers it indexes")
+    return out
+
+
+def _role(unit: Unit, subscript, up: dict, loop_body) -> str:
+    node, parent = subscript, up.get(subscript)
+    while parent is not None and parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
+        node, parent = parent, up.get(parent)
+    if parent is not None and parent.kind.name in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR") and next(
+            parent.get_children()) == node and operator(unit, parent).endswith("=") and operator(unit, parent) not in (
+            "==", "<=", ">=", "!="):
+        statement = up.get(parent)
+        if statement != loop_body and not (loop_body.kind.name != "COMPOUND_STMT" and parent == loop_body):
+            raise Refusal("a store sits under a condition or inside an expression (the whole pack is stored)")
+        return "write" if operator(unit, parent) == "=" else "update"
+    if parent is not None and parent.kind.name == "UNARY_OPERATOR" and operator(unit, parent) in ("&", "++", "--"):
+        raise Refusal("an element's address is taken or incremented")
+    return "read"
+
+
+def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: str, accesses: dict, element: str,
+          taken: set) -> tuple[int, int, str]:
+    first, off, place = origin
+    start, end = unit.span(loop)
+    ind = unit.indent(start)
+    step = "  "
+    i = var.spelling
+    index_type = "auto" if "auto" in var.type.spelling or "dependent" in var.type.spelling else var.type.spelling
+    pack, packs, lane, head = (fresh_name(n, taken) for n in ("kPack", f"{i}_pack", "lane", f"{i}_first"))
+    names = {p: fresh_name(f"{pointer_stem(p.spelling)}_pack", taken) for p in accesses}
+
+    def at(p, where: str = "") -> str:
+        base = " + ".join(x for x in (accesses[p].offset, off, where) if x)
+        return f"&{p.spelling}[{base or 0}]"
+
+    count = f"(({bound}) - ({off}))" if off else f"({bound})"
+    advance = f"++{packs}" if stride == "1" else f"{packs} += {stride}"
+    resume = " + ".join(x for x in (off, f"{count} / {pack} * {pack}", place if place != "0" else "") if x)
+
+    # the body, each access replaced by its pack's element
+    b0, b1 = unit.span(loop_body)
+    text = unit.data[b0:b1]
+    repl = sorted(((*unit.span(n), f"{names[p]}[{lane}]") for p, a in accesses.items() for n in a.nodes), reverse=True)
+    for a, b, new in repl:
+        text = text[:a - b0] + new.encode() + text[b - b0:]
+    inner = text.decode()
+    if loop_body.kind.name == "COMPOUND_STMT":
+        inner = inner[1:-1].strip("\n").rstrip()
+        inner_lines = _reindent(inner, unit.indent(b0) + step, ind + step * 4)
+    else:
+        inner_lines = [ind + step * 4 + inner.strip() + ("" if inner.strip().endswith(";") else ";")]
+    checks = " &&\n".join(([f"{ind}{step * 4}({off}) < ({bound})"] if off else [])
+                          + [f"{ind}{step * 4}reinterpret_cast<uintptr_t>({at(p)}) % 16 == 0" for p in accesses]).lstrip()
+    lines = [
+        f"{ind}{{  // 16-byte packed loads and stores where every pointer is aligned; the scalar loop does the rest",
+        f"{ind}{step}constexpr int {pack} = 16 / sizeof({element});",
+        f"{ind}{step}if ({checks}) {{",
+        f"{ind}{step * 2}for ({index_type} {packs} = {place}; {packs} < {count} / {pack}; {advance}) {{",
+        f"{ind}{step * 3}const {index_type} {head} = {packs} * {pack};",
+    ]
+    for p, a in accesses.items():
+        lines.append(f"{ind}{step * 3}alignas(16) {element} {names[p]}[{pack}];")
+        if a.read:
+            lines.append(f"{ind}{step * 3}*reinterpret_cast<uint4*>({names[p]}) = "
+                         f"*reinterpret_cast<const uint4*>({at(p, head)});")
+    lines += [f"{ind}{step * 3}#pragma unroll",
+              f"{ind}{step * 3}for (int {lane} = 0; {lane} < {pack}; ++{lane}) {{",
+              *inner_lines,
+              f"{ind}{step * 3}}}"]
+    for p, a in accesses.items():
+        if a.write:
+            lines.append(f"{ind}{step * 3}*reinterpret_cast<uint4*>({at(p, head)}) = "
+                         f"*reinterpret_cast<const uint4*>({names[p]});")
+    above = pragmas_above(unit, start)
+    pragmas = [line.strip() for line in unit.data[above:unit.line_start(start)].decode().splitlines() if line.strip()]
+    original = unit.code(loop)
+    if loop_body.kind.name != "COMPOUND_STMT" and not original.endswith(";"):  # `for (...) x;`: the `;` is not in it
+        semicolon = unit.data.find(b";", end)
+        if semicolon >= 0 and not unit.data[end:semicolon].strip():
+            end, original = semicolon + 1, original + ";"
+    f0, f1 = (x - start for x in unit.span(first))
+    tail = original[:f0] + resume + original[f1:]
+    lines += [f"{ind}{step * 2}}}",
+              *[ind + step * 2 + p for p in pragmas],
+              *_reindent(tail, ind, ind + step * 2),
+              f"{ind}{step}}} else {{",
+              *[ind + step * 2 + p for p in pragmas],
+              *_reindent(original, ind, ind + step * 2),
+              f"{ind}{step}}}",
+              f"{ind}}}"]
+    return above, end, "\n".join(lines)
+
+
+def _reindent(text: str, old: str, new: str) -> list[str]:
+    """`text`'s lines moved from indent `old` to `new` (its first line carries no indent of its own)."""
+    out = []
+    for k, line in enumerate(text.splitlines()):
+        if not line.strip():
+            out.append("")
+        elif k == 0 and not line.startswith(old):
+            out.append(new + line.lstrip())
+        else:
+            out.append(new + (line[len(old):] if line.startswith(old) else line.lstrip()))
+    return out

@@ -1,0 +1,66 @@
+"""reuse: loop-invariant reads of read-only memory move above the loop; anything else stays."""
+
+from astra.optimize.passes import all_passes
+from tests.astra.optimize.passes.nvcc import compiles
+
+KERNEL = """
+#include <cstdint>
+template <typename T>
+__global__ void scale_rows(T* __restrict__ out, const T* __restrict__ in, const float* __restrict__ scale,
+                           const float* bias, int rows, int n) {
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float bias_v = bias[row] * 2.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      out[row * n + i] = static_cast<T>(static_cast<float>(in[row * n + i]) * scale[row] + __ldg(&bias[0]));
+    }
+    out[row * n] = static_cast<T>(bias_v);
+  }
+}
+"""
+
+
+def test_invariant_loads_move_above_the_innermost_loop_and_it_builds(tmp_path):
+    result = all_passes()["reuse"].apply(KERNEL)
+    assert result.applies, result.reason
+    out = result.source
+    hoisted = out.index("const auto scale_v = scale[row];")
+    assert hoisted < out.index("for (int i = threadIdx.x")
+    assert "* scale_v + " in out and "scale[row] +" not in out
+    assert "const auto bias_v2 = __ldg(&bias[0]);" in out  # named apart from the kernel's own bias_v
+    assert "in[row * n + i]" in out  # varies with i: stays
+    assert "const float bias_v = bias[row] * 2.0f;" in out  # its loop (over rows) holds another loop
+    assert compiles(tmp_path, out, "template __global__ void scale_rows<float>(float*, const float*, const float*, "
+                                   "const float*, int, int);") == ""
+
+
+def test_a_const_declaration_moves_out_whole():
+    source = """
+__global__ void k(float* out, const float* w, const float* x, int rows, int n) {
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float w0 = w[threadIdx.x] * 0.5f;
+    out[r * n + threadIdx.x] = x[r * n + threadIdx.x] * w0;
+  }
+}
+"""
+    result = all_passes()["reuse"].apply(source)
+    assert result.applies, result.reason
+    assert result.source.index("const float w0 = w[threadIdx.x] * 0.5f;") < result.source.index("for (int r")
+    assert result.source.count("const float w0") == 1
+
+
+def test_refusals_name_the_reason():
+    written_in_loop = """
+__global__ void k(float* out, float* acc, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) { acc[0] += out[i]; out[i] = acc[0]; }
+}
+"""
+    shared = """
+__global__ void k(float* out, int n) {
+  __shared__ float s[32];
+  const float* t = s;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = t[0];
+}
+"""
+    for source in (written_in_loop, shared):
+        result = all_passes()["reuse"].apply(source)
+        assert not result.applies and "loop-invariant" in result.reason

@@ -1,0 +1,79 @@
+"""vectorize: element-wise strided loops get 16-byte packed accesses behind a run-time alignment check."""
+
+from astra.optimize.passes import all_passes
+from tests.astra.optimize.passes.nvcc import compiles
+
+KERNEL = """
+#include <cstdint>
+template <typename T>
+__global__ void add_rows(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, int n) {
+  const int tid = threadIdx.x;
+  for (int i = tid; i < n; i += blockDim.x) {
+    const float x = static_cast<float>(a[blockIdx.x * n + i]);
+    out[blockIdx.x * n + i] = static_cast<T>(x + static_cast<float>(b[i]));
+  }
+}
+"""
+
+
+def test_packed_loop_with_alignment_check_tail_and_fallback_builds(tmp_path):
+    result = all_passes()["vectorize"].apply(KERNEL)
+    assert result.applies, result.reason
+    out = result.source
+    assert "constexpr int kPack = 16 / sizeof(T);" in out
+    assert "reinterpret_cast<uintptr_t>(&a[blockIdx.x * n]) % 16 == 0" in out
+    assert "reinterpret_cast<uintptr_t>(&b[0]) % 16 == 0" in out
+    assert "*reinterpret_cast<uint4*>(a_pack) = *reinterpret_cast<const uint4*>(&a[blockIdx.x * n + i_first]);" in out
+    assert "*reinterpret_cast<uint4*>(&out[blockIdx.x * n + i_first]) = *reinterpret_cast<const uint4*>(out_pack);" \
+        in out
+    assert "for (int i = (n) / kPack * kPack + tid; i < n; i += blockDim.x)" in out  # the tail
+    assert out.count("for (int i = tid; i < n; i += blockDim.x)") == 1  # the fallback: the original loop
+    assert compiles(tmp_path, out, "template __global__ void add_rows<float>(float*, const float*, const float*, int);"
+                    "\n#include <cuda_bf16.h>\ntemplate __global__ void add_rows<__nv_bfloat16>(__nv_bfloat16*, "
+                    "const __nv_bfloat16*, const __nv_bfloat16*, int);") == ""
+
+
+def test_an_offset_start_and_a_serial_loop_keep_their_elements(tmp_path):
+    source = """
+#include <cstdint>
+__global__ void fill_tail(float* __restrict__ out, const float* __restrict__ in, int start, int n) {
+  for (int i = start + threadIdx.x; i < n; i += blockDim.x) out[i] = in[i] * 2.0f;
+  if (threadIdx.x == 0) {
+    for (int j = start; j < n; ++j) out[n + j] = in[j];
+  }
+}
+"""
+    result = all_passes()["vectorize"].apply(source)
+    assert result.applies, result.reason
+    out = result.source
+    # packs of [start, n): thread t takes packs t, t + blockDim.x, ... and the tail resumes after the last
+    assert "if ((start) < (n) &&" in out and "reinterpret_cast<uintptr_t>(&in[start]) % 16 == 0" in out
+    assert "for (int i_pack = threadIdx.x; i_pack < ((n) - (start)) / kPack; i_pack += blockDim.x)" in out
+    assert "&in[start + i_first]" in out
+    assert "for (int i = start + ((n) - (start)) / kPack * kPack + threadIdx.x; i < n; i += blockDim.x)" in out
+    assert "for (int j_pack = 0; j_pack < ((n) - (start)) / kPack2; ++j_pack)" in out  # the serial loop
+    assert "&out[n + start + j_first]" in out
+    assert compiles(tmp_path, out) == ""
+
+
+def test_refusals_say_which_precondition_failed():
+    cases = {
+        "a reduction": ("__global__ void k(const float* x, float* y, int n) {\n  float s = 0.f;\n"
+                        "  for (int i = threadIdx.x; i < n; i += blockDim.x) { s += x[i]; y[i] = s; }\n}\n",
+                        "a reduction"),
+        "a conditional store": ("__global__ void k(const float* x, float* y, int n) {\n"
+                                "  for (int i = threadIdx.x; i < n; i += blockDim.x) { if (x[i] > 0) y[i] = x[i]; }\n}\n",
+                                "under a condition"),
+        "another use of i": ("__global__ void k(const float* x, float* y, int n) {\n"
+                             "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i] * i; }\n}\n",
+                             "other than as a pointer's index"),
+        "a start not at the thread's place": ("__global__ void k(const float* x, float* y, int n) {\n"
+                                              "  for (int i = 2 * threadIdx.x; i < n; i += blockDim.x) y[i] = x[i];\n}\n",
+                                              "thread's place in its stride"),
+        "mixed types": ("__global__ void k(const float* x, double* y, int n) {\n"
+                        "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n}\n",
+                        "different element types"),
+    }
+    for name, (source, reason) in cases.items():
+        result = all_passes()["vectorize"].apply(source)
+        assert not result.applies and reason in result.reason, (name, result.reason)
