@@ -61,6 +61,7 @@ from harness.candidate.exchange import (
 from harness.candidate.run import CandidateRun, judge_deadline, progress_timeout
 from harness.environment.measured import measured_environment
 from harness.job import Job
+from harness.judge import timing_gate
 from harness.judge.back_to_back import chained_call, judge_chain
 from harness.judge.correctness import (
     OriginalFailed,
@@ -372,6 +373,7 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
                                                    timed=[case.id for case in job.cases if case.timed],
                                                    deadline=deadline, link=True))
             timing = (run, quiet)
+        timing_gate.mark_built(job.options.timing_gate)  # compute-sanitizer may start now, beside the checks
         if not job.options.outputs_checked:
             results, checked, signatures = _unchecked(job), {}, {}
         else:
@@ -383,6 +385,17 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
                 return done(outcome)
             results, checked, signatures = outcome
         phases["check_s"] = time.monotonic() - mark
+        if timing is not None and all(result.correct for result in results):
+            mark = time.monotonic()
+            held = timing_gate.wait_sanitized(job.options.timing_gate, deadline)
+            phases["wait_sanitizer_s"] = round(time.monotonic() - mark, 3)
+            if held is not None:  # the sanitizer found something, or could not conclude: nothing to time
+                verdict = _timing_phase(job, device, keys, modules, None, results, checked, signatures, env, phases,
+                                        reference)
+                status, _, reason = held.partition(": ")
+                verdict.status, verdict.correct, verdict.faster, verdict.reason = status, False, False, reason
+                verdict.notes.append("timing skipped: compute-sanitizer did not come out clean")
+                return done(verdict)
         return done(_timing_phase(job, device, keys, modules, timing, results, checked, signatures, env, phases,
                                   reference))
 

@@ -108,7 +108,7 @@ def verify(data: dict[str, Any], key: bytes) -> bool:
 
 
 def run_judge(job_json: str, tmp: str | Path, *, timeout_s: float, python: str, env: dict[str, str],
-              wrap: list[str] | None = None, wrap_exitcode: int | None = None, progress=None):
+              wrap: list[str] | None = None, wrap_exitcode: int | None = None, progress=None, cancel=None):
     """Start `python -m harness run job.json --out verdict.json` in `tmp` (harness.worker.process_group.run_isolated)
     with a fresh key and this config on its stdin. Returns (outcome, verdict path, key)."""
     from harness.worker.process_group import run_isolated
@@ -119,5 +119,6 @@ def run_judge(job_json: str, tmp: str | Path, *, timeout_s: float, python: str, 
     key = new_key()
     command = [python, "-m", "harness", "run", str(job_path), "--out", str(out_path)]
     outcome = run_isolated(command, timeout_s=timeout_s, env=env, cwd=tmp,
-                           stdin_data=encode_config(key, timeout_s, wrap, wrap_exitcode), progress=progress)
+                           stdin_data=encode_config(key, timeout_s, wrap, wrap_exitcode), progress=progress,
+                           cancel=cancel)
     return outcome, out_path, key

@@ -22,13 +22,16 @@ replaces `harness.judge.evaluate.evaluate`; tests use it to stand in crashing or
 
 from __future__ import annotations
 
+import copy
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from harness.job import Job
+from harness.judge import timing_gate
 from harness.judge.verdict import STATUSES, Verdict
 from harness.worker.judge_channel import run_judge, verify
 from harness.worker.process_group import (
@@ -115,27 +118,88 @@ def run_job(job: Job, *, timeout_s: float, python: str = sys.executable, env: di
 def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0,
                tools: tuple[str, ...] = DEFAULT_TOOLS, python: str = sys.executable,
                env: dict[str, str] | None = None, progress: Callable[[str], None] | None = None) -> Verdict:
-    """`run_job`, then, for a "correct" verdict with `options.sanitizer`, compute-sanitizer (`tools`) over
-    the candidate process on its smallest cases and the smallest of every band and build variant
-    (`harness.sanitizer.sanitize`). Findings turn the verdict
-    into "sanitizer"; a tool that is missing, ran out of time or could not conclude turns it into
-    "sanitizer_unavailable" (fail closed: not a pass). The report is kept as the verdict's `sanitizer`.
+    """`run_job` with, when `options.sanitizer`, compute-sanitizer (`tools`) over the candidate process on its
+    smallest cases and the smallest of every band and build variant (`harness.sanitizer.sanitize`).
+
+    The sanitizer runs beside the judge's outputs phase (harness.judge.timing_gate): it starts once the judge
+    has built the modules and measured the idle GPU, and the judge waits for it before timing, so nothing
+    sanitized runs while the judge times. A judge that fails the candidate first (incorrect, crashed, ...)
+    cancels the sanitizer and its verdict stands. Findings turn the verdict into "sanitizer"; a tool that is
+    missing, ran out of time or could not conclude turns it into "sanitizer_unavailable" (fail closed: not a
+    pass), and the judge skips its timing in both cases. The report is kept as the verdict's `sanitizer`.
     """
-    verdict = run_job(job, timeout_s=timeout_s, python=python, env=env, progress=progress)
-    if verdict.status != "correct" or not job.options.sanitizer:
+    if not job.options.sanitizer:
+        return run_job(job, timeout_s=timeout_s, python=python, env=env, progress=progress)
+    box: dict = {}
+    with tempfile.TemporaryDirectory(prefix="astra-gate-") as gate:
+        gated = copy.deepcopy(job)
+        gated.options.timing_gate = gate
+        judge = threading.Thread(target=_judge_into, daemon=True, name="judge",
+                                 args=(box, gated, timeout_s + sanitizer_timeout_s, python, env, progress))
+        judge.start()
+        while judge.is_alive() and not timing_gate.built(gate):
+            time.sleep(timing_gate.POLL_S)
+        report, seconds = None, 0.0
+        if timing_gate.built(gate):
+            if progress is not None:
+                progress(f"compute-sanitizer ({', '.join(tools)}) on the smallest cases of every band and variant, "
+                         "beside the checks")
+            cancel = threading.Event()
+            threading.Thread(target=_cancel_unless_correct, args=(judge, box, cancel), daemon=True).start()
+            start = time.monotonic()
+            try:
+                report = sanitize(job, tools=tools, timeout_s=sanitizer_timeout_s, python=python, env=env,
+                                  cancel=cancel)
+            finally:
+                timing_gate.mark_sanitized(gate, _gate_outcome(report))
+            seconds = time.monotonic() - start
+        judge.join()
+    if "error" in box:
+        raise box["error"]
+    verdict: Verdict = box["verdict"]
+    if report is None or report.get("cancelled") or verdict.status not in _SANITIZER_DECIDES:
         return verdict
-    if progress is not None:
-        progress(f"compute-sanitizer ({', '.join(tools)}) on the smallest cases of every band and variant")
-    start = time.monotonic()
-    report = sanitize(job, tools=tools, timeout_s=sanitizer_timeout_s, python=python, env=env)
-    verdict.phases["sanitizer_s"] = round(time.monotonic() - start, 3)
+    verdict.phases["sanitizer_s"] = round(seconds, 3)
     verdict.sanitizer = report
+    status, reason = _sanitized_status(report)
+    if status is not None:
+        verdict.status, verdict.correct, verdict.faster, verdict.reason = status, False, False, reason
+    return verdict
+
+
+# The verdicts the sanitizer's report may still change: a correct one, or the judge's stop at the gate.
+_SANITIZER_DECIDES = frozenset({"correct", "sanitizer", "sanitizer_unavailable"})
+
+
+def _judge_into(box: dict, job: Job, timeout_s: float, python: str, env, progress) -> None:
+    try:
+        box["verdict"] = run_job(job, timeout_s=timeout_s, python=python, env=env, progress=progress)
+    except BaseException as error:  # re-raised by verify_job in its own thread
+        box["error"] = error
+
+
+def _cancel_unless_correct(judge: threading.Thread, box: dict, cancel: threading.Event) -> None:
+    """Once the judge has ended: cancel the sanitizer if the candidate failed without it."""
+    judge.join()
+    verdict = box.get("verdict")
+    if verdict is None or verdict.status not in _SANITIZER_DECIDES:
+        cancel.set()
+
+
+def _sanitized_status(report: dict | None) -> tuple[str | None, str]:
+    """(status, reason) a sanitizer report gives a correct verdict: (None, "") when clean."""
+    if report is None:
+        return "sanitizer_unavailable", "compute-sanitizer asked for but not run"
     if report["findings"]:
         first = report["findings"][0]
         more = len(report["findings"]) - 1
-        verdict.status, verdict.correct, verdict.faster = "sanitizer", False, False
-        verdict.reason = f"{first['tool']}: {first['message']}" + (f" (+{more} more)" if more else "")
-    elif report.get("unavailable"):
-        verdict.status, verdict.correct, verdict.faster = "sanitizer_unavailable", False, False
-        verdict.reason = f"compute-sanitizer asked for but not conclusive: {report['unavailable']}"
-    return verdict
+        return "sanitizer", f"{first['tool']}: {first['message']}" + (f" (+{more} more)" if more else "")
+    if report.get("unavailable"):
+        return "sanitizer_unavailable", f"compute-sanitizer asked for but not conclusive: {report['unavailable']}"
+    return None, ""
+
+
+def _gate_outcome(report: dict | None) -> str:
+    """What the judge reads at its timing gate (harness.judge.timing_gate)."""
+    status, reason = _sanitized_status(report)
+    return timing_gate.CLEAN if status is None else f"{status}: {reason}"

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,12 +93,15 @@ class Isolated:
         """True once the process has exited."""
         return self.proc.poll() is not None
 
-    def finish(self, timeout_s: float, progress: Callable[[str], None] | None = None) -> ProcessOutcome:
+    def finish(self, timeout_s: float, progress: Callable[[str], None] | None = None,
+               cancel: threading.Event | None = None) -> ProcessOutcome:
         """`progress`: called with each `INFO harness...` line the process writes to stderr as it runs
-        (what it is building, judging or timing), so a long job says where it is."""
+        (what it is building, judging or timing), so a long job says where it is. `cancel`: once set, the
+        group is killed as for a timeout (returncode None)."""
         try:
-            returncode: int | None = (self.proc.wait(timeout=max(timeout_s, 0.001)) if progress is None
-                                      else self._wait_echoing(timeout_s, progress))
+            returncode: int | None = (self.proc.wait(timeout=max(timeout_s, 0.001))
+                                      if progress is None and cancel is None
+                                      else self._wait_echoing(timeout_s, progress, cancel))
         except subprocess.TimeoutExpired:
             returncode = None
         finally:
@@ -109,11 +113,13 @@ class Isolated:
         return ProcessOutcome(returncode, time.monotonic() - self.start, read_text(self.logs / "stdout.log"),
                               read_text(self.logs / "stderr.log"))
 
-    def _wait_echoing(self, timeout_s: float, progress: Callable[[str], None] | None) -> int:
+    def _wait_echoing(self, timeout_s: float, progress: Callable[[str], None] | None,
+                      cancel: threading.Event | None = None) -> int:
         deadline, seen = time.monotonic() + max(timeout_s, 0.001), 0
+        step = 1.0 if cancel is None else 0.1
         while True:
             try:
-                returncode = self.proc.wait(timeout=max(0.001, min(1.0, deadline - time.monotonic())))
+                returncode = self.proc.wait(timeout=max(0.001, min(step, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 returncode = None
             if progress is not None:
@@ -123,7 +129,7 @@ class Isolated:
                     progress = None
             if returncode is not None:
                 return returncode
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or (cancel is not None and cancel.is_set()):
                 raise subprocess.TimeoutExpired(self.proc.args, timeout_s)
 
     def kill(self) -> ProcessOutcome:
@@ -149,14 +155,15 @@ def _echo_new_lines(path: Path, seen: int, progress: Callable[[str], None]) -> i
 
 
 def run_isolated(command: list[str], *, timeout_s: float, env: dict[str, str], cwd: str | Path,
-                 stdin_data: bytes | None = None, progress: Callable[[str], None] | None = None) -> ProcessOutcome:
+                 stdin_data: bytes | None = None, progress: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None) -> ProcessOutcome:
     """Run `command` in a new process group, stdout/stderr to `cwd`/{stdout,stderr}.log, `stdin_data`
     (when given) on its stdin, else /dev/null.
 
-    On timeout the group gets SIGKILL at once (a process stuck in a CUDA call ignores SIGTERM).
-    Whatever the end, the group is killed afterwards so no grandchild outlives the command.
+    On timeout, or once `cancel` is set, the group gets SIGKILL at once (a process stuck in a CUDA call
+    ignores SIGTERM). Whatever the end, the group is killed afterwards so no grandchild outlives the command.
     """
-    return Isolated(command, env=env, cwd=cwd, stdin_data=stdin_data).finish(timeout_s, progress)
+    return Isolated(command, env=env, cwd=cwd, stdin_data=stdin_data).finish(timeout_s, progress, cancel)
 
 
 # The candidate's environment: an allow-list, then a deny-list on top of it (secrets never pass).

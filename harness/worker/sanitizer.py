@@ -141,6 +141,7 @@ def small_job(job: Job) -> Job:
         (footprint(c) for c in small.cases), default=0) <= TRIALS_MAX_BYTES
     small.options.modes = []
     small.options.sanitizer = False
+    small.options.timing_gate = None
     return small
 
 
@@ -216,13 +217,15 @@ def sanitizer_prefix(exe: str, tool: str, log: Path) -> list[str]:
     return command
 
 
-def run_tool(exe: str, tool: str, job: Job, *, timeout_s: float, python: str, env: dict[str, str]) -> dict:
+def run_tool(exe: str, tool: str, job: Job, *, timeout_s: float, python: str, env: dict[str, str],
+             cancel=None) -> dict:
     """One tool over the small job's candidate process: {tool, returncode, seconds, timed_out, inconclusive,
     findings, warnings, errors, verdict_status, verdict_reason, stderr_tail}."""
     with tempfile.TemporaryDirectory(prefix=f"astra-{tool}-") as tmp:
         log = Path(tmp) / "sanitizer.log"
         outcome, out_path, key = run_judge(job.to_json(), tmp, timeout_s=timeout_s, python=python, env=env,
-                                           wrap=sanitizer_prefix(exe, tool, log), wrap_exitcode=ERROR_EXITCODE)
+                                           wrap=sanitizer_prefix(exe, tool, log), wrap_exitcode=ERROR_EXITCODE,
+                                           cancel=cancel)
         text = read_text(log)
         verdict = read_json_object(out_path) or {}
     if verdict and not verify(verdict, key):
@@ -259,11 +262,12 @@ def _tool_setup(env: dict[str, str] | None) -> tuple[str | None, dict[str, str],
 
 
 def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float = 900.0,
-             python: str = sys.executable, env: dict[str, str] | None = None) -> dict:
+             python: str = sys.executable, env: dict[str, str] | None = None, cancel=None) -> dict:
     """Run each tool over `small_job(job)`; returns {findings, ok, skipped, runs}.
 
     `timeout_s` bounds each tool's run (sanitized runs are 10-100x slower than plain ones).
-    Racecheck only checks shared-memory races (see the module docstring).
+    Racecheck only checks shared-memory races (see the module docstring). `cancel` (a threading.Event):
+    once set, every tool's run is killed and the report, marked `cancelled`, proves nothing.
     """
     exe, run_env, missing = _tool_setup(env)
     if exe is None:
@@ -271,7 +275,10 @@ def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float 
     small = small_job(job)
     with ThreadPoolExecutor(max_workers=max(1, len(tools))) as pool:  # the tools at once: each its own processes
         runs = list(pool.map(lambda tool: run_tool(exe, tool, small, timeout_s=timeout_s, python=python,
-                                                   env=run_env), tools))
+                                                   env=run_env, cancel=cancel), tools))
+    if cancel is not None and cancel.is_set():
+        why = "cancelled: the judge's verdict came first"
+        return {"findings": [], "ok": False, "skipped": why, "unavailable": why, "runs": runs, "cancelled": True}
     findings = [finding for run in runs for finding in run["findings"]]
     timed_out = [run["tool"] for run in runs if run["timed_out"]]
     notes = [f"{', '.join(timed_out)} did not finish within {timeout_s:g} s (inconclusive)"] if timed_out else []

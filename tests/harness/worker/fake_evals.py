@@ -3,7 +3,8 @@
 `dispatch(job)` behaves as `job.name` says: "succeed", "segfault", "abort", "hang" (spawns a grandchild
 first), "raise", "cuda_error", "exit_after_verdict", "forge" (writes a passing verdict itself and exits
 0, as a candidate that reached the verdict file would), "silent_exit", "hang_under_tool" (succeeds,
-but hangs when run under a sanitizer). Each records its pid (and a grandchild's) in $ASTRA_TEST_PIDFILE
+but hangs when run under a sanitizer), "gated_checks", "incorrect_after_built" (the timing gate, see each).
+"succeed" follows the judge's timing gate (harness.judge.timing_gate) as the real judge does. Each records its pid (and a grandchild's) in $ASTRA_TEST_PIDFILE
 when set, so tests can check that nothing survives. Under a sanitizer (the judge's private config has a
 `wrap` prefix) each also runs a stand-in candidate process through that prefix, as the real judge does.
 """
@@ -18,6 +19,7 @@ import sys
 import time
 
 from harness.job import Job
+from harness.judge import timing_gate
 from harness.judge.verdict import Verdict
 from harness.worker.judge_channel import current
 
@@ -34,9 +36,41 @@ def _record(**pids: int) -> None:
 
 def succeed(job: Job) -> Verdict:
     _record()
+    timing_gate.mark_built(job.options.timing_gate)  # as the real judge does (harness.judge.timing_gate)
+    held = timing_gate.wait_sanitized(job.options.timing_gate, time.monotonic() + 120)
+    if held is not None:
+        status, _, reason = held.partition(": ")
+        return Verdict(status=status, reason=reason, correct=False, faster=False, name=job.name,
+                       candidate_label=job.candidate_label, notes=["timing skipped"])
     return Verdict(status="correct", reason=f"{job.name}: all fine", correct=True, faster=True, name=job.name,
                    candidate_label=job.candidate_label, band_speedups={"graph": {"decode": 1.25, "all": 1.25}},
                    notes=["from fake_evals"])
+
+
+def gated_checks(job: Job) -> Verdict:
+    """Marks the gate built, "checks" for 1.5 s, then waits at the gate; writes when each happened to
+    $ASTRA_TEST_TIMES (the judge's side of harness.judge.timing_gate, timed)."""
+    times = {"built": time.time()}
+    timing_gate.mark_built(job.options.timing_gate)
+    if current().wrap:  # the sanitizer's own judge: no gate, and its candidate under the tool
+        return succeed(job)
+    time.sleep(1.5)
+    times["checks_done"] = time.time()
+    held = timing_gate.wait_sanitized(job.options.timing_gate, time.monotonic() + 120)
+    times["timing_starts"] = time.time()
+    with open(os.environ["ASTRA_TEST_TIMES"], "w") as handle:
+        json.dump(times, handle)
+    return succeed(job) if held is None else Verdict(status=held.partition(": ")[0], reason="held", correct=False,
+                                                     name=job.name, candidate_label=job.candidate_label)
+
+
+def incorrect_after_built(job: Job) -> Verdict:
+    """Built, then an incorrect candidate found at once (the sanitizer, under way, must be cancelled)."""
+    timing_gate.mark_built(job.options.timing_gate)
+    if current().wrap:
+        time.sleep(600)  # the sanitizer's run would take ten minutes
+    return Verdict(status="incorrect", reason="case c1: 3 elements differ", correct=False, faster=False,
+                   name=job.name, candidate_label=job.candidate_label)
 
 
 def segfault(job: Job) -> Verdict:
@@ -110,7 +144,8 @@ def silent_exit(job: Job) -> Verdict:
 BEHAVIOURS = {
     "succeed": succeed, "segfault": segfault, "abort": abort, "hang": hang, "raise": raise_error,
     "cuda_error": cuda_error, "exit_after_verdict": exit_after_verdict, "silent_exit": silent_exit,
-    "forge": forge, "hang_under_tool": hang_under_tool, "secrets": secrets,
+    "forge": forge, "hang_under_tool": hang_under_tool, "secrets": secrets, "gated_checks": gated_checks,
+    "incorrect_after_built": incorrect_after_built,
 }
 
 

@@ -4,9 +4,11 @@ stand-in `compute-sanitizer` that replays canned logs around the candidate comma
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,7 +56,8 @@ INITCHECK_LOG = """\
 
 # A stand-in compute-sanitizer: takes the real options, runs the command, writes a canned log.
 FAKE_TOOL = """#!{python}
-import os, subprocess, sys
+import os, subprocess, sys, time
+start = time.time()
 args = sys.argv[1:]
 opts = {{}}
 while args and args[0].startswith("--"):
@@ -64,6 +67,10 @@ rc = subprocess.call(args)
 log = open(os.environ["FAKE_LOG_DIR"] + "/" + opts["--tool"] + ".log").read()
 open(opts["--log-file"], "w").write(log)
 found = "Invalid" in log or "Error:" in log
+time.sleep(float(os.environ.get("FAKE_TOOL_SECONDS", "0")))
+if os.environ.get("FAKE_TOOL_TIMES"):
+    with open(os.environ["FAKE_TOOL_TIMES"], "a") as handle:
+        handle.write(f"{{start}} {{time.time()}}\\n")
 sys.exit(int(opts["--error-exitcode"]) if found else rc)
 """
 
@@ -243,3 +250,42 @@ def test_worker_failing_under_the_tool_is_inconclusive_not_a_finding(fake_tool):
     assert "memcheck: the worker failed under the tool" in report["skipped"]
     assert "ValueError" in report["skipped"]
     assert [w["kind"] for w in report["runs"][0]["warnings"]] == ["target_error"]
+
+
+def test_the_sanitizer_runs_beside_the_checks_and_before_the_timing(fake_tool, tmp_path, monkeypatch):
+    """Each tool starts once the judge has built (harness.judge.timing_gate), while the judge still checks
+    outputs, and every tool has ended before the judge's first timed sample."""
+    for tool in ("memcheck", "racecheck", "initcheck"):
+        (fake_tool / f"{tool}.log").write_text(CLEAN_LOG)
+    monkeypatch.setenv("ASTRA_TEST_TIMES", str(tmp_path / "judge.json"))
+    monkeypatch.setenv("FAKE_TOOL_TIMES", str(tmp_path / "tools.txt"))
+    monkeypatch.setenv("FAKE_TOOL_SECONDS", "0.5")
+    verdict = verify_job(tiny_job("gated_checks"), timeout_s=60, sanitizer_timeout_s=60)
+    assert verdict.status == "correct" and verdict.sanitizer["ok"] is True
+    assert len(verdict.sanitizer["runs"]) == 3
+    judge = json.loads((tmp_path / "judge.json").read_text())
+    tools = [tuple(map(float, line.split())) for line in (tmp_path / "tools.txt").read_text().splitlines()]
+    assert len(tools) == 3
+    assert all(judge["built"] <= start < judge["checks_done"] for start, _ in tools)  # beside the checks
+    assert all(end <= judge["timing_starts"] for _, end in tools)  # never beside the timing
+    assert verdict.phases["sanitizer_s"] > 0
+
+
+def test_a_judge_that_fails_first_cancels_the_sanitizer(fake_tool):
+    """An incorrect candidate is reported as soon as the judge knows; the sanitizer's runs are killed."""
+    (fake_tool / "memcheck.log").write_text(CLEAN_LOG)
+    start = time.monotonic()
+    verdict = verify_job(tiny_job("incorrect_after_built"), timeout_s=60, sanitizer_timeout_s=300,
+                         tools=("memcheck",))
+    assert verdict.status == "incorrect" and verdict.reason == "case c1: 3 elements differ"
+    assert not verdict.sanitizer  # a cancelled report proves nothing and is not kept
+    assert time.monotonic() - start < 60  # not the 300 s the sanitizer's hanging run was allowed
+
+
+def test_findings_stop_the_judge_at_the_gate(fake_tool, tmp_path, monkeypatch):
+    """With a finding, the judge never times: it reads the sanitizer's status at the gate."""
+    (fake_tool / "memcheck.log").write_text(MEMCHECK_LOG)
+    monkeypatch.setenv("ASTRA_TEST_TIMES", str(tmp_path / "judge.json"))
+    verdict = verify_job(tiny_job("gated_checks"), timeout_s=60, sanitizer_timeout_s=60, tools=("memcheck",))
+    assert verdict.status == "sanitizer" and verdict.reason.startswith("memcheck: Invalid __global__ read")
+    assert verdict.correct is False and verdict.faster is False
