@@ -11,16 +11,18 @@ flush, events and synchronisation per sample, so the views mean what they meant 
   launches. The sets are as many as make a replay last MIN_REPLAY_US on the slower side's eager estimate,
   bounded by memory (`sets_budget`) and MAX_GRAPH_SETS; no set is read twice within a replay, and L2 is
   flushed before every replay, so no launch finds its inputs in L2.
-- `cold`: one launch of set 0 per sample after an L2 flush.
+- `cold`: one launch per sample after an L2 flush, each side cycling through COLD_SETS sets (fewer when memory
+  is short), so that every set holds the outputs of its latest launch.
 
 Blocks: a view is timed in harness.timing.placement's BLOCKS blocks; before each, both sides place their sets
 anew behind pads of one random layout (where the sets land moves a µs kernel's time by whole timer ticks), so
 the placement is sampled like any other random factor; `info.block_ratios` holds each block's ratio of
 medians, from which the judge widens the case's noise band (harness.judge.timings.placement_noise).
 
-Order: ABBA by rounds (o c, c o, o c, ...), consecutive samples of one side run as one turn. A cold sample
-relaunches set 0 after restoring it, so a verification sees a turn's last launch only; turns therefore stay one
-or two samples long (longer ones would save most stops and resumes, but first need a set per sample of a turn). Before each of
+Order: ABBA by rounds (o c, c o, o c, ...), consecutive samples of one side run as one turn. In the graph view
+a round is one sample per side; in the cold view COLD_TURN, so a turn is at most COLD_SETS samples: since a
+cold side cycles through its sets, a verification sees every launch of the side's last turn (with a single
+set, when memory is short, rounds are one sample and a verification sees a turn's last launch). Before each of
 the original's turns the candidate process is stopped and the GPU checked quiet (harness.quiet_gpu: an
 `Interference` rejects the candidate); before each command to the candidate it is resumed. The stop rule is
 harness.timing's (`stop_reason`) over both sides' samples of the block, with the block's share of the case's
@@ -64,6 +66,8 @@ from harness.timing.timed_sets import set_footprint, timing_seeds
 from harness.timing.timing_link import LinkBroken, SideFailed
 
 MAX_GRAPH_SETS = 4096
+COLD_TURN = 4  # cold samples per side and round: turns of up to 8 samples, over COLD_SETS = 2 x COLD_TURN sets
+COLD_SETS = 2 * COLD_TURN
 SETS_MAX_BYTES = 8 << 30  # per side: the original's sets in the judge, the candidate's in its process
 SETS_FREE_SHARE = 0.25  # of the GPU memory free in the judge when a view starts
 
@@ -114,17 +118,24 @@ def graph_sets(estimate_us: float, footprint: int, budget: int) -> int:
     return max(1, min(wanted, MAX_GRAPH_SETS, room))
 
 
-def abba(first_round: int, end_round: int) -> list[tuple[str, int]]:
-    """Turns (side, samples) of rounds [first_round, end_round): o c, c o, o c, ..., runs of one side merged."""
+def cold_sets(footprint: int, budget: int) -> int:
+    """Sets of a cold view: COLD_SETS, fewer when they do not fit in `budget` bytes, at least one."""
+    room = budget // footprint if footprint > 0 else COLD_SETS
+    return max(1, min(COLD_SETS, room))
+
+
+def abba(first_round: int, end_round: int, per_round: int = 1) -> list[tuple[str, int]]:
+    """Turns (side, samples) of rounds [first_round, end_round), each side `per_round` samples a round:
+    o c, c o, o c, ..., runs of one side merged (so a turn is at most 2 x per_round samples)."""
     order: list[str] = []
     for r in range(first_round, end_round):
         order += ["orig", "cand"] if r % 2 == 0 else ["cand", "orig"]
     turns: list[tuple[str, int]] = []
     for side in order:
         if turns and turns[-1][0] == side:
-            turns[-1] = (side, turns[-1][1] + 1)
+            turns[-1] = (side, turns[-1][1] + per_round)
         else:
-            turns.append((side, 1))
+            turns.append((side, per_round))
     return turns
 
 
@@ -167,10 +178,15 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
     if view == "graph":
         estimate = max(pair.orig.estimate(seeds[0]), pair.cand.estimate(seeds[0]))
         seeds = timing_seeds(options.seeds, graph_sets(estimate, set_footprint(case), sets_budget(device)))
+    else:
+        seeds = timing_seeds(options.seeds, cold_sets(set_footprint(case), sets_budget(device)))
+    # a cold side cycles through its sets, so a verification sees its last len(seeds) launches: a turn is
+    # never longer than that (one set: turns of one or two samples, as a turn's last launch is all it sees)
+    per_round = 1 if view == "graph" else max(1, len(seeds) // 2)
     min_samples = MIN_SAMPLES if view == "graph" else COLD_MIN_SAMPLES
     layouts = layout_seeds(rng)
     check = make_check(seeds)  # one per view: outputs already compared by value are not fetched again
-    probe = (rng.randrange(len(layouts)), rng.randrange(min_samples))  # (block, round) verified during sampling
+    probe = (rng.randrange(len(layouts)), rng.randrange(max(1, min_samples // per_round)))  # (block, round) verified
     samples: dict[str, list[float]] = {"orig": [], "cand": []}
     failures: list[str] = []
     verified: list[str] = []
@@ -183,7 +199,7 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
         pair.cand.prepare(view, seeds, layout)
         block_probe = probe[1] if probe[0] == block else None
         taken, stop = _sample_block(pair, options, check, min_samples, block_probe, block, len(layouts),
-                                    failures, verified)
+                                    failures, verified, per_round)
         rounds += taken["rounds"]
         stops.append(stop)
         block_ratios.append(median(taken["orig"]) / median(taken["cand"]))
@@ -203,7 +219,7 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
 
 
 def _sample_block(pair: Pair, options, check, min_samples: int, probe: int | None, block: int, blocks: int,
-                  failures: list[str], verified: list[str]) -> tuple[dict[str, Any], str]:
+                  failures: list[str], verified: list[str], per_round: int = 1) -> tuple[dict[str, Any], str]:
     """Block `block` of `blocks`: ABBA rounds until the stop rule holds on this block's samples (its share
     of the budget); verifies after round `probe` (None: not in this block) and after the block's last sample."""
     samples: dict[str, list[float]] = {"orig": [], "cand": []}
@@ -214,7 +230,7 @@ def _sample_block(pair: Pair, options, check, min_samples: int, probe: int | Non
         end = rounds + BATCH
         if probe is not None and rounds <= probe < end:
             end = probe + 1
-        for side, count in abba(rounds, end):
+        for side, count in abba(rounds, end, per_round):
             if side == "orig":
                 pair.hold_candidate()
                 samples["orig"] += pair.orig.sample(count)

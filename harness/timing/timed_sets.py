@@ -5,11 +5,12 @@ A timed launch must do checked work (docs/threat-model.md, "Timing counts only c
 launch of a sample gets a set of its own, drawn like a checked call's inputs (harness.inputs.make_inputs on
 a seed of `timing_seeds`: the first is the case's first checked seed, so the judge also holds that set's
 checked outputs; the others are fresh seeds of the same distributions), with its `out` tensors poisoned.
-No set is used twice within a sample: a graph replay launches once per set, a cold sample launches set 0.
+No set is used twice within a sample: a graph replay launches once per set, a cold sample launches the next
+set in turn (harness.timing.timing_side), so each set holds the outputs of that side's latest launch on it.
 
 Before every sample, OUTSIDE the timed events and identically on both sides, `restore` copies every storage
 a call may write (`out`, `inout`, `scratch`, and what an alias writes) back from a pristine copy taken when
-the set was made: pure outputs are poisoned again, in-place tensors hold their drawn inputs again. So an
+the set was made (every set before a replay; the set it launches before a cold sample): pure outputs are poisoned again, in-place tensors hold their drawn inputs again. So an
 in-place kernel is never timed on its own outputs, and a launch that skips work leaves poison that the
 judge sees. `digests` gives, per set, the keyed digest of its outputs (harness.judge.correctness.output_digest: what
 the judge computes from a checked call's outputs) and of its read-only tensors' storages (harness.judge.digest).
@@ -71,37 +72,44 @@ class TimedSets:
     def __init__(self, case: Case, seeds: list[int], device: torch.device | str, key: int = 0) -> None:
         self.case, self.seeds, self.device, self.key = case, list(seeds), torch.device(device), key
         self.inputs: list[dict[str, Any]] = []
-        self._targets: list[torch.Tensor] = []
-        self._pristine: list[torch.Tensor] = []
+        self._targets: list[list[torch.Tensor]] = []  # per set
+        self._pristine: list[list[torch.Tensor]] = []
         written = written_names(case)
         for seed in self.seeds:
             args = poison_outputs(make_inputs(case, seed, self.device), case.args)
             self.inputs.append(args)
             seen: set[int] = set()
+            targets, pristine = [], []
             for name in written:
                 tensor = args.get(name)
                 if not isinstance(tensor, torch.Tensor) or id(tensor) in seen:
                     continue
                 seen.add(id(tensor))
                 flat = _bytes_of(tensor)
-                self._targets.append(flat)
-                self._pristine.append(flat.clone())
+                targets.append(flat)
+                pristine.append(flat.clone())
+            self._targets.append(targets)
+            self._pristine.append(pristine)
         self.call_args = [to_call_args(args, case.args) for args in self.inputs]
 
     def __len__(self) -> int:
         return len(self.inputs)
 
-    def restore(self) -> None:
-        """Enqueue (on the current stream) the copy of every written storage from its pristine copy: outputs
-        poisoned, in-place tensors back to their drawn inputs, workspaces back to their init."""
-        if not self._targets:
+    def restore(self, index: int | None = None) -> None:
+        """Enqueue (on the current stream) the copy of every written storage of set `index` (None: of every
+        set) from its pristine copy: outputs poisoned, in-place tensors back to their drawn inputs, workspaces
+        back to their init."""
+        chosen = range(len(self.inputs)) if index is None else [index]
+        targets = [t for i in chosen for t in self._targets[i]]
+        pristine = [p for i in chosen for p in self._pristine[i]]
+        if not targets:
             return
         foreach_copy = getattr(torch, "_foreach_copy_", None)
         if self.device.type == "cuda" and foreach_copy is not None:
-            foreach_copy(self._targets, self._pristine)  # a few multi-tensor kernels, not one copy per storage
+            foreach_copy(targets, pristine)  # a few multi-tensor kernels, not one copy per storage
         else:
-            for target, pristine in zip(self._targets, self._pristine):
-                target.copy_(pristine)
+            for target, source in zip(targets, pristine):
+                target.copy_(source)
 
     def digests(self) -> list[dict[str, str]]:
         """Per set: {"out": the keyed digest of its outputs (harness.judge.correctness.output_digest), "in": that

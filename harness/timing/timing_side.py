@@ -7,10 +7,12 @@ Both sides run exactly this code, so what one side's sample contains the other's
 - `prepare(view, seeds, layout)`: the timed sets (harness.timed_sets), one per seed, placed behind the pads of
   `layout` (harness.timing.placement); for `graph`, a CUDA graph
   holding one launch per set (each launch its own set: no set is read twice within a replay), then two
-  warm-up replays (cold: three warm-up launches), each after a restore;
-- `sample(count)`: per sample, OUTSIDE the events: restore every set (outputs poisoned, in-place tensors
-  back to their drawn inputs) and flush L2 by reading 2 x L2 bytes; then the replay (or the launch of set 0)
-  between two CUDA events. The samples are enqueued behind a spin sized to the host's enqueue time (as
+  warm-up replays (cold: a warm-up launch of every set, at least three), each after a restore;
+- `sample(count)`: per sample, OUTSIDE the events: restore what it launches (graph: every set; cold: the next
+  set in turn; outputs poisoned, in-place tensors back to their drawn inputs) and flush L2 by reading 2 x L2
+  bytes; then the replay (or the launch of that one set) between two CUDA events. A cold side cycles through
+  its sets, so every set holds the outputs of its latest launch: a verification sees the side's last
+  `len(sets)` launches. The samples are enqueued behind a spin sized to the host's enqueue time (as
   harness.timing does), with the garbage collector paused; then the WHOLE DEVICE is synchronised
   (`torch.cuda.synchronize`, cudaDeviceSynchronize: every stream of the process, private ones included),
   so nothing this side queued is left running when it hands the GPU back. Returns us per launch.
@@ -53,6 +55,7 @@ class TimingSide:
         self._flush: Callable[[], Any] | None = None
         self._pads: list[torch.Tensor] = []
         self._enqueue_us = 0.0
+        self._next = 0  # cold: the set the next sample launches
 
     # ------------------------------------------------------------ set-up
 
@@ -94,9 +97,15 @@ class TimingSide:
             except Exception as error:  # the side's code ran during capture: any failure is a result
                 raise CaptureError(self.name, error) from error
             self.graph = graph
-        for _ in range(WARMUP_REPLAYS if view == "graph" else WARMUP_LAUNCHES):
-            self.sets.restore()
-            self._run()
+        if view == "graph":
+            for _ in range(WARMUP_REPLAYS):
+                self.sets.restore()
+                self._run()
+        else:  # every set launched at least once, so each holds a launch's outputs from the start
+            for index in range(max(WARMUP_LAUNCHES, len(self.sets))):
+                self.sets.restore(index % len(self.sets))
+                self._run(index % len(self.sets))
+        self._next = 0
         self._synchronize()
         return {"input_sets": len(self.sets), "launches_per_sample": self.launches_per_sample(),
                 "l2_bytes": l2_bytes(self.device) if self.cuda else 0}
@@ -106,8 +115,8 @@ class TimingSide:
 
     # ------------------------------------------------------------ sampling
 
-    def _run(self) -> None:
-        """One sample's launches: the replay, or the launches in order (CPU), or set 0's launch (cold)."""
+    def _run(self, index: int = 0) -> None:
+        """One sample's launches: the replay, or the launches in order (CPU), or set `index`'s launch (cold)."""
         assert self.sets is not None
         if self.view == "graph":
             if self.graph is not None:
@@ -116,7 +125,19 @@ class TimingSide:
                 for args in self.sets.call_args:
                     self.launch(args)
         else:
-            self.launch(self.sets.call_args[0])
+            self.launch(self.sets.call_args[index])
+
+    def _restore(self) -> int:
+        """Restore what the next sample launches (every set for a replay, the next set in turn for a cold
+        launch); returns the set a cold sample launches."""
+        assert self.sets is not None
+        if self.view == "graph":
+            self.sets.restore()
+            return 0
+        index = self._next
+        self._next = (index + 1) % len(self.sets)
+        self.sets.restore(index)
+        return index
 
     def sample(self, count: int) -> list[float]:
         """`count` samples (see the module docstring); microseconds per launch, one value per sample."""
@@ -132,12 +153,12 @@ class TimingSide:
             keep_busy(spin_us(None, self._enqueue_us))
             start = time.perf_counter()
             for _ in range(count):
-                self.sets.restore()
+                index = self._restore()
                 assert self._flush is not None
                 self._flush()
                 begin, end = event_pair()
                 begin.record()
-                self._run()
+                self._run(index)
                 end.record()
                 pending.append((begin, end))
             self._enqueue_us = (time.perf_counter() - start) * 1e6
@@ -149,9 +170,9 @@ class TimingSide:
 
     def _host_sample(self) -> float:
         assert self.sets is not None
-        self.sets.restore()
+        index = self._restore()
         start = time.perf_counter()
-        self._run()
+        self._run(index)
         return (time.perf_counter() - start) * 1e6
 
     def digests(self) -> list[dict[str, str]]:

@@ -12,7 +12,16 @@ import torch
 from harness.job import BuildBase, Case, Job, Options, Variant
 from harness.judge.correctness import output_digest
 from harness.judge.inputs import make_inputs, poison_outputs
-from harness.judge.paired_timing import MAX_GRAPH_SETS, Pair, abba, graph_sets, time_view
+from harness.judge.paired_timing import (
+    COLD_SETS,
+    COLD_TURN,
+    MAX_GRAPH_SETS,
+    Pair,
+    abba,
+    cold_sets,
+    graph_sets,
+    time_view,
+)
 from harness.judge.timed_outputs import Checked, LaunchCheck
 from harness.timing.placement import BLOCKS
 from harness.timing.stats import Stats
@@ -95,8 +104,8 @@ def test_an_honest_candidate_is_timed_and_verified(view):
     assert info["blocks"] == len(info["block_ratios"]) == BLOCKS and all(r > 0 for r in info["block_ratios"])
     if view == "graph":
         assert info["input_sets"] == info["launches_per_sample"] > 1 and info["estimate_us"] > 0
-    else:
-        assert info["input_sets"] == info["launches_per_sample"] == 1
+    else:  # one launch per sample, cycling through COLD_SETS sets
+        assert info["input_sets"] == COLD_SETS and info["launches_per_sample"] == 1
 
 
 @pytest.mark.parametrize("view", ["graph", "cold"])
@@ -212,13 +221,20 @@ def test_the_candidate_is_stopped_and_the_gpu_quiet_whenever_the_original_sample
                         torch.device("cpu"), random.Random(0))
     assert outcome.failures == []
     samples = [entry for entry in log if entry.startswith(("orig", "cand"))]
-    assert samples[:4] == ["orig x1", "cand x2", "orig x2", "cand x2"]  # o c | c o | o c | ...
-    assert log[:3] == ["stop", "quiet", "orig x1"]
+    t = COLD_TURN  # cold rounds give each side COLD_TURN samples
+    assert samples[:4] == [f"orig x{t}", f"cand x{2 * t}", f"orig x{2 * t}", f"cand x{2 * t}"]  # o c | c o | o c
+    assert log[:3] == ["stop", "quiet", f"orig x{t}"]
 
 
 def test_turns_alternate_abba_and_merge():
     assert abba(0, 3) == [("orig", 1), ("cand", 2), ("orig", 2), ("cand", 1)]
     assert abba(1, 2) == [("cand", 1), ("orig", 1)]
+    assert abba(0, 3, 4) == [("orig", 4), ("cand", 8), ("orig", 8), ("cand", 4)]  # never longer than COLD_SETS
+
+
+def test_cold_sets_fit_the_memory_and_a_turn_never_outgrows_them():
+    assert cold_sets(1 << 20, 1 << 40) == COLD_SETS == 2 * COLD_TURN
+    assert cold_sets(1 << 30, 3 << 30) == 3 and cold_sets(1 << 40, 1 << 30) == 1
 
 
 def test_graph_sets_fill_the_replay_within_memory():
@@ -229,17 +245,20 @@ def test_graph_sets_fill_the_replay_within_memory():
     assert graph_sets(5.0, 1 << 40, 1 << 30) == 1
 
 
-@pytest.mark.parametrize("period", [3, 8])
-def test_a_cold_cheat_that_does_full_work_on_one_launch_in_n_is_caught(period):
-    """A kernel that counts its launches (and sees each placement's new sets) computes every row only on one
-    launch in `period`, half of them otherwise: each cold verification sees a turn's last launch, and turns are
-    one or two samples long, so most verifications land on a cheating launch."""
-    state = {"launches": 0}
+@pytest.mark.parametrize("period,full", [(3, True), (8, True), (2, False), (8, False)])
+def test_a_cold_cheat_that_counts_its_launches_is_caught(period, full):
+    """A kernel that counts its launches (and sees each placement's new sets, so it does full work on the
+    warm-ups) computes every row only on one launch in `period` (`full`), or skips half its rows on one launch
+    in `period`: a cold side cycles through COLD_SETS sets, so every verification sees the last COLD_SETS
+    launches, whichever turn they came from."""
+    state = {"launches": 0, "warmups": 0}
 
     def cheater(args):
         state["launches"] += 1
         x, w, out = args
-        if state["launches"] <= 3 or (state["launches"] - 3) % period == 0:  # the warm-ups, then one in `period`
+        after = state["launches"] - state["warmups"]
+        honest = after <= 0 or ((after % period == 0) if full else (after % period != 0))
+        if honest:
             out.copy_(x * w)
         else:
             half = x.shape[0] // 2
@@ -247,7 +266,7 @@ def test_a_cold_cheat_that_does_full_work_on_one_launch_in_n_is_caught(period):
 
     class Counting(TimingSide):
         def prepare(self, view, seeds, layout=0):
-            state["launches"] = 0
+            state["launches"], state["warmups"] = 0, max(3, len(seeds))
             return super().prepare(view, seeds, layout)
 
     case = _case()

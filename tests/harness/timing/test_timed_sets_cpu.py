@@ -86,7 +86,7 @@ def test_restore_means_an_in_place_kernel_is_never_timed_on_its_own_outputs():
     unrestored = SkipsOwnResults()  # the same loop without the restore: the kernel skips every row it wrote
     side = TimingSide("cand", unrestored, case, "cpu")
     side.prepare("cold", [0])
-    side.sets.restore = lambda: None
+    side.sets.restore = lambda index=None: None
     side.sample(20)
     assert unrestored.skipped >= 19 * ROWS
 
