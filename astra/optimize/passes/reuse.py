@@ -5,8 +5,8 @@
     }                                                    out[i] = in[i] * scale_v;
                                                        }
 
-Two shapes, in the loops of `__global__` kernels (outermost first: what an outer loop moved out, an
-inner one does not see again):
+Two shapes (three under a tolerance, below), in the loops of `__global__` kernels (outermost first:
+what an outer loop moved out, an inner one does not see again):
 - a `const` local declared in the loop's body whose initialiser is loop-invariant moves above the loop
   whole (`const auto weight_vec = gmem.load(weight_ptr);` in a grid-stride loop over rows), where its
   name is declared once in the kernel;
@@ -23,6 +23,13 @@ call given a pointer). A load is `p[e]`, `*p`, `params.p[e]`, or a call named li
 when the loop also stores through a pointer that might alias the one read, or calls a function it
 cannot see through.
 
+A third, under a spec whose tolerance admits approximate math (`fast_math.allows`, the one home of
+that rule: never for a bit-exact spec): a float division `a / d` or `a /= d` whose divisor is
+loop-invariant and not a literal becomes `a * d_rcp` with `const float d_rcp = 1.0f / (d);` above the
+loop (x * (1/d) differs from x / d by an ulp or so, and is infinite where d is a denormal below 2^-128). A divisor
+that loads is taken only where the division runs on every iteration; one of registers alone anywhere.
+A divisor invariant in an outer loop goes above that loop.
+
 Refused: loops with inline assembly, lambdas, `break`/`continue`/`return` (what follows one may not run
 every iteration), or a PDL wait (a load moved above the wait would read before the previous kernel
 wrote). A hoisted load runs even when the loop runs zero times; the
@@ -34,6 +41,7 @@ from __future__ import annotations
 import re
 
 from astra.optimize.passes.base import ParsedPass, Refusal
+from astra.optimize.passes.fast_math import allows
 from astra.optimize.passes.syntax import (
     Unit,
     bare,
@@ -75,6 +83,7 @@ class Reuse(ParsedPass):
     family = "reuse"
 
     def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
+        reciprocals, _ = allows(spec)
         edits: list[tuple[int, int, str]] = []
         done: list[str] = []
         for kernel in unit.kernels():
@@ -91,7 +100,7 @@ class Reuse(ParsedPass):
             for loop in [n for n in walk(body(kernel)) if n.kind.name in _LOOPS and unit.in_main(n)]:
                 if _hazard(unit, loop) or not own_statement(unit, loop, up):
                     continue
-                done += _hoist_loop(unit, loop, up, shared, taken, counts, edits, covered)
+                done += _hoist_loop(unit, loop, up, shared, taken, counts, edits, covered, reciprocals)
         if not edits:
             raise Refusal("no loop reads read-only memory or computes a value at a loop-invariant place")
         more = " ..." if len(done) > 4 else ""
@@ -200,7 +209,7 @@ def _passes_pointer(call) -> bool:
 
 
 def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts: dict, edits: list,
-                moved: list) -> list[str]:
+                moved: list, reciprocals: bool) -> list[str]:
     facts = _Loop(unit, loop, shared)
     loop_body = _loop_body(loop)
     if loop_body.kind.name != "COMPOUND_STMT" or any(a <= unit.span(loop)[0] < b for a, b in moved):
@@ -222,6 +231,8 @@ def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts
         edits.append((line_begin, line_end + 1, "") if alone else (start, end, ""))
         moved.append((start, end))
         done.append(decl.spelling)
+    if reciprocals:
+        done += _reciprocals(unit, loop_body, up, facts, taken, edits, moved, lines)
     names: dict[str, str] = {}
     for node in walk(loop_body):
         if any(a <= node.extent.start.offset < b for a, b in moved):
@@ -243,6 +254,53 @@ def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts
         indent = unit.indent(unit.span(loop)[0])
         edits.append((at, at, "".join(f"{indent}{line}\n" for line in lines)))
     return done
+
+
+def _reciprocals(unit: Unit, loop_body, up: dict, facts: _Loop, taken: set, edits: list, moved: list,
+                 lines: list) -> list[str]:
+    """`a / d` and `a /= d` on floats, `d` loop-invariant and not a literal: `1.0f / (d)` once above the loop,
+    a multiplication in it. A divisor that loads must be read on every iteration (a guarded load may be
+    out of range where the guard is false); one made of registers alone is safe to compute anywhere."""
+    done: list[str] = []
+    names: dict[str, str] = {}
+    for node in walk(loop_body):
+        if node.kind.name not in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR"):
+            continue
+        if operator(unit, node) not in ("/", "/=") or node.type.spelling != "float":
+            continue
+        if any(a <= node.extent.start.offset < b for a, b in moved) or _in_constant(node, up):
+            continue
+        lhs, rhs = list(node.get_children())
+        if any(a <= rhs.extent.start.offset < b for a, b in moved):
+            continue  # an outer loop took it, or a load in it already moved
+        if bare(rhs).kind.name in ("INTEGER_LITERAL", "FLOATING_LITERAL") or not facts.invariant(rhs):
+            continue
+        if "float" not in bare(rhs).type.spelling and "int" not in bare(rhs).type.spelling:
+            continue  # a double divisor: the division is done in double
+        if any(_is_load(unit, n) for n in walk(rhs)) and not every_iteration(unit, node, loop_body, up):
+            continue
+        text = re.sub(r"\s+", " ", unit.code(rhs)).strip()
+        if text not in names:
+            words = re.findall(r"[A-Za-z_]\w*", text)
+            names[text] = fresh_name(f"{pointer_stem(words[0]) if words else 'divisor'}_rcp", taken)
+            lines.append(f"const float {names[text]} = 1.0f / ({text});")
+            done.append(f"1 / {text}")
+        times = " * " if operator(unit, node) == "/" else " *= "
+        edits.append((unit.span(lhs)[1], unit.span(rhs)[1], f"{times}{names[text]}"))
+        moved.append(unit.span(rhs))
+    return done
+
+
+def _in_constant(node, up: dict) -> bool:
+    """Whether `node` initialises a `constexpr` or `static` variable (no run-time value can)."""
+    while node in up:
+        node = up[node]
+        if node.kind.name == "VAR_DECL":
+            tokens = {t.spelling for t in node.get_tokens()}
+            return bool(tokens & {"constexpr", "static"})
+        if node.kind.name in ("COMPOUND_STMT", "FOR_STMT", "IF_STMT"):
+            return False
+    return False
 
 
 def _const_decl(unit: Unit, stmt):

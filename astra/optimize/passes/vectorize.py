@@ -14,11 +14,19 @@ Applies to a `for` loop in a `__global__` or `__device__` function when:
   with one), `off` anything else, D free of `i`; or `for (T i = S; i < N; ++i)` from any S (one thread
   walks the range). The packs cover [off, N) in the same layout: thread P takes packs P, P + D, ... as
   it took elements, and `off < N` joins the run-time check;
-- `i` appears only as the index of pointer accesses `p[i]`, `p[B + i]` or `p[i + B]`, with one offset B
-  per pointer, B and N and D unchanged in the loop;
-- every pointer accessed has the same element type (`const` aside; not `void`), is not reassigned in
-  the loop, and a pointer written there is written by a statement of the loop's body itself (not
-  under a condition: the whole pack is stored);
+- `i` appears only as the index of accesses `b[i]`, `b[B + i]` or `b[i + B]`, or through a `const`
+  local of the body that renames it (`const int idx = row_offset + i;`, used only as such an index,
+  and left out of the packed body), with one offset B per base, B and N and D unchanged in the loop;
+- each indexed base `b` is a pointer that stays the same through the loop: a pointer variable, a
+  pointer member of a struct (`params.x`, `p->x`) or an offset from one (`(p + k)`), none of its
+  names declared or assigned in the loop and no struct member assigned there; a base that loads or
+  calls (`rows[r][i]`), a register array or a vector's elements is refused;
+- the elements are all of one type (`const` aside; not `void`), or of several types whose sizes
+  libclang knows (not a template's `T`): then a pack is `kPack = 16 / sizeof(widest)` elements and
+  each base moves its own `kPack * sizeof` bytes (16, 8, 4 or 2) in one access, its alignment checked
+  against that width; an element of 16 bytes or more (or one whose size does not divide 16) is left;
+- a base written in the loop is written by a statement of the loop's body itself (not under a
+  condition: the whole pack is stored);
 - the body writes no variable declared outside the loop (no reduction) and has no `break`,
   `continue`, `return`, barrier, atomic, inline assembly or lambda.
 The element order each thread visits changes (pack by pack), which an element-wise body cannot see.
@@ -78,10 +86,18 @@ class Vectorize(ParsedPass):
 
 
 class _Access:
-    def __init__(self, pointer, offset: str, element: str):
-        self.pointer, self.offset, self.element = pointer, offset, element
+    """One indexed base: a pointer variable, or a loop-invariant pointer expression (`params.x`, `(p + k)`)
+    named by its text."""
+
+    def __init__(self, base, text: str, offset: str, element: str, size: int):
+        self.base, self.text, self.offset, self.element, self.size = base, text, offset, element, size
         self.read = self.write = False
         self.nodes: list = []
+
+    @property
+    def stem(self) -> str:
+        words = re.findall(r"[A-Za-z_]\w*", self.text)
+        return pointer_stem(words[-1]) if words else "p"
 
 
 def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
@@ -96,12 +112,13 @@ def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
     stride = _stride(unit, step, var)
     off, place = _split_start(unit, first, stride, up)
     _check_body(unit, loop_body, loop)
-    accesses = _accesses(unit, loop_body, var, up)
-    elements = {a.element for a in accesses.values()}
-    if len(elements) != 1:
-        raise Refusal(f"pointers of different element types ({', '.join(sorted(elements))})")
-    element = elements.pop()
-    return _emit(unit, loop, loop_body, var, (first, off, place), bound, stride, accesses, element, taken)
+    aliases = _aliases(unit, loop_body, var, up)
+    accesses = _accesses(unit, loop_body, var, aliases, up)
+    sizes = {a.element: a.size for a in accesses.values()}
+    if len(sizes) > 1 and not all(sizes.values()):
+        unknown = sorted(e for e, size in sizes.items() if not size)
+        raise Refusal(f"pointers of different element types, {unknown[0]} of a size unknown before instantiation")
+    return _emit(unit, loop, loop_body, var, (first, off, place), bound, stride, accesses, aliases, taken)
 
 
 def _induction(unit: Unit, init):
@@ -189,34 +206,64 @@ def _check_body(unit: Unit, loop_body, loop) -> None:
         raise Refusal(f"the body writes {outside[0].spelling}, declared outside the loop (a reduction)")
 
 
-def _accesses(unit: Unit, loop_body, var, up: dict) -> dict:
-    """Each pointer the loop variable indexes: its offset, element type, whether read and written."""
+def _aliases(unit: Unit, loop_body, var, up: dict) -> dict:
+    """The `const` integer locals of the body that only rename the loop variable plus an offset
+    (`const int idx = row_offset + i;`): each declaration mapped to its offset ("" for `= i`)."""
     out: dict = {}
-    for ref in [n for n in walk(loop_body) if refers_to(n) == var]:
+    for decl in [n for n in walk(loop_body) if n.kind.name == "VAR_DECL"]:
+        statement = up.get(decl)
+        if statement is None or statement.kind.name != "DECL_STMT" or up.get(statement) != loop_body:
+            continue
+        if len(list(statement.get_children())) != 1 or not decl.type.is_const_qualified():
+            continue
+        value = [c for c in decl.get_children() if c.kind.name not in ("TYPE_REF", "NAMESPACE_REF")]
+        if len(value) != 1:
+            continue
+        init = bare(value[0])
+        if refers_to(init) == var:
+            out[decl] = ""
+        elif init.kind.name == "BINARY_OPERATOR" and operator(unit, init) == "+":
+            lhs, rhs = list(init.get_children())
+            for mine, other in ((lhs, rhs), (rhs, lhs)):
+                if refers_to(bare(mine)) == var and not any(refers_to(n) == var for n in walk(other)):
+                    out[decl] = unit.code(other)
+    return out
+
+
+def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> dict:
+    """Each base the loop variable indexes (directly or through an alias): its offset, element type,
+    whether read and written."""
+    out: dict = {}
+    alias_inits = {n for decl in aliases for n in walk(decl)}
+    for ref in [n for n in walk(loop_body) if refers_to(n) == var or refers_to(n) in aliases]:
+        if ref in alias_inits:
+            continue
         node = ref
         while up.get(node) is not None and up[node].kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
             node = up[node]
         parent = up.get(node)
-        offset = ""
+        offset = aliases.get(refers_to(ref), "")
         if parent is not None and parent.kind.name == "BINARY_OPERATOR" and operator(unit, parent) == "+":
             other = [c for c in parent.get_children() if c != node][0]
-            if any(refers_to(n) == var for n in walk(other)):
+            if offset or any(refers_to(n) == var or refers_to(n) in aliases for n in walk(other)):
                 raise Refusal("the loop variable appears twice in one index")
             offset = unit.code(other)
             node, parent = parent, up.get(parent)
             while parent is not None and parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
                 node, parent = parent, up.get(parent)
         if parent is None or parent.kind.name != "ARRAY_SUBSCRIPT_EXPR" or list(parent.get_children())[1] != node:
-            raise Refusal(f"{var.spelling} is used other than as a pointer's index")
-        pointer = refers_to(bare(list(parent.get_children())[0]))
-        if pointer is None or "*" not in pointer.type.spelling:
-            raise Refusal("an indexed base is not a named pointer")
-        element = pointee(pointer.type.spelling)
+            raise Refusal(f"{ref.spelling} is used other than as a pointer's index")
+        base = bare(list(parent.get_children())[0])
+        text = _base_text(unit, base, loop_body, var, aliases)
+        element = pointee(base.type.spelling)
         if element is None:
-            raise Refusal(f"{pointer.spelling} has no element type to pack ({pointer.type.spelling})")
-        access = out.setdefault(pointer, _Access(pointer, offset, element))
+            raise Refusal(f"{text} has no element type to pack ({base.type.spelling})")
+        size = _element_size(base)
+        if size and (size >= 16 or 16 % size):
+            raise Refusal(f"{text} has {size}-byte elements: no 16-byte pack of them")
+        access = out.setdefault(text, _Access(base, text, offset, element, size))
         if access.offset != offset:
-            raise Refusal(f"{pointer.spelling} is indexed at two offsets")
+            raise Refusal(f"{text} is indexed at two offsets")
         access.nodes.append(parent)
         role = _role(unit, parent, up, loop_body)
         access.read |= role in ("read", "update")
@@ -226,6 +273,43 @@ def _accesses(unit: Unit, loop_body, var, up: dict) -> dict:
     if not any(a.write for a in out.values()):
         raise Refusal("the loop stores nothing through the pointers it indexes")
     return out
+
+
+_BASE_NODES = ("DECL_REF_EXPR", "MEMBER_REF_EXPR", "PAREN_EXPR", "UNEXPOSED_EXPR", "BINARY_OPERATOR",
+               "INTEGER_LITERAL", "CXX_STATIC_CAST_EXPR", "TYPE_REF", "NAMESPACE_REF")
+
+
+def _base_text(unit: Unit, base, loop_body, var, aliases: dict) -> str:
+    """The text of an indexed base that stays the same through the loop: a pointer variable, a pointer
+    member of a struct (`params.x`, `p->x`) or pointer arithmetic on them (`(p + k)`), none of its names
+    declared or assigned in the loop. Refused: anything that loads, calls or is not a pointer."""
+    if "*" not in base.type.spelling:
+        raise Refusal("an indexed base is not a pointer (a register array or a vector's element)")
+    assigned, made = written(unit, loop_body)
+    for node in walk(base):
+        kind = node.kind.name
+        if kind not in _BASE_NODES or (kind == "BINARY_OPERATOR" and operator(unit, node) not in ("+", "-")):
+            raise Refusal("an indexed base loads or calls (not a pointer, a member pointer or an offset from one)")
+        target = refers_to(node)
+        if target is not None and (target == var or target in aliases or target in assigned or target in made):
+            raise Refusal(f"an indexed base changes in the loop ({target.spelling})")
+    if base.kind.name == "MEMBER_REF_EXPR" or any(n.kind.name == "MEMBER_REF_EXPR" for n in walk(base)):
+        members = [bare(next(n.get_children())) for n in walk(loop_body)
+                   if n.kind.name in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR")
+                   and operator(unit, n) in _ASSIGNS]
+        if any(m.kind.name == "MEMBER_REF_EXPR" for m in members):
+            raise Refusal("the body assigns a struct member (an indexed member pointer may change)")
+    return re.sub(r"\s+", " ", unit.code(base)).strip()
+
+
+_ASSIGNS = ("=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=")
+
+
+def _element_size(base) -> int:
+    """The size in bytes of what a pointer points to, as libclang knows it (0 in a template before
+    instantiation)."""
+    size = base.type.get_canonical().get_pointee().get_size()  # negative: dependent, incomplete or not a pointer
+    return size if size > 0 else 0
 
 
 def _role(unit: Unit, subscript, up: dict, loop_body) -> str:
@@ -244,7 +328,10 @@ def _role(unit: Unit, subscript, up: dict, loop_body) -> str:
     return "read"
 
 
-def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: str, accesses: dict, element: str,
+_WORDS = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}
+
+
+def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: str, accesses: dict, aliases: dict,
           taken: set) -> tuple[int, int, str]:
     first, off, place = origin
     start, end = unit.span(loop)
@@ -253,21 +340,33 @@ def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: s
     i = var.spelling
     index_type = "auto" if "auto" in var.type.spelling or "dependent" in var.type.spelling else var.type.spelling
     pack, packs, lane, head = (fresh_name(n, taken) for n in ("kPack", f"{i}_pack", "lane", f"{i}_first"))
-    names = {p: fresh_name(f"{pointer_stem(p.spelling)}_pack", taken) for p in accesses}
+    names = {t: fresh_name(f"{a.stem}_pack", taken) for t, a in accesses.items()}
+    widest = max(accesses.values(), key=lambda a: a.size)
+    mixed = len({a.element for a in accesses.values()}) > 1
+    # one element type: each pack is 16 bytes; several (sizes known): kPack elements of the widest make 16
+    # bytes, and each base moves kPack of its own elements (16, 8, 4, 2 or 1 bytes) in one access
+    word = {t: _WORDS[16 // widest.size * a.size] if mixed else "uint4" for t, a in accesses.items()}
+    width = {t: 16 // widest.size * a.size if mixed else 16 for t, a in accesses.items()}
 
-    def at(p, where: str = "") -> str:
-        base = " + ".join(x for x in (accesses[p].offset, off, where) if x)
-        return f"&{p.spelling}[{base or 0}]"
+    def at(t, where: str = "") -> str:
+        base = " + ".join(x for x in (accesses[t].offset, off, where) if x)
+        return f"&{t}[{base or 0}]"
 
     count = f"(({bound}) - ({off}))" if off else f"({bound})"
     advance = f"++{packs}" if stride == "1" else f"{packs} += {stride}"
     resume = " + ".join(x for x in (off, f"{count} / {pack} * {pack}", place if place != "0" else "") if x)
 
-    # the body, each access replaced by its pack's element
+    # the body, each access replaced by its pack's element and the aliases of the loop variable dropped
     b0, b1 = unit.span(loop_body)
     text = unit.data[b0:b1]
-    repl = sorted(((*unit.span(n), f"{names[p]}[{lane}]") for p, a in accesses.items() for n in a.nodes), reverse=True)
-    for a, b, new in repl:
+    repl = [(*unit.span(n), f"{names[t]}[{lane}]") for t, a in accesses.items() for n in a.nodes]
+    for decl in aliases:
+        statement = next(n for n in loop_body.get_children() if decl in list(n.get_children()))
+        s0, s1 = unit.span(statement)
+        line0, line1 = unit.line_start(s0), unit.data.find(b"\n", s1)
+        alone = not unit.data[line0:s0].strip() and not unit.data[s1:line1].strip(b" \t;")
+        repl.append((line0, line1 + 1, "") if alone and line0 > b0 and line1 < b1 else (s0, s1 + 1, ""))
+    for a, b, new in sorted(repl, reverse=True):
         text = text[:a - b0] + new.encode() + text[b - b0:]
     inner = text.decode()
     if loop_body.kind.name == "COMPOUND_STMT":
@@ -276,27 +375,28 @@ def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: s
     else:
         inner_lines = [ind + step * 4 + inner.strip() + ("" if inner.strip().endswith(";") else ";")]
     checks = " &&\n".join(([f"{ind}{step * 4}({off}) < ({bound})"] if off else [])
-                          + [f"{ind}{step * 4}reinterpret_cast<uintptr_t>({at(p)}) % 16 == 0" for p in accesses]).lstrip()
+                          + [f"{ind}{step * 4}reinterpret_cast<uintptr_t>({at(t)}) % {width[t]} == 0"
+                             for t in accesses]).lstrip()
     lines = [
         f"{ind}{{  // 16-byte packed loads and stores where every pointer is aligned; the scalar loop does the rest",
-        f"{ind}{step}constexpr int {pack} = 16 / sizeof({element});",
+        f"{ind}{step}constexpr int {pack} = 16 / sizeof({widest.element});",
         f"{ind}{step}if ({checks}) {{",
         f"{ind}{step * 2}for ({index_type} {packs} = {place}; {packs} < {count} / {pack}; {advance}) {{",
         f"{ind}{step * 3}const {index_type} {head} = {packs} * {pack};",
     ]
-    for p, a in accesses.items():
-        lines.append(f"{ind}{step * 3}alignas(16) {element} {names[p]}[{pack}];")
+    for t, a in accesses.items():
+        lines.append(f"{ind}{step * 3}alignas({width[t]}) {a.element} {names[t]}[{pack}];")
         if a.read:
-            lines.append(f"{ind}{step * 3}*reinterpret_cast<uint4*>({names[p]}) = "
-                         f"*reinterpret_cast<const uint4*>({at(p, head)});")
+            lines.append(f"{ind}{step * 3}*reinterpret_cast<{word[t]}*>({names[t]}) = "
+                         f"*reinterpret_cast<const {word[t]}*>({at(t, head)});")
     lines += [f"{ind}{step * 3}#pragma unroll",
               f"{ind}{step * 3}for (int {lane} = 0; {lane} < {pack}; ++{lane}) {{",
               *inner_lines,
               f"{ind}{step * 3}}}"]
-    for p, a in accesses.items():
+    for t, a in accesses.items():
         if a.write:
-            lines.append(f"{ind}{step * 3}*reinterpret_cast<uint4*>({at(p, head)}) = "
-                         f"*reinterpret_cast<const uint4*>({names[p]});")
+            lines.append(f"{ind}{step * 3}*reinterpret_cast<{word[t]}*>({at(t, head)}) = "
+                         f"*reinterpret_cast<const {word[t]}*>({names[t]});")
     above = pragmas_above(unit, start)
     pragmas = [line.strip() for line in unit.data[above:unit.line_start(start)].decode().splitlines() if line.strip()]
     original = unit.code(loop)

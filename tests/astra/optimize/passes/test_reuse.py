@@ -64,3 +64,39 @@ __global__ void k(float* out, int n) {
     for source in (written_in_loop, shared):
         result = all_passes()["reuse"].apply(source)
         assert not result.applies and "loop-invariant" in result.reason
+
+
+DIVIDE = """
+__global__ void normalise(float* __restrict__ out, const float* __restrict__ in, const float* __restrict__ sums,
+                          float eps, int rows, int n) {
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      float v = in[row * n + i] / (sums[row] + eps);
+      v /= eps;
+      out[row * n + i] = v / 3.0f;
+    }
+  }
+}
+"""
+
+
+def test_a_division_by_an_invariant_becomes_a_reciprocal_multiplication_under_a_tolerance(tmp_path):
+    spec = {"tolerance": {"float32": {"atol": 1e-5, "rtol": 1e-5}}}
+    result = all_passes()["reuse"].apply(DIVIDE, spec)
+    assert result.applies, result.reason
+    out = result.source
+    # the reciprocal of an expression that loads goes above the innermost loop, where the load is in range
+    assert out.index("const float eps_rcp = 1.0f / (eps);") < out.index("for (int row")  # invariant in both loops
+    assert out.index("for (int row") < out.index("const float sums_rcp = 1.0f / ((sums[row] + eps));") < out.index(
+        "for (int i = threadIdx.x")
+    assert "float v = in[row * n + i] * sums_rcp;" in out and "v *= eps_rcp;" in out
+    assert "v / 3.0f" in out  # a literal divisor: the compiler's business
+    assert compiles(tmp_path, out) == ""
+
+
+def test_no_reciprocal_under_a_bit_exact_spec():
+    exact = {"tolerance": {"float32": {"atol": 0, "rtol": 0}}}
+    result = all_passes()["reuse"].apply(DIVIDE, exact)
+    assert result.applies, result.reason  # the load of sums[row] still moves; the divisions stay divisions
+    assert "in[row * n + i] / (sums_v + eps)" in result.source and "v /= eps;" in result.source
+    assert "_rcp" not in result.source

@@ -70,10 +70,72 @@ def test_refusals_say_which_precondition_failed():
         "a start not at the thread's place": ("__global__ void k(const float* x, float* y, int n) {\n"
                                               "  for (int i = 2 * threadIdx.x; i < n; i += blockDim.x) y[i] = x[i];\n}\n",
                                               "thread's place in its stride"),
-        "mixed types": ("__global__ void k(const float* x, double* y, int n) {\n"
-                        "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n}\n",
-                        "different element types"),
+        "mixed types of unknown size": ("template <typename T>\n__global__ void k(const T* x, double* y, int n) {\n"
+                                       "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n}\n",
+                                       "different element types, T of a size unknown"),
+        "a register array": ("__global__ void k(const float* x, float* y) {\n  float v[4];\n"
+                             "  for (int i = 0; i < 4; ++i) { v[i] = x[i]; }\n"
+                             "  for (int i = 0; i < 4; ++i) { y[i] = v[i]; }\n}\n",
+                             "not a pointer (a register array"),
+        "a base that loads": ("__global__ void k(float* const* rows, const float* x, int n) {\n"
+                              "  for (int i = threadIdx.x; i < n; i += blockDim.x) { rows[blockIdx.x][i] = x[i]; }\n}\n",
+                              "an indexed base loads or calls"),
+        "16-byte elements": ("__global__ void k(const float4* x, float4* y, int n) {\n"
+                             "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n}\n",
+                             "16-byte elements"),
+        "an alias used otherwise": ("__global__ void k(const float* x, float* y, int n) {\n"
+                                    "  for (int i = threadIdx.x; i < n; i += blockDim.x) {\n"
+                                    "    const int j = n + i;\n    y[j] = x[j] * j;\n  }\n}\n",
+                                    "j is used other than as a pointer's index"),
     }
     for name, (source, reason) in cases.items():
         result = all_passes()["vectorize"].apply(source)
         assert not result.applies and reason in result.reason, (name, result.reason)
+
+
+def test_member_pointers_and_an_index_alias_are_packed(tmp_path):
+    source = """
+#include <cstdint>
+struct Rows {
+  const float* src;
+  float* dst;
+};
+__global__ void copy_rows(Rows rows, int n) {
+  const int row_offset = blockIdx.x * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int idx = row_offset + i;
+    rows.dst[idx] = rows.src[idx] * 0.5f;
+  }
+}
+"""
+    result = all_passes()["vectorize"].apply(source)
+    assert result.applies, result.reason
+    out = result.source
+    assert "reinterpret_cast<uintptr_t>(&rows.src[row_offset]) % 16 == 0" in out
+    assert "*reinterpret_cast<uint4*>(src_pack) = *reinterpret_cast<const uint4*>(&rows.src[row_offset + i_first]);" \
+        in out
+    assert "dst_pack[lane] = src_pack[lane] * 0.5f;" in out
+    packed = out[out.index("#pragma unroll"):out.index("} else {")]
+    assert "const int idx" not in packed.split("for (int i =")[0]  # the alias is gone from the packed body
+    assert out.count("const int idx = row_offset + i;") == 2  # kept in the tail and the fallback
+    assert compiles(tmp_path, out) == ""
+
+
+def test_mixed_element_types_move_kpack_elements_each(tmp_path):
+    source = """
+#include <cstdint>
+#include <cuda_fp16.h>
+__global__ void widen(float* __restrict__ out, const __half* __restrict__ in, const float* scale, int n) {
+  for (int i = 0; i < n; ++i) out[i] = __half2float(in[i]) * scale[i];
+}
+"""
+    result = all_passes()["vectorize"].apply(source)
+    assert result.applies, result.reason
+    out = result.source
+    assert "constexpr int kPack = 16 / sizeof(float);" in out
+    assert "reinterpret_cast<uintptr_t>(&in[0]) % 8 == 0" in out  # four halves: 8 bytes
+    assert "reinterpret_cast<uintptr_t>(&out[0]) % 16 == 0" in out
+    assert "alignas(8) __half in_pack[kPack];" in out
+    assert "*reinterpret_cast<uint2*>(in_pack) = *reinterpret_cast<const uint2*>(&in[i_first]);" in out
+    assert "*reinterpret_cast<uint4*>(&out[i_first]) = *reinterpret_cast<const uint4*>(out_pack);" in out
+    assert compiles(tmp_path, out) == ""
