@@ -187,12 +187,9 @@ class BuildOnlyEvaluator(Evaluator):
 
 def visible_gpus() -> list[int]:
     """Indices of this host's GPUs as CUDA numbers them (honouring CUDA_VISIBLE_DEVICES); [] without one."""
-    try:
-        import torch
+    from harness.environment.cuda_devices import device_count, torch_cuda
 
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        return []
+    count = device_count() if torch_cuda() else 0  # no torch import here: the judges run in their own processes
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
         ids = [v.strip() for v in visible.split(",") if v.strip()]

@@ -50,12 +50,11 @@ def default_cpus() -> int:
 
 
 def detected_gpus() -> int:
-    """torch.cuda.device_count() when torch is installed and sees CUDA, else 0."""
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    """The CUDA devices this process may use when torch here is a CUDA build, else 0 (asked of the driver,
+    without importing torch: harness.environment.cuda_devices)."""
+    from harness.environment.cuda_devices import device_count, torch_cuda
+
+    return device_count() if torch_cuda() else 0
 
 
 def gpu_devices(gpus: int | None) -> list[str]:

@@ -119,12 +119,10 @@ def gpu_slots(opts: ProbeOptions) -> list[str | None]:
 
 
 def gpu_count() -> int:
-    """CUDA devices torch sees here (0 without torch or CUDA)."""
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    """CUDA devices usable here (0 without a CUDA build of torch or a device; asked without importing torch)."""
+    from harness.environment.cuda_devices import device_count, torch_cuda
+
+    return device_count() if torch_cuda() else 0
 
 
 def require_gpu(opts: ProbeOptions) -> None:

@@ -49,15 +49,21 @@ class CheckOptions:
 
 
 def require_gpu() -> None:
-    """Raise (exit 7) with what to do instead when no CUDA GPU is usable here."""
-    try:
-        import torch
-    except ImportError:
-        raise NoGpu("torch is not installed; `astra check`/`bench` need torch with CUDA")
-    if not torch.cuda.is_available():
+    """Raise (exit 7) with what to do instead when no CUDA GPU is usable here. Asked of the driver and of
+    torch's version file, without importing torch (harness.environment.cuda_devices): the judge runs in a
+    process of its own, and the import alone cost this process 1.5 to 2 s."""
+    from harness.environment.cuda_devices import device_count, torch_cuda
+
+    if device_count() == 0:
         raise NoGpu(
             "no CUDA GPU here: `astra check` and `astra bench` need one. Without a GPU you can still run "
             "`astra list`, `astra extract`, `astra build` (nvcc + ptxas report) and `astra spec-check`.")
+    built = torch_cuda()
+    if built is False:
+        raise NoGpu("torch is not installed; `astra check`/`bench` need torch with CUDA")
+    if built is None:
+        raise NoGpu("the torch installed here is a CPU build; `astra check`/`bench` need torch with CUDA "
+                    "(install the CUDA build of torch that matches this machine's driver)")
 
 
 def timeout_for(job: Job) -> float:

@@ -1,0 +1,64 @@
+"""Whether this host can run the judge's GPU work, answered without importing torch.
+
+`astra check`, `bench`, `optimize` and `eval` ask first, in the process the user started; importing torch
+there only to ask took 1.5 to 2 s of a check whose judge runs in a process of its own anyway (a `--quick`
+check is about 10 s). So:
+
+- `device_count()`: the CUDA driver's count of the devices this process may use (libcuda.so.1's
+  cuInit and cuDeviceGetCount, which honour CUDA_VISIBLE_DEVICES as torch does); 0 without a driver or a
+  device. cuInit creates no context.
+- `torch_cuda()`: the CUDA version the installed torch was built with, read from torch/version.py; None for
+  a CPU build, False when torch is not installed.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import importlib.util
+from pathlib import Path
+
+
+def device_count() -> int:
+    """CUDA devices visible to this process; 0 when the driver or a device is missing."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    try:
+        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+    except AttributeError:  # not a CUDA driver
+        return 0
+    return count.value
+
+
+def torch_cuda() -> str | None | bool:
+    """torch.version.cuda of the installed torch, without importing it: a version string, None for a CPU
+    build, False when torch is not installed (or its version file cannot be read)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    path = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    try:
+        return cuda_in(path.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def cuda_in(version_py: str) -> str | None | bool:
+    """The `cuda` of a torch/version.py text: a version string, None, or False when it says neither."""
+    try:
+        tree = ast.parse(version_py)
+    except SyntaxError:
+        return False
+    for node in tree.body:
+        target, value = None, None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(value, ast.Constant):
+            return value.value if isinstance(value.value, str) else None
+    return False
