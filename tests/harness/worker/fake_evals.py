@@ -48,13 +48,18 @@ def succeed(job: Job) -> Verdict:
 
 
 def gated_checks(job: Job) -> Verdict:
-    """Marks the gate built, "checks" for 1.5 s, then waits at the gate; writes when each happened to
-    $ASTRA_TEST_TIMES (the judge's side of harness.judge.timing_gate, timed)."""
+    """Marks the gate built, then "checks" until a sanitizer tool has started (its stand-in writes
+    $FAKE_TOOL_STARTED; at most 60 s), then waits at the gate; writes when each happened, and whether a tool
+    started during the checks, to $ASTRA_TEST_TIMES (the judge's side of harness.judge.timing_gate)."""
     times = {"built": time.time()}
     timing_gate.mark_built(job.options.timing_gate)
     if current().wrap:  # the sanitizer's own judge: no gate, and its candidate under the tool
         return succeed(job)
-    time.sleep(1.5)
+    started = os.environ.get("FAKE_TOOL_STARTED", "")
+    deadline = time.monotonic() + 60
+    while started and not os.path.exists(started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    times["tool_started_during_checks"] = bool(started) and os.path.exists(started)
     times["checks_done"] = time.time()
     held = timing_gate.wait_sanitized(job.options.timing_gate, time.monotonic() + 120)
     times["timing_starts"] = time.time()
