@@ -8,6 +8,7 @@ real one.
     $ASTRA_HOME/snapshots/<name>/<hash>/ source snapshots written by `astra extract`
     $ASTRA_HOME/builds/                  content-hashed build cache (harness)
     $ASTRA_HOME/runs/                    optimize runs
+    $ASTRA_HOME/baselines/<key>.json     the original timed against itself, reused across runs (astra.optimize.baseline_store)
     $ASTRA_HOME/drafts/<name>/           spec drafts written by `astra extract` (unreviewed)
 
 Reviewed specs live in the repository's `extracted_kernels/` (or `$ASTRA_SPECS`); drafts never do.

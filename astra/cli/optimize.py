@@ -8,6 +8,7 @@ import time
 from astra.cli.common import check_output, check_tree_flags, tree_for_spec, write_text
 from astra.cli.testing import check_llm_config
 from astra.errors import AstraError
+from astra.optimize.baseline_store import origin_text
 from astra.optimize.driver import emit_best_patch, run_optimize
 from astra.optimize.optimizer_eval import eval_executor, run_eval
 from astra.optimize.options import OptimizeOptions
@@ -25,14 +26,18 @@ def loop_options(args) -> OptimizeOptions:
                            sanitizer=not args.no_sanitizer, sandbox=not args.no_sandbox, dry_run=args.dry_run,
                            quick_search=args.quick_search,
                            resume=getattr(args, "resume", None), agent=args.agent, agent_timeout_s=args.agent_timeout,
-                           samples=args.samples)
+                           samples=args.samples, rebaseline=args.rebaseline)
 
 
 def _printer(kind: str, data: dict) -> None:
     """The loop's events as lines; an event from an `astra eval` worker names its kernel (data["kernel"])."""
     stamp = time.strftime("%H:%M:%S") + (f" {data['kernel']}" if data.get("kernel") else "")
     if kind == "baseline":
-        print(f"[{stamp}] timing the original against itself (baseline profile)", flush=True)
+        if data.get("how") == "reused":
+            print(f"[{stamp}] {one_line(origin_text(data), 600)}", flush=True)
+        else:
+            why = f"; {one_line(data['why'], 300)}" if data.get("why") else ""
+            print(f"[{stamp}] timing the original against itself (baseline profile{why})", flush=True)
     elif kind == "candidate":
         rationale = one_line(data.get("rationale") or "", 200)
         print(f"[{stamp}] #{data['n']:03d} {one_line(data['description'], 200)}"

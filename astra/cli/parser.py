@@ -43,6 +43,11 @@ def _loop_options(p: argparse.ArgumentParser) -> None:
                    help="LLM agent: candidates the coder writes per round, asked for at once and judged one per GPU")
     p.add_argument("--agent-timeout", type=float, default=900.0, metavar="S",
                    help="seconds the --agent command may run per round (default 900)")
+    p.add_argument("--rebaseline", action="store_true",
+                   help="time the original against itself again and replace the stored baseline (default: reuse "
+                        "the one in $ASTRA_HOME/baselines timed within 7 days for the same original, job, GPU "
+                        "model and judge); a resumed run keeps its own, and `astra eval` reuses a finished run "
+                        "without timing anything (add --fresh to run it again)")
 
 
 def _sandbox_option(p: argparse.ArgumentParser) -> None:
@@ -152,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="without --kernels: this many from the survey (default 10)")
     p.add_argument("--survey", metavar="DIR", help="the survey store to rank (default: the latest under $ASTRA_HOME)")
     p.add_argument("--fresh", action="store_true", help="start every kernel over (default: reuse a finished run of "
-                   "the same kernel, SGLang version, agent and source, and continue one that was cut off)")
+                   "the same kernel, SGLang version, agent and source, and continue one that was cut off); a new "
+                   "run still reuses a stored baseline of the original (--rebaseline times it again)")
     _sglang_options(p)
     _loop_options(p)
     p.add_argument("--gpus", type=int, default=None, metavar="N",

@@ -14,6 +14,7 @@ from typing import Callable
 from astra import input_files
 from astra.errors import AstraError, RunStateError, SandboxMissing
 from astra.optimize.agent_registry import AgentSetup, agent_kind, make_agent
+from astra.optimize.baseline_store import BaselineStore
 from astra.optimize.evaluator import BuildOnlyEvaluator, Evaluator, HarnessEvaluator
 from astra.optimize.loop import mark_stopped, run_loop
 from astra.optimize.options import OptimizeOptions
@@ -100,7 +101,8 @@ def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions,
         if refusal:  # every candidate would be refused: stop before the agent spends anything
             raise SandboxMissing(refusal)
     say(f"run {run.root.name}: {spec.name} from SGLang {tree.version}, agent {agent.name}; directory {run.root}")
-    state = run_loop(run, agent, evaluator, opts.budget(), events=events or (lambda kind, data: None))
+    state = run_loop(run, agent, evaluator, opts.budget(), events=events or (lambda kind, data: None),
+                     baselines=baseline_store(opts))
     if opts.dry_run:
         return state
     with held_open(run):  # killed during these steps, the run is continued, not taken as finished
@@ -111,6 +113,12 @@ def _run(run: RunDir, spec: KernelSpec, tree: SglangTree, opts: OptimizeOptions,
         if opts.quick_search:
             confirm_best(run, evaluator, say)
     return run.state()
+
+
+def baseline_store(opts: OptimizeOptions) -> BaselineStore | None:
+    """Where the run looks up and stores the original's baseline ($ASTRA_HOME/baselines); None in a dry run
+    (nothing is timed)."""
+    return None if opts.dry_run else BaselineStore.default(rebaseline=opts.rebaseline)
 
 
 @contextmanager

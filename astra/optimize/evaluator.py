@@ -13,7 +13,9 @@ What it offers:
 - `gpus`: the host's GPU indices: the loop judges a round's candidates side by side, one per GPU;
 - `timed_dtype`: the dtype the quick suite and the search's representative shapes use;
 - `extra_shapes`: shapes added to the spec's suite (the LLM agent's testing role, `add_shapes`), judged
-  from then on.
+  from then on;
+- `baseline_identity()`: what decides its verdict of the original (the key of a stored baseline,
+  astra.optimize.baseline_store), or None when it cannot say (its baselines are then never stored).
 
 `Evaluator` itself judges with the functions it is given (tests, a one-off loop); a run uses
 `HarnessEvaluator` (each candidate in its own worker on a GPU) or `BuildOnlyEvaluator` (a dry run:
@@ -32,7 +34,7 @@ from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec.model import KernelSpec
 from astra.verify.runner import timeout_for
-from harness import Options, Verdict, build_many, run_job, verify_job
+from harness import Job, Options, Verdict, build_many, run_job, verify_job
 
 Judge = Callable[..., Verdict]  # (source, label[, gpu=i]) -> its verdict against the original
 
@@ -43,8 +45,10 @@ class Evaluator:
     the methods instead."""
 
     def __init__(self, verify: Judge | None = None, *, full: Judge | None = None, screen: Screen | None = None,
-                 prebuild: Prebuild | None = None, gpus: Sequence[int] = (), timed_dtype: str | None = None):
+                 prebuild: Prebuild | None = None, gpus: Sequence[int] = (), timed_dtype: str | None = None,
+                 identity: dict | None = None):
         self._verify, self._full, self._screen, self._prebuild = verify, full, screen, prebuild
+        self._identity = identity
         self.gpus = list(gpus)
         self.timed_dtype = timed_dtype
         self.extra_shapes: list[dict] = []
@@ -73,6 +77,12 @@ class Evaluator:
     def add_shapes(self, shapes: list[dict]) -> None:
         """Shapes every later judgement adds to the spec's suite."""
         self.extra_shapes.extend(shapes)
+
+    def baseline_identity(self) -> dict | None:
+        """What decides this evaluator's verdict of the original: the job it judges it with ("job") and the
+        name of the GPU it runs on ("gpu"), as astra.optimize.baseline_store keys a stored baseline by;
+        None when it cannot say (no GPU named): the baseline is then timed and never stored."""
+        return None if self._identity is None else dict(self._identity)
 
 
 def evaluation_options(kind: str, sanitizer: bool = True) -> Options:
@@ -118,8 +128,17 @@ class HarnessEvaluator(Evaluator):
         """On those case ids only, without the sanitizer (the offline search's rungs)."""
         return self._judge(source, label, cases=cases)
 
-    def _judge(self, source: str, label: str, *, full: bool = False, cases: list[str] | None = None,
-               gpu: int | None = None) -> Verdict:
+    def baseline_identity(self) -> dict | None:
+        """The original's job as `verify(..., "original")` builds it (astra.optimize.baseline_store.job_identity)
+        and the name of CUDA device 0, the one the original's worker runs on; None without a GPU."""
+        from astra.optimize.baseline_store import job_identity
+        from astra.survey.bench import gpu_name
+
+        gpu = gpu_name()
+        return None if gpu is None else {"job": job_identity(self._job(None, "original")), "gpu": gpu}
+
+    def _job(self, source: str | None, label: str, *, full: bool = False, cases: list[str] | None = None) -> Job:
+        """The job `_judge` runs for `source` under `label` ("original": the original against itself)."""
         is_original = label == "original"
         kind = "original" if is_original else "screen" if cases is not None else "candidate"
         job = jobs.make_job(self.spec, self.tree, candidate_source=None if is_original else source, label=label,
@@ -129,7 +148,12 @@ class HarnessEvaluator(Evaluator):
             job.cases = [c for c in job.cases if c.dtype == self.spec.dtypes[0]]
         if cases is not None:
             job.cases = [c for c in job.cases if c.id in set(cases)]
-        runner = run_job if is_original else verify_job
+        return job
+
+    def _judge(self, source: str, label: str, *, full: bool = False, cases: list[str] | None = None,
+               gpu: int | None = None) -> Verdict:
+        job = self._job(source, label, full=full, cases=cases)
+        runner = run_job if label == "original" else verify_job
         env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
         return runner(job, timeout_s=timeout_for(job), env=env)
 

@@ -11,6 +11,8 @@ Roles differ by agent (offline search, LLM, a command), not by this loop.
 The seams: an `Agent` (this module's protocol; built complete by astra.optimize.agent_registry) proposes
 `Proposal`s from a `Context`; an `Evaluator` (astra.optimize.evaluator) judges them; the run's `RunState`
 is held in memory by the `RunDir` and saved at each checkpoint (every verdict, every round's end, the stop).
+With a `BaselineStore` (astra.optimize.baseline_store), the original's baseline is taken from an earlier run
+when nothing that decides it changed, and stored when this run times it; the state records which.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Protocol
 
 from astra.errors import AstraError, BudgetSpent
+from astra.optimize.baseline_store import BaselineStore
 from astra.optimize.evaluator import Evaluator
 from astra.optimize.rundir import HistoryEntry, RoundPlan, RunDir, RunState
 from astra.text import one_line
@@ -113,13 +116,14 @@ def at_roofline(verdict: Verdict | None, target: float, mode: str = "graph") -> 
 
 
 def run_loop(run: RunDir, agent: Agent, evaluator: Evaluator, budget: Budget,
-             events: Events = lambda kind, data: None) -> RunState:
+             events: Events = lambda kind, data: None, baselines: BaselineStore | None = None) -> RunState:
     """Rounds until a stop reason; whatever ends the loop (an error, Ctrl-C) is written to the state, so a
     run is never left "running". Tokens and cost add to what the run spent before a resume. The state is
-    the run directory's, in memory; the loop saves it at each checkpoint."""
+    the run directory's, in memory; the loop saves it at each checkpoint. `baselines`: where the original's
+    baseline is looked up and stored (None: timed by every run, as it was before the store)."""
     state = run.state()
     try:
-        return _rounds(run, state, agent, evaluator, budget, events)
+        return _rounds(run, state, agent, evaluator, budget, events, baselines)
     except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM or SIGHUP (harness.worker.children)
         _died(run, state, stop_reason(stop), events)
         raise
@@ -147,7 +151,7 @@ def mark_stopped(run: RunDir, reason: str) -> None:
 
 
 def _rounds(run: RunDir, state: RunState, agent: Agent, evaluator: Evaluator, budget: Budget,
-            events: Events) -> RunState:
+            events: Events, baselines: BaselineStore | None = None) -> RunState:
     start = time.time()
     before = (state.tokens, state.cost_usd)  # spent by earlier sessions of this run
 
@@ -157,8 +161,7 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluator: Evaluator, bu
 
     best_verdict = run.candidate(state.best)[2] if state.best else None
     if best_verdict is None:
-        events("baseline", {})
-        best_verdict = _baseline(run, evaluator)
+        best_verdict = _baseline(run, evaluator, baselines, events)
         warning = floor_warning(best_verdict)
         if warning:
             events("warning", {"message": warning})
@@ -291,15 +294,44 @@ def floor_warning(baseline: Verdict) -> str | None:
                    "own measurement (an empty launch, a speedup bound): time it again with `astra bench`")
 
 
-def _baseline(run: RunDir, evaluator: Evaluator) -> Verdict:
+def _baseline(run: RunDir, evaluator: Evaluator, baselines: BaselineStore | None = None,
+              events: Events = lambda kind, data: None) -> Verdict:
     """The original against itself: the profile the first round plans from (kept, not a candidate;
-    a resumed run reuses it)."""
+    a resumed run reuses it). With `baselines`, a stored one of the same identity (the evaluator's, and the
+    original's text) is taken instead of timing, and one this run times is stored; the run's state records
+    where its baseline came from (`baseline_origin`). A "baseline" event says which, before any timing."""
     saved = run.baseline()
     if saved is not None:
         return saved
+    identity, why = None, ""
+    if baselines is not None:
+        identity = evaluator.baseline_identity()
+        if identity is None:
+            why = "the evaluator names no GPU"
+        else:
+            identity = {**identity, "original": source_id(run.original())}
+            stored, why = baselines.lookup(identity)
+            if stored is not None:
+                run.save_baseline(stored.verdict)
+                _record_origin(run, stored.origin())
+                events("baseline", stored.origin())
+                return stored.verdict
+    events("baseline", {"how": "timing", "why": why} if why else {})
     verdict = evaluator.verify(run.original(), "original")
     run.save_baseline(verdict)
+    if baselines is not None:
+        path, note = (baselines.save(identity, verdict, run.root.name, run.state().kernel) if identity is not None
+                      else (None, why))
+        _record_origin(run, {"how": "timed", "timed_at": time.time(), "gpu": verdict.env.get("gpu") or "",
+                             "file": str(path) if path else "", "note": note,
+                             "why": why if identity is not None else ""})
     return verdict
+
+
+def _record_origin(run: RunDir, origin: dict) -> None:
+    state = run.state()
+    state.baseline_origin = origin
+    run.save(state)
 
 
 def _stop_reason(state: RunState, spent: tuple[int, float], budget: Budget, start: float, idle: int,

@@ -29,6 +29,7 @@ class OptimizeOptions:
     agent: str | None = None  # "exec:CMD": a command edits the candidate each round (astra.optimize.exec_agent)
     agent_timeout_s: float = 900.0  # the exec agent's time limit per round
     samples: int = 1  # the LLM coder's candidates per round, asked for at once
+    rebaseline: bool = False  # time the original again instead of reusing a stored baseline, and replace it
 
     def __post_init__(self) -> None:
         """Refuse values no run can use, with the flag that sets each (exit 12)."""

@@ -3,7 +3,8 @@
     $ASTRA_HOME/runs/<run id>/
         state.json                 round, best candidate, budgets spent, history, plans, stop reason (rewritten atomically)
         original.cuh               the kernel file the run started from
-        baseline.json              the original timed against itself (the first round's profile)
+        baseline.json              the original timed against itself (the first round's profile; timed by
+                                   the run, or a copy of a stored one: astra.optimize.baseline_store)
         candidates/<n>/kernel.cuh  every candidate's source ...
         candidates/<n>/verdict.json  ... and its verdict (or build-only result)
         candidates/<n>/meta.json   who proposed it, the plan, the edit
@@ -86,6 +87,10 @@ class RunState:
     stopped: str | None = None
     identity: dict = field(default_factory=dict)  # what decides whether `astra eval` may reuse it (driver.run_identity)
     wall_s: float = 0.0  # seconds its sessions ran (run_optimize, start to end), summed over resumptions
+    # where baseline.json came from (astra.optimize.baseline_store): {"how": "reused", "file", "timed_at",
+    # "timed_by", "gpu"} or {"how": "timed", "timed_at", "gpu", "file" (stored as, or ""), "note" (why not
+    # stored), "why" (why no stored one was reused)}; empty when the run kept no store
+    baseline_origin: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,6 +129,8 @@ class RunState:
         if not isinstance(state.tokens, int) or not isinstance(state.cost_usd, (int, float)) or not isinstance(
                 state.wall_s, (int, float)):
             raise ValueError("`tokens`, `cost_usd` or `wall_s` is not a number")
+        if not isinstance(state.baseline_origin, dict):
+            raise ValueError("`baseline_origin` is not an object")
         return state
 
 

@@ -13,6 +13,7 @@ import html
 import json
 from pathlib import Path
 
+from astra.optimize.baseline_store import origin_text
 from astra.optimize.loop import band_wins_line
 from astra.optimize.rundir import RunDir
 from astra.report import baseline
@@ -147,9 +148,11 @@ def render(run: RunDir) -> str:
                + (f"#{state.best:03d} (x{state.best_score:.3f} overall, graph)" if state.best else "the original")
                + f". Stopped: {html.escape(printable(state.stopped))}.")
     chart = baseline.svg(chart_source) if any(chart_source.values()) else "<p>No timings yet.</p>"
+    origin = origin_text(state.baseline_origin)  # where the original's baseline came from (reused or timed)
+    origin = f"<p>{html.escape(printable(origin))}</p>" if origin else ""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>{summary}</p>"
-            f"<p>{html.escape(printable(band_wins_line(run)))}</p>"
+            f"<p>{html.escape(printable(band_wins_line(run)))}</p>{origin}"
             f"<h2>Trajectory</h2>{trajectory(run)}{plans(run)}<h2>Original against best, per shape</h2>{per_shape(best)}"
             f"<h2>Times against floors</h2>{chart}{search(run)}<h2>Agent roles: input and output</h2>{exchanges(run)}"
             "</body></html>\n")

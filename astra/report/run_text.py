@@ -6,6 +6,7 @@ from pathlib import Path
 
 from astra import input_files, paths
 from astra.errors import AstraError, RunStateError
+from astra.optimize.baseline_store import origin_text
 from astra.optimize.loop import band_summary, band_wins_line
 from astra.optimize.rundir import HistoryEntry, RoundPlan, RunDir, RunState, list_runs, per_hour
 from astra.report import table
@@ -33,6 +34,9 @@ def summary(run: RunDir) -> str:
     planned = plans_text(state)
     if planned:
         out.append(planned)
+    origin = origin_text(state.baseline_origin)
+    if origin:
+        out.append(printable(origin))
     out.append(throughput_line(state))
     out.append(f"stopped: {one_line(state.stopped)}; tokens {state.tokens}, cost ${state.cost_usd:.4f}; run directory {run.root}")
     return "\n".join(out)
