@@ -126,14 +126,11 @@ def serial_run(tasks: Sequence[BenchTask], bench: Bench = bench_one) -> Iterator
 
 
 def gpu_name() -> str | None:
-    """The name of CUDA device 0 as torch reports it (None: no torch or no GPU here)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    return str(torch.cuda.get_device_name(0))
+    """The name of CUDA device 0, as torch would report it (None: no CUDA build of torch, or no GPU here).
+    Asked of the driver, without importing torch (harness.environment.cuda_devices)."""
+    from harness.environment.cuda_devices import device_name, torch_cuda
+
+    return device_name(0) if torch_cuda() else None
 
 
 def executor_run(executor, bench: Bench = bench_one) -> Run:

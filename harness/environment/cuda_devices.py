@@ -7,6 +7,8 @@ check is about 10 s). So:
 - `device_count()`: the CUDA driver's count of the devices this process may use (libcuda.so.1's
   cuInit and cuDeviceGetCount, which honour CUDA_VISIBLE_DEVICES as torch does); 0 without a driver or a
   device. cuInit creates no context.
+- `device_name(index)`: that device's name as the driver gives it (cuDeviceGetName: what torch's
+  get_device_name reports, e.g. "NVIDIA H100 80GB HBM3"); None without it.
 - `torch_cuda()`: the CUDA version the installed torch was built with, read from torch/version.py; None for
   a CPU build, False when torch is not installed.
 """
@@ -19,19 +21,33 @@ import importlib.util
 from pathlib import Path
 
 
-def device_count() -> int:
-    """CUDA devices visible to this process; 0 when the driver or a device is missing."""
+def _driver():
+    """libcuda.so.1, initialised; None without it (or when cuInit fails: no device, a broken driver)."""
     try:
         lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return 0
+        return lib if lib.cuInit(0) == 0 else None
+    except (OSError, AttributeError):  # no driver, or not a CUDA driver
+        return None
+
+
+def device_count() -> int:
+    """CUDA devices visible to this process; 0 when the driver or a device is missing."""
+    lib = _driver()
     count = ctypes.c_int(0)
-    try:
-        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-            return 0
-    except AttributeError:  # not a CUDA driver
+    if lib is None or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
         return 0
     return count.value
+
+
+def device_name(index: int = 0) -> str | None:
+    """The name of visible device `index` as the driver gives it; None without it."""
+    lib = _driver()
+    device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
+    if lib is None or lib.cuDeviceGet(ctypes.byref(device), index) != 0:
+        return None
+    if lib.cuDeviceGetName(name, len(name), device) != 0:
+        return None
+    return name.value.decode(errors="replace") or None
 
 
 def torch_cuda() -> str | None | bool:

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from harness.environment.cuda_devices import cuda_in, device_count, torch_cuda
+from harness.environment.cuda_devices import cuda_in, device_count, device_name, torch_cuda
 
 
 def test_the_torch_build_is_read_from_its_version_file():
@@ -27,9 +27,15 @@ def test_the_driver_counts_what_torch_counts():
     assert device_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
+def test_the_driver_names_the_device_as_torch_does():
+    expected = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    assert device_name(0) == expected
+
+
 def test_asking_does_not_import_torch():
     code = ("import sys; from harness.environment.cuda_devices import device_count, torch_cuda; "
-            "device_count(); torch_cuda(); print('torch' in sys.modules)")
+            "device_count(); torch_cuda(); from harness.environment.cuda_devices import device_name; device_name(); "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
