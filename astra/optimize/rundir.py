@@ -312,4 +312,13 @@ def unreadable_reason(err: BaseException) -> str:
 
 
 def list_runs() -> list[str]:
-    return sorted(p.name for p in paths.sub("runs").iterdir() if (p / "state.json").exists())
+    """Run ids, oldest first: by their second, then kernel, then the number `create` appends to a second run of
+    one kernel within the same second (numerically: -10 after -9)."""
+    return sorted((p.name for p in paths.sub("runs").iterdir() if (p / "state.json").exists()), key=_run_order)
+
+
+def _run_order(run_id: str) -> tuple[str, int]:
+    base, _, suffix = run_id.rpartition("-")
+    if base[:15].replace("-", "").isdigit() and suffix.isdigit() and base.count("-") >= 2:
+        return base, int(suffix)
+    return run_id, 0
