@@ -1,6 +1,6 @@
 """Baselines kept across runs: the original timed against itself, reused while nothing that decides it changed.
 
-Timing the original against itself takes 98 to 128 s per kernel on an H100 or H200 (rmsnorm, qknorm,
+Timing the original against itself takes 98 to 128 s per kernel on an H200 (rmsnorm, qknorm,
 fused_add_rmsnorm, silu_and_mul of SGLang 0.5.23), at the start of every run. A run takes a stored baseline
 instead when its key matches, so the same original on the same GPU model under the same judge is timed
 once a week, not once a run.
