@@ -110,6 +110,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     config = read_config()
     job = Job.from_json(Path(args.job).read_text())
+    if load_hook(EVALUATE_ENV) is None:  # the real judge: its builds start before torch loads
+        from harness.judge import early_build
+
+        early_build.start(job)
     evaluate = load_evaluate()
     try:
         verdict = verdict_to_dict(evaluate(job))

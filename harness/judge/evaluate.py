@@ -3,7 +3,8 @@
 Runs in the process `harness.worker.judge_process.run_job` starts (`python -m harness run`). Steps:
 
 1. static scan of the candidate's source against the original file (harness.scan): "rejected_source";
-2. build the original and the candidate (nvcc only: building is not executing) through the build cache;
+2. build the original and the candidate (nvcc only: building is not executing) through the build cache
+   (started before torch loads, by harness.judge.early_build, in the same process);
    a full disk is "environment_error", an original that fails to build is "original_failed";
 3. load the ORIGINAL modules only (never the candidate's), load the reference ("reference_error" if
    it does not load), measure the environment (the GPU's performance model, cached per GPU beside the
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import secrets
 import shutil
 import time
@@ -61,7 +61,7 @@ from harness.candidate.exchange import (
 from harness.candidate.run import CandidateRun, judge_deadline, progress_timeout
 from harness.environment.measured import measured_environment
 from harness.job import Job
-from harness.judge import timing_gate
+from harness.judge import early_build, timing_gate
 from harness.judge.back_to_back import chained_call, judge_chain
 from harness.judge.correctness import (
     OriginalFailed,
@@ -77,6 +77,7 @@ from harness.judge.correctness import (
     trial_inputs,
     trials_for,
 )
+from harness.judge.early_build import default_cache_dir, scan
 from harness.judge.phase_clock import PhaseClock
 from harness.judge.timed_outputs import Checked
 from harness.judge.timings import apply_timings, time_cases
@@ -90,14 +91,6 @@ STARTUP_S = 180.0  # torch import and module load in the candidate process, befo
 FIRST_CASE_EXTRA_S = 30.0  # the first case also pays for the candidate's CUDA context
 UNCHECKED_NOTE = "outputs not compared: the original timed against itself"
 _DISK_FULL = ("No space left on device", "ENOSPC", "Disk quota exceeded")
-
-
-def default_cache_dir(job: Job) -> Path:
-    """`job.options.cache_dir`, else $ASTRA_HOME/builds (ASTRA_HOME defaults to ~/.cache/astra)."""
-    if job.options.cache_dir:
-        return Path(job.options.cache_dir).expanduser()
-    root = os.environ.get("ASTRA_HOME")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "astra") / "builds"
 
 
 def _build_summary(side: str, variant: str, result: BuildResult) -> dict[str, Any]:
@@ -122,24 +115,6 @@ def _exports(job: Job, variant: str) -> list[str]:
     return list(dict.fromkeys([w[0] for w in wrappers] + [job.entry]))
 
 
-def original_source(job: Job) -> str:
-    """The text of the file the candidate replaces ("" when it cannot be found: a new file)."""
-    roots = [job.build.source_root, *job.build.include_dirs]
-    for path in ([job.kernel_file] if os.path.isabs(job.kernel_file) else [os.path.join(r, job.kernel_file) for r in roots]):
-        if os.path.isfile(path):
-            return Path(path).read_text(errors="replace")
-    return ""
-
-
-def scan(job: Job) -> str | None:
-    """The static scan's reason to reject the candidate's source, or None."""
-    if job.candidate_source is None:
-        return None
-    from harness.scan.source_scan import scan_candidate
-
-    return scan_candidate(original_source(job), job.candidate_source)
-
-
 def disk_full(text: str | None) -> bool:
     return any(marker in (text or "") for marker in _DISK_FULL)
 
@@ -148,7 +123,8 @@ def build_all(job: Job, cache_dir: Path) -> tuple[dict[tuple[str, str], str], li
     """Build every module (never loading one): {(side, variant): .so path}, summaries, or a failure."""
     requests = build_requests(job)
     try:
-        results = build_many([r for _, _, r in requests], cache_dir)
+        wanted = [r for _, _, r in requests]
+        results = early_build.take(wanted, cache_dir) or build_many(wanted, cache_dir)
     except OSError as error:
         why = "the disk is full" if error.errno == errno.ENOSPC else "the build infrastructure failed"
         return {}, [], _failure(job, "environment_error", f"{why}: {error}")

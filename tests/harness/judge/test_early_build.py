@@ -1,0 +1,101 @@
+"""harness.judge.early_build: the judge's builds start before torch loads, the evaluation takes their results
+instead of building again, and a source the static scan rejects never reaches nvcc. Real nvcc builds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.building.job_requests import build_requests
+from harness.building.toolchain import cuda_home
+from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant
+from harness.judge import early_build
+from harness.judge.evaluate import build_all
+
+needs_nvcc = pytest.mark.skipif(
+    cuda_home() is None or not Path(cuda_home(), "bin", "nvcc").exists(), reason="needs the CUDA toolkit (nvcc)")
+
+SCALE = """#pragma once
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+__global__ void scale_kernel(float* x, int64_t n, float alpha) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= alpha;
+}
+
+struct ScaleKernel {
+  static void run(tvm::ffi::TensorView x, float alpha) {
+    const int64_t n = x.numel();
+    const DLDevice device = x.device();
+    auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+    if (n > 0) scale_kernel<<<static_cast<int>((n + 127) / 128), 128, 0, stream>>>(
+        static_cast<float*>(x.data_ptr()), n, alpha);
+  }
+};
+"""
+
+
+def scale_job(root: Path, cache: Path, candidate: str | None) -> Job:
+    case = Case(id="s/float32/n=8", band="decode", label="s", dtype="float32", dims={"n": 8}, variant="v",
+                bytes=64, args=[ArgSpec("x", "tensor", "inout", [8], "float32"),
+                                ArgSpec("alpha", "scalar", "in", [], "float32", value=2.0)])
+    return Job(name="scale", entry="scale", kernel_file="scale.cuh",
+               build=BuildBase(source_root=str(root), include_dirs=[], cuda_files=["scale.cuh"]),
+               variants={"v": Variant("v", [["scale", "ScaleKernel::run"]])}, cases=[case],
+               tolerance={"float32": {"atol": 0.0, "rtol": 0.0, "floor": 0.0}}, candidate_source=candidate,
+               options=Options(cache_dir=str(cache)))
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    root = tmp_path / "csrc"
+    root.mkdir()
+    (root / "scale.cuh").write_text(SCALE)
+    return root
+
+
+@needs_nvcc
+def test_the_evaluation_takes_the_early_builds_instead_of_building_again(tree, tmp_path):
+    job = scale_job(tree, tmp_path / "cache", SCALE + "// a candidate\n")
+    early_build.start(job)
+    paths, builds, failure = build_all(job, Path(job.options.cache_dir))
+    assert failure is None and set(paths) == {("orig", "v"), ("cand", "v")}
+    assert [b["cache_hit"] for b in builds] == [False, False]  # built once, by the early thread: not found again
+    assert early_build.take([], tmp_path) is None  # taken once
+
+
+@needs_nvcc
+def test_a_failed_early_build_is_not_repeated(tree, tmp_path):
+    job = scale_job(tree, tmp_path / "cache", SCALE + "\nthis is not C++;\n")
+    early_build.start(job)
+    _, builds, failure = build_all(job, Path(job.options.cache_dir))
+    assert failure is not None and failure.status == "build_failed"
+    failed = [b for b in builds if not b["ok"]]
+    assert len(failed) == 1 and failed[0]["side"] == "cand"
+
+
+def test_a_source_the_scan_rejects_never_reaches_nvcc(tree, tmp_path):
+    cache = tmp_path / "cache"
+    job = scale_job(tree, cache, SCALE + "#include <stdlib.h>\nint g() { return system(\"ls\"); }\n")
+    assert early_build.scan(job) is not None
+    early_build.start(job)
+    requests = [r for _, _, r in build_requests(job)]
+    assert early_build.take(requests, cache) is None  # nothing built: the evaluation's own scan rejects it
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_results_for_other_requests_or_another_cache_are_not_taken(tree, tmp_path, monkeypatch):
+    job = scale_job(tree, tmp_path / "cache", None)
+    calls = []
+    monkeypatch.setattr(early_build, "build_many", lambda requests, cache: calls.append(requests) or ["built"])
+    requests = [r for _, _, r in build_requests(job)]
+    early_build.start(job)
+    assert early_build.take(requests, tmp_path / "elsewhere") is None
+    early_build.start(job)
+    assert early_build.take(requests[:0], tmp_path / "cache") is None
+    early_build.start(job)
+    assert early_build.take(requests, tmp_path / "cache") == ["built"] and len(calls) == 3
