@@ -4,7 +4,8 @@ Where the offline agent's catalog (astra.optimize.transforms, param_space) turns
 has, a pass rewrites its code: packed 16-byte loads and stores (`vectorize`), loop-invariant loads
 hoisted (`reuse`), a block's shared-memory reduction done with warp shuffles (`warp_reduce`), fast
 intrinsics where the spec's tolerance allows (`fast_math`), several rows per CTA (`coarsen`), a loop
-one thread runs spread over its CTA or warp (`parallelize`). One pass
+one thread runs spread over its CTA or warp (`parallelize`), the block size every launch uses
+given to ptxas as `__launch_bounds__` (`launch_bounds`). One pass
 per module of this package; each checks its preconditions on the parsed source and refuses with a
 one-line reason when they do not hold. None is assumed to be faster or even correct: every output is
 built and verified like any other candidate. Passes compose: each reads whatever source it is given.
@@ -27,12 +28,13 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
     """The passes named (default: every pass), parsing with `headers`."""
     from astra.optimize.passes.coarsen import Coarsen
     from astra.optimize.passes.fast_math import FastMath
+    from astra.optimize.passes.launch_bounds import LaunchBounds
     from astra.optimize.passes.parallelize import Parallelize
     from astra.optimize.passes.reuse import Reuse
     from astra.optimize.passes.vectorize import Vectorize
     from astra.optimize.passes.warp_reduce import WarpReduce
 
-    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen, Parallelize]
+    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen, Parallelize, LaunchBounds]
     return {cls.name: cls(headers) for cls in every if names is None or cls.name in names}
 
 

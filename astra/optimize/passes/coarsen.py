@@ -20,7 +20,7 @@ a CTA's launch and prologue cost amortised over `k` rows (k = 2).
 
 Applies to a `__global__` kernel of this file that reads `blockIdx.x` and is launched from host code of
 this file through SGLang's `LaunchKernel(grid, block, ...)(kernel, args...)` only (every reference to
-it is such a launch, or an occupancy or attribute query), with a one-dimensional grid (not a `dim3`).
+it is such a launch, or an occupancy or attribute query; passes.launches), with a one-dimensional grid (not a `dim3`).
 Refused: kernels using clusters, 2-D/3-D grids, grid-wide sync or cooperative groups, and kernels that
 call a device function of this file reading `blockIdx` or `gridDim` (it would see the CTA's index, not
 the row's).
@@ -31,11 +31,10 @@ from __future__ import annotations
 import re
 
 from astra.optimize.passes.base import ParsedPass, Refusal
+from astra.optimize.passes.launches import uses
 from astra.optimize.passes.syntax import Unit, body, callee, is_global, splice, walk
 
 ROWS = 2
-_QUERIES = ("get_blocks_per_sm", "cudaFuncSetAttribute", "cudaFuncGetAttributes", "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
-            "cudaOccupancyMaxPotentialBlockSize")
 _GRID_WIDE = ("cluster", "grid_group", "this_grid", "cooperative_groups", "__cluster_dims__", "gridDim.y",
               "gridDim.z")
 
@@ -46,7 +45,6 @@ class Coarsen(ParsedPass):
 
     def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
         functions = unit.functions()
-        hosts = unit.host_functions()
         seeing = _grid_readers(unit)
         reasons: list[str] = []
         edits: list[tuple[int, int, str]] = []
@@ -54,7 +52,7 @@ class Coarsen(ParsedPass):
         for kernel in unit.kernels():
             called = {callee(n) for n in walk(kernel) if n.kind.name == "CALL_EXPR"} & seeing
             why = (f"calls {sorted(called)[0]}, which reads blockIdx or gridDim: it would see the CTA, not the row"
-                   if called else _coarsen(unit, kernel, hosts, functions, edits))
+                   if called else _coarsen(unit, kernel, functions, edits))
             if why:
                 reasons.append(f"{kernel.spelling}: {why}")
             else:
@@ -77,7 +75,7 @@ def _grid_readers(unit: Unit) -> set[str]:
     return out
 
 
-def _coarsen(unit: Unit, kernel, hosts: list, functions: list, edits: list) -> str:
+def _coarsen(unit: Unit, kernel, functions: list, edits: list) -> str:
     """Add the kernel's and its launches' edits to `edits`; '' when done, else why not."""
     block = body(kernel)
     if block is None:
@@ -89,7 +87,7 @@ def _coarsen(unit: Unit, kernel, hosts: list, functions: list, edits: list) -> s
                                                                                           unit.code(n))]
     if not rows:
         return "does not read blockIdx.x"
-    launches = _launches(unit, kernel, hosts, functions)
+    launches = _launches(unit, kernel)
     if isinstance(launches, str):
         return launches
     params = [c for c in kernel.get_children() if c.kind.name == "PARM_DECL"]
@@ -160,94 +158,13 @@ def _constant_name(kernel: str) -> str:
     return "k" + "".join(part[:1].upper() + part[1:] for part in kernel.split("_") if part) + "RowsPerBlock"
 
 
-def _launches(unit: Unit, kernel, hosts: list, functions: list):
-    """[(the launch call, its grid argument)] for every reference to the kernel (directly, or through a
-    variable initialised with it: `static constexpr auto kernel = k<T>;`), or why not."""
-    up = unit.parents()
-    refs = [n for n in unit.nodes() if _names(n, kernel) and unit.in_main(n)
-            and not unit.span(kernel)[0] <= unit.span(n)[0] < unit.span(kernel)[1]]
-    aliases = []
-    out = []
-    for ref in refs:
-        found = _launch_of(unit, ref, up)
-        if found is not None:
-            out.append(found)
-            continue
-        if _inspected(ref, up):
-            continue
-        alias = _alias_of(ref, up)
-        if alias is None:
-            return f"referenced other than as LaunchKernel(grid, block, ...)(kernel, ...) (line {ref.extent.start.line})"
-        aliases.append(alias)
-    for alias in aliases:
-        for ref in unit.nodes():
-            if ref.kind.name == "DECL_REF_EXPR" and ref.referenced == alias and unit.in_main(ref):
-                if _inspected(ref, up):
-                    continue
-                found = _launch_of(unit, ref, up)
-                if found is None:
-                    return f"{alias.spelling} is used other than as a launch's kernel (line {ref.extent.start.line})"
-                out.append(found)
-    if not out:
-        return "not launched from this file through LaunchKernel"
-    return out
-
-
-def _inspected(ref, up: dict) -> bool:
-    """Whether `ref` is an argument of an occupancy or attribute query (any kernel signature will do)."""
-    from astra.optimize.passes.syntax import callee
-
-    node = up.get(ref)
-    while node is not None and node.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR", "DECL_REF_EXPR"):
-        node = up.get(node)
-    return node is not None and node.kind.name == "CALL_EXPR" and callee(node) in _QUERIES
-
-
-def _alias_of(ref, up: dict):
-    """The variable `ref` initialises whole (`auto kernel = ref;`), or None."""
-    node = ref
-    while node in up and up[node].kind.name in ("UNEXPOSED_EXPR", "DECL_REF_EXPR", "PAREN_EXPR"):
-        node = up[node]
-    parent = up.get(node)
-    if parent is not None and parent.kind.name == "VAR_DECL" and list(parent.get_children())[-1] == node:
-        head = [t.spelling for t in parent.get_tokens()]
-        if "auto" in head[:head.index(parent.spelling)] if parent.spelling in head else False:
-            return parent  # a declared function-pointer type would no longer match the kernel's new signature
-    return None
-
-
-def _names(node, kernel) -> bool:
-    kind = node.kind.name
-    if kind == "DECL_REF_EXPR" and node.referenced is not None:
-        return node.referenced == kernel
-    if kind == "OVERLOADED_DECL_REF":
-        return node.spelling == kernel.spelling
-    return False
-
-
-def _launch_of(unit: Unit, ref, up: dict):
-    """The `LaunchKernel(grid, ...)(kernel, ...)` call whose first argument is `ref`, and its grid."""
-    node = ref
-    while node in up and up[node].kind.name in ("UNEXPOSED_EXPR", "DECL_REF_EXPR", "PAREN_EXPR"):
-        node = up[node]
-    call = up.get(node)
-    if call is None or call.kind.name != "CALL_EXPR":
-        return None
-    children = list(call.get_children())
-    operator_ref = len(children) > 2 and children[1].spelling == "operator()"  # a call outside a template
-    if len(children) < 2 or children[2 if operator_ref else 1] != node:
-        return None
-    head = children[0]
-    constructs = [n for n in walk(head) if n.kind.name in ("CALL_EXPR", "UNEXPOSED_EXPR", "CXX_FUNCTIONAL_CAST_EXPR")
-                  and unit.code(n).startswith("LaunchKernel(")]
-    if not constructs:
-        return None
-    construct = constructs[-1]  # the innermost: `LaunchKernel(...)` itself, not `.enable_pdl(...)` around it
-    args = [a for a in construct.get_children() if a.kind.name not in ("TYPE_REF", "TEMPLATE_REF", "NAMESPACE_REF")]
-    args = [a for a in args if unit.span(a)[0] > unit.span(construct)[0] + len("LaunchKernel")]
-    if len(args) < 2:
-        return None
-    return call, args[0]
+def _launches(unit: Unit, kernel):
+    """[(the launch call, its grid argument)] for every launch of the kernel (passes.launches), or why not."""
+    found = uses(unit, kernel)
+    if isinstance(found, str):
+        return found
+    out = {use.call.hash: (use.call, use.args[0]) for use in found if not use.query}  # one per launch
+    return list(out.values()) or "not launched from this file through LaunchKernel"
 
 
 def _body_edit(unit: Unit, block, rows: list, const: str) -> tuple[int, int, str]:
