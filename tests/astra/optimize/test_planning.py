@@ -21,7 +21,7 @@ from astra.report import run_html, run_text
 from tests.astra.optimize.test_profiling import SERIAL, verdict
 from tests.verdicts import make_verdict
 
-KNOWN_PASSES = {"vectorize", "reuse", "warp_reduce", "fast_math", "coarsen", "parallelize"}
+KNOWN_PASSES = {"vectorize", "reuse", "warp_reduce", "fast_math", "coarsen", "parallelize", "launch_bounds"}
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ def test_rules_with_conditions_on_facts():
     rules = planning.load_rules()
     assert planning.make_plan(profile(by_blocks, decode=(2.0, 5.0)), rules)[0][0].step == "pass:coarsen"
     plans, notes = planning.make_plan(profile(by_registers, decode=(2.0, 5.0)), rules)
-    assert plans == [] and any(n.startswith("pass:reuse held back") for n in notes)
+    assert [p.step for p in plans] == ["pass:launch_bounds"]  # registers: fit them to the block size
+    assert any(n.startswith("pass:reuse held back") for n in notes)
 
 
 def test_a_wrong_rules_file_names_the_rule(tmp_path):
