@@ -3,23 +3,29 @@
 What the judge compares digests for: a candidate's outputs on one set of inputs against another run's
 (determinism), a timed launch's against the checked call's and the original's (harness.judge.timed_outputs).
 A sha256 of the bytes on the host cost a device-to-host copy and about a second per GiB, on both sides, at
-every verification; this digest costs a few passes over the bytes on the device.
+every verification; this digest costs about one read of the bytes on the device.
 
-The construction is a universal hash. The bytes are read as 16-bit half-words w_i (a zero byte pads an
-odd length, and the length is part of the digest), and
+The construction is a two-level universal hash. The bytes are read as signed 16-bit half-words (a zero byte
+pads an odd length, zero half-words pad the last row, and the lengths are part of the digest), laid out in
+rows of ROW half-words, w[c, j], and
 
-    h = sum_i w_i * k_i  (mod p),   p = 2**31 - 1 (prime),
+    h = sum_c B_c * (sum_j w[c, j] * A_j mod p)  (mod p),   p = 2**31 - 1 (prime),
 
-with k_i pseudo-random in [0, p), drawn from the position i and the key by the splitmix64 finaliser. For two
-different byte strings of one length, the difference d_i = w_i - w'_i is below 2**16 < p in magnitude, so it
-is invertible mod p, and with independent uniform keys the two digests agree with probability 1/p. Two
-independent key streams are summed, so a collision has probability about 2**-62 per comparison; the key
-(`Options.digest_key`) is drawn at random by the judge for each evaluation, so no kernel can be written
-against it. Products stay below 2**47 and a chunk's sum below 2**63: exact in int64 on every device.
+with the row keys A_j and the column keys B_c pseudo-random in [0, p), drawn from j (or c) and the key by the
+splitmix64 finaliser. For two different byte strings of one length, the differences d[c, j] = w - w' are
+below 2**16 < p in magnitude, so each non-zero one is invertible mod p: a non-zero row's inner sum is 0 with
+probability 1/p over A, and given a non-zero inner sum, the outer sum is 0 with probability 1/p over B. So two
+strings collide with probability at most 2/p per key stream; two independent streams are used (about 2**-60
+per comparison). The key (`Options.digest_key`) is drawn at random by the judge for each evaluation, so no
+kernel can be written against it.
+
+Exact arithmetic: a row's inner sum is one float64 matrix product of the half-words with A split into 16-bit
+halves; every product is below 2**31 and every partial sum below 2**47 in magnitude, integers that float64
+holds exactly whatever order the sums take (on the CPU and on a GPU alike). The rest is int64.
 
 `digest(tensors, key)` hashes a list of tensors (their bytes end to end, their lengths beside the sums) into one
-hex string of 64 characters, the same on the CPU and on a GPU, in about 25 kernel launches and one
-synchronisation whatever the number of tensors.
+hex string of 64 characters, the same on the CPU and on a GPU, in a few kernel launches per STEP_ROWS rows
+and one synchronisation whatever the number of tensors.
 """
 
 from __future__ import annotations
@@ -30,11 +36,14 @@ from typing import Iterable
 import torch
 
 P = (1 << 31) - 1
-CHUNK = 1 << 23  # half-words per step: each int64 temporary of two key streams 128 MiB
+ROW = 1 << 16  # half-words per row
+STEP_ROWS = 256  # rows per step: a float64 temporary of 128 MiB
 _C1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64's multipliers, as signed int64
 _C2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _STREAMS = (0x243F6A8885A308D3, 0x13198A2E03707344)  # two independent key streams
+_COLUMNS = 0x452821E638D01377  # separates the column keys B from the row keys A
+_row_keys: dict[tuple[int, str, int], torch.Tensor] = {}  # (key, device, ROW) -> A's halves, float64 (ROW, 2 x streams)
 
 
 def _lsr(x: torch.Tensor, shift: int) -> torch.Tensor:
@@ -52,38 +61,66 @@ def _keys(positions: torch.Tensor, salts: torch.Tensor) -> torch.Tensor:
     return _lsr(z, 33) % P
 
 
-def _salts(key: int) -> torch.Tensor:
+def _salts(key: int, extra: int = 0) -> torch.Tensor:
     """One salt per key stream, as int64 values (a column, to broadcast over positions)."""
     salts = []
     for stream in _STREAMS:
-        value = (key * 0x100000001B3 + stream) & ((1 << 64) - 1)
+        value = (key * 0x100000001B3 + stream + extra) & ((1 << 64) - 1)
         salts.append(value - (1 << 64) if value >= 1 << 63 else value)
     return torch.tensor(salts, dtype=torch.int64).reshape(-1, 1)
 
 
+def row_keys(key: int, device: torch.device) -> torch.Tensor:
+    """A_j (j < ROW) of every stream (int64, one row per stream)."""
+    return _keys(torch.arange(ROW, dtype=torch.int64, device=device), _salts(key).to(device))
+
+
+def column_keys(key: int, rows: torch.Tensor) -> torch.Tensor:
+    """B_c of every stream for the row numbers `rows` (int64, one row per stream)."""
+    return _keys(rows, _salts(key, _COLUMNS).to(rows.device))
+
+
+def _split_row_keys(key: int, device: torch.device) -> torch.Tensor:
+    """A's low and high 16 bits per stream as float64 columns (ROW, 2 x streams), kept per key and device."""
+    cached = _row_keys.get((key, str(device), ROW))
+    if cached is None:
+        keys = row_keys(key, device)
+        halves = [part for stream in keys for part in (stream & 0xFFFF, stream >> 16)]
+        cached = torch.stack(halves, dim=1).to(torch.float64)
+        if len(_row_keys) >= 4:
+            _row_keys.clear()
+        _row_keys[(key, str(device), ROW)] = cached
+    return cached
+
+
 def _halfwords(flat: torch.Tensor) -> torch.Tensor:
-    """Flat uint8 bytes as non-negative int64 half-words (little-endian pairs; an odd length padded with 0)."""
+    """Flat uint8 bytes as signed 16-bit half-words (little-endian pairs; an odd length padded with 0)."""
     if flat.numel() % 2:
         flat = torch.cat([flat, flat.new_zeros(1)])
-    pairs = flat.view(-1, 2).to(torch.int64)
-    return pairs[:, 0] | (pairs[:, 1] << 8)
-
-
-def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    elif flat.storage_offset() % 2:
+        flat = flat.clone()  # a view of int16 needs an even offset
+    return flat.view(torch.int16)
 
 
 def byte_sums(data: torch.Tensor, key: int) -> tuple[int, ...]:
-    """The keyed sums mod P of the flat bytes `data` (uint8), one per key stream, both streams in one pass,
-    CHUNK half-words at a time (the int64 temporaries stay a few hundred MiB whatever the data's size)."""
-    salts = _salts(key).to(data.device)
+    """The keyed sums mod P of the flat bytes `data` (uint8), one per key stream, STEP_ROWS rows of ROW
+    half-words at a time (the temporaries stay a few hundred MiB whatever the data's size)."""
+    words = _halfwords(data)
+    halves = _split_row_keys(key, data.device)
+    full = words.numel() // ROW
+    steps = [(first, words[first * ROW:min(first + STEP_ROWS, full) * ROW].view(-1, ROW))
+             for first in range(0, full, STEP_ROWS)]
+    if words.numel() > full * ROW:  # the last row, padded with zero half-words
+        tail = words.new_zeros(1, ROW)
+        tail[0, :words.numel() - full * ROW] = words[full * ROW:]
+        steps.append((full, tail))
     total = torch.zeros(len(_STREAMS), dtype=torch.int64, device=data.device)
-    for start in range(0, data.numel(), 2 * CHUNK):
-        part = _halfwords(data[start:start + 2 * CHUNK])
-        first = start // 2
-        positions = torch.arange(first, first + part.numel(), dtype=torch.int64, device=data.device)
-        total += ((part * _keys(positions, salts)) % P).sum(dim=1) % P
-    return tuple(int(v) % P for v in total.cpu().tolist())  # one synchronisation, 16 bytes
+    for first, block in steps:
+        inner = (block.to(torch.float64) @ halves).to(torch.int64) % P  # (rows, 2 x streams), exact
+        inner = (inner[:, 0::2] + (inner[:, 1::2] << 16)) % P  # (rows, streams): sum_j w[c, j] A_j mod P
+        rows = torch.arange(first, first + block.shape[0], dtype=torch.int64, device=data.device)
+        total = (total + (inner * column_keys(key, rows).T % P).sum(dim=0)) % P
+    return tuple(int(v) for v in total.cpu().tolist())  # one synchronisation, 16 bytes
 
 
 def digest(tensors: Iterable[torch.Tensor], key: int) -> str:
@@ -96,3 +133,7 @@ def digest(tensors: Iterable[torch.Tensor], key: int) -> str:
     data = flats[0] if len(flats) == 1 else torch.cat(flats)
     sums = ",".join(str(s) for s in byte_sums(data, key))
     return hashlib.sha256(f"{lengths}:{sums}".encode()).hexdigest()
+
+
+def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)

@@ -93,6 +93,24 @@ class Pair:
         if self.pause is not None:
             self.pause.resume()
 
+    def both(self, method: str, *args: Any) -> tuple[Any, Any]:
+        """`method(*args)` of both sides: the candidate's (a remote side) asked first and carried out in its
+        process while the original's runs here, else one after the other. Only for what is not timed: the
+        sides' sets made and warmed up (`prepare`), their digests (`digests`)."""
+        start = getattr(self.cand, f"start_{method}", None)
+        if start is None:
+            return getattr(self.orig, method)(*args), getattr(self.cand, method)(*args)
+        collect = start(*args)
+        try:
+            mine = getattr(self.orig, method)(*args)
+        except BaseException:
+            try:
+                collect()  # the reply is read, so the link stays in step for whatever comes next
+            except (LinkBroken, SideFailed):
+                pass
+            raise
+        return mine, collect()
+
 
 @dataclass
 class ViewOutcome:
@@ -195,8 +213,7 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
     info: dict[str, Any] = {}
     rounds, stops = 0, []
     for block, layout in enumerate(layouts):
-        info = dict(pair.orig.prepare(view, seeds, layout))
-        pair.cand.prepare(view, seeds, layout)
+        info = dict(pair.both("prepare", view, seeds, layout)[0])
         block_probe = probe[1] if probe[0] == block else None
         taken, stop = _sample_block(pair, options, check, min_samples, block_probe, block, len(layouts),
                                     failures, verified, per_round)
@@ -242,10 +259,10 @@ def _sample_block(pair: Pair, options, check, min_samples: int, probe: int | Non
         if probe is not None and rounds == probe + 1:
             label = f"sample {rounds}" if stop is None else last_label
             mark = time.perf_counter()
-            failures += check.verify(label, pair.orig.digests(), pair.cand.digests())
+            failures += check.verify(label, *pair.both("digests"))
             verified.append(label)
             verifying += time.perf_counter() - mark  # not the sampling budget's
     if verified[-1:] != [last_label]:
-        failures += check.verify(last_label, pair.orig.digests(), pair.cand.digests())
+        failures += check.verify(last_label, *pair.both("digests"))
         verified.append(last_label)
     return {**samples, "rounds": rounds}, stop

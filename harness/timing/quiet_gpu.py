@@ -30,6 +30,7 @@ import time
 import torch
 
 STOP_TIMEOUT_S = 10.0  # a candidate process that does not stop in this time is treated as gone
+SPIN_S = 0.005  # polled without sleeping for this long after SIGSTOP, then every 100 us
 QUIET_LIMIT_S = 0.2  # GPU work of another context past this keeps the GPU busy: `interferes`
 QUIET_STREAK = 3
 QUIET_FACTOR = 4.0
@@ -60,7 +61,8 @@ class GroupPause:
         except ProcessLookupError as error:
             raise ProcessGone("the candidate process is gone") from error
         self.stopped = True
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         while True:
             try:
                 info = os.waitid(os.P_PID, self.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT | os.WNOHANG)
@@ -70,9 +72,13 @@ class GroupPause:
                 if info.si_code == os.CLD_STOPPED:
                     return
                 raise ProcessGone("the candidate process ended")  # left for its owner to reap
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise ProcessGone(f"the candidate process did not stop within {timeout_s:g} s")
-            time.sleep(0.0001)
+            if now - started < SPIN_S:
+                os.sched_yield()  # a group stops within tens of microseconds: a sleep would add its granularity
+            else:
+                time.sleep(0.0001)
 
     def resume(self) -> None:
         if not self.stopped:

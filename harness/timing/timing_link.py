@@ -101,11 +101,18 @@ class RemoteSide:
         self.n_sets = 0
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        self.send(op, **fields)
+        return self.receive(op)
+
+    def send(self, op: str, **fields: Any) -> None:
+        """The command only: its reply is `receive(op)`'s (the judge works meanwhile)."""
         self.before_call()
         try:
             write_all(self.commands, encode({"op": op, **fields}))
         except OSError as error:
             raise LinkBroken(f"the candidate process does not take commands: {error}") from error
+
+    def receive(self, op: str) -> dict[str, Any]:
         reply = self.reader.read(max(0.0, min(self.timeout_s, self.remaining())), self.alive)
         if reply.get("op") != op:
             raise LinkBroken(f"a reply to {reply.get('op')!r} where {op!r} was asked")
@@ -119,8 +126,17 @@ class RemoteSide:
         return _positive(value, "estimate")
 
     def prepare(self, view: str, seeds: list[int], layout: int = 0) -> dict[str, Any]:
-        self.call("prepare", case=self.case, view=view, seeds=list(seeds), layout=int(layout))
+        return self.start_prepare(view, seeds, layout)()
+
+    def start_prepare(self, view: str, seeds: list[int], layout: int = 0) -> Callable[[], dict[str, Any]]:
+        """Ask the side to prepare now; the returned function waits until it has (the judge prepares its own
+        side meanwhile, harness.paired_timing.Pair.both)."""
+        self.send("prepare", case=self.case, view=view, seeds=list(seeds), layout=int(layout))
         self.n_sets = len(seeds)
+        return self._prepared
+
+    def _prepared(self) -> dict[str, Any]:
+        self.receive("prepare")
         return {}
 
     def sample(self, count: int) -> list[float]:
@@ -130,7 +146,16 @@ class RemoteSide:
         return [_positive(v, "sample") for v in values]
 
     def digests(self) -> list[dict[str, str]]:
-        values = self.call("digests").get("digests")
+        return self.start_digests()()
+
+    def start_digests(self) -> Callable[[], list[dict[str, str]]]:
+        """Ask for the digests now; the returned function waits for them (the judge computes its own
+        meanwhile, harness.paired_timing.Pair.both)."""
+        self.send("digests")
+        return self._digests
+
+    def _digests(self) -> list[dict[str, str]]:
+        values = self.receive("digests").get("digests")
         if not isinstance(values, list) or len(values) != self.n_sets or not all(
                 isinstance(d, dict) and all(isinstance(d.get(k), str) and _HEX64.match(d[k]) for k in ("out", "in"))
                 for d in values):

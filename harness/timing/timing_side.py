@@ -86,7 +86,7 @@ class TimingSide:
         self._pads = layout_pads(layout, self.device)
         self.sets = TimedSets(self.case, seeds, self.device, self.key)
         if self.cuda:
-            self._flush = l2_flush(self.device)
+            self._flush = self._flush or l2_flush(self.device)  # one buffer for the side's life
             self._synchronize()
         if view == "graph" and self.cuda:
             graph = torch.cuda.CUDAGraph()
@@ -189,7 +189,7 @@ class TimingSide:
         return self.sets.inputs[index]
 
     def close(self) -> None:
-        self.graph, self.sets, self._flush, self.view, self._pads = None, None, None, None, []
+        self.graph, self.sets, self.view, self._pads = None, None, None, []  # the flush buffer stays
         if self.cuda:
             self._synchronize()
             torch.cuda.empty_cache()

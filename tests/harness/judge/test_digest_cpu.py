@@ -1,5 +1,5 @@
 """The keyed digest (harness.judge.digest): equal bytes agree, any changed half-word, length or key disagrees,
-and the chunked sums equal one pass."""
+the stepped sums equal one pass, and the sum is the two-level keyed form."""
 
 from __future__ import annotations
 
@@ -32,6 +32,25 @@ def test_any_single_change_is_seen(dtype):
         assert digest([changed.view(dtype)], 12345) != reference
 
 
+def test_changes_in_several_rows_are_seen(monkeypatch):
+    """Small rows, so that the data spans many rows and steps: changes that cancel within a row's plain sum,
+    or across rows at one column, still change the digest."""
+    monkeypatch.setattr(keyed, "ROW", 8)
+    monkeypatch.setattr(keyed, "STEP_ROWS", 3)
+    base = torch.arange(100, dtype=torch.int16)
+    reference = digest([base], 4)
+    swapped = base.clone()
+    swapped[[1, 2]] = swapped[[2, 1]]  # same row, same sum
+    assert digest([swapped], 4) != reference
+    across = base.clone()
+    across[3] += 5
+    across[11] -= 5  # same column of two rows
+    assert digest([across], 4) != reference
+    opposite = base.clone()
+    opposite[67] = -opposite[67]
+    assert digest([opposite], 4) != reference
+
+
 def test_lengths_and_order_of_tensors_count():
     odd = torch.arange(7, dtype=torch.uint8)
     assert digest([odd], 0) != digest([odd[:6]], 0)  # a zero pad byte is not the same as a zero byte
@@ -44,19 +63,41 @@ def test_lengths_and_order_of_tensors_count():
     assert digest([], 3) != digest([torch.zeros(0)], 3)
 
 
-def test_chunks_sum_to_the_one_pass_value(monkeypatch):
-    data = torch.randn(5000).view(torch.uint8)
+def test_an_odd_offset_view_digests_as_its_copy():
+    data = torch.arange(301, dtype=torch.uint8)
+    assert digest([data[1:201]], 9) == digest([data[1:201].clone()], 9)
+
+
+def test_steps_sum_to_the_one_pass_value(monkeypatch):
+    data = torch.randn(70000).view(torch.uint8)  # 140000 half-words: two whole rows and a tail
     whole = byte_sums(data, 99)
-    monkeypatch.setattr(keyed, "CHUNK", 777)
+    monkeypatch.setattr(keyed, "STEP_ROWS", 1)
     assert byte_sums(data, 99) == whole
     assert all(0 <= s < P for s in whole) and len(whole) == 2
 
 
-def test_the_sum_is_the_keyed_linear_form():
-    """h = sum_i w_i k_i mod P over little-endian half-words: checked against Python integers."""
-    data = torch.tensor([0x0102, 0x7FFF, -1, 12], dtype=torch.int16).view(torch.uint8)
-    words = [0x0102, 0x7FFF, 0xFFFF, 12]
-    keys = keyed._keys(torch.arange(4, dtype=torch.int64), keyed._salts(5)).tolist()
-    assert all(0 <= k < P for row in keys for k in row) and len(set(keys[0])) == 4 and keys[0] != keys[1]
+def test_extreme_half_words_stay_exact():
+    """Half-words of -32768 and 32767 over whole rows: the float64 products and sums are exact."""
+    for value in (-32768, 32767):
+        data = torch.full((keyed.ROW * 2 + 3,), value, dtype=torch.int16).view(torch.uint8)
+        keys_a = keyed.row_keys(11, torch.device("cpu")).tolist()
+        keys_b = keyed.column_keys(11, torch.arange(3, dtype=torch.int64)).tolist()
+        for stream, sums in enumerate(byte_sums(data, 11)):
+            rows = [value * sum(keys_a[stream]), value * sum(keys_a[stream]), value * sum(keys_a[stream][:3])]
+            assert sums == sum(b * (r % P) for b, r in zip(keys_b[stream], rows)) % P
+
+
+def test_the_sum_is_the_two_level_keyed_form(monkeypatch):
+    """h = sum_c B_c (sum_j w[c, j] A_j mod P) mod P over signed little-endian half-words in rows of ROW
+    (the last padded with zeros): checked against Python integers."""
+    monkeypatch.setattr(keyed, "ROW", 4)
+    monkeypatch.setattr(keyed, "STEP_ROWS", 2)
+    words = [0x0102, 0x7FFF, -1, 12, -32768, 5, 0, 9, 77, -300, 4]
+    data = torch.tensor(words, dtype=torch.int16).view(torch.uint8)
+    keys_a = keyed.row_keys(5, torch.device("cpu")).tolist()
+    keys_b = keyed.column_keys(5, torch.arange(3, dtype=torch.int64)).tolist()
+    assert all(0 <= k < P for row in keys_a + keys_b for k in row) and keys_a[0] != keys_a[1]
+    padded = words + [0]
     for stream, sums in enumerate(byte_sums(data, 5)):
-        assert sums == sum(w * k for w, k in zip(words, keys[stream])) % P
+        inner = [sum(w * a for w, a in zip(padded[4 * c:4 * c + 4], keys_a[stream])) % P for c in range(3)]
+        assert sums == sum(b * i for b, i in zip(keys_b[stream], inner)) % P

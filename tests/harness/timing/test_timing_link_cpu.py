@@ -126,3 +126,42 @@ def test_digests_must_be_one_hex_pair_per_set():
     with pytest.raises(LinkBroken, match="malformed digests"):
         remote.digests()
     thread.join(timeout=5)
+
+
+def test_both_sides_prepare_and_digest_at_once_and_stay_in_step(linked):
+    """Pair.both asks the remote side first and reads its reply after the local side's work: the server
+    works while the local side does (its command is sent before the local side starts), and a local failure
+    still reads the reply, so the next command gets its own."""
+    case = _case()
+    remote = linked(rowscale, _job(case))
+    order: list[str] = []
+
+    class Local(TimingSide):
+        def prepare(self, *args):
+            order.append("local prepare")
+            return super().prepare(*args)
+
+    sent = remote.send
+
+    def send(op, **fields):
+        order.append(f"remote {op}")
+        sent(op, **fields)
+
+    remote.send = send
+    pair = Pair(Local("orig", rowscale, case, "cpu"), remote)
+    info, _ = pair.both("prepare", "cold", [0, 10001], 0)
+    assert order == ["remote prepare", "local prepare"] and info["input_sets"] == 2
+    pair.orig.sample(1)
+    remote.sample(1)
+    orig, cand = pair.both("digests")
+    assert orig[0] == cand[0] and len(cand) == 2
+
+    class Failing(TimingSide):
+        def digests(self):
+            raise RuntimeError("the original's digest failed")
+
+    failing = Pair(Failing("orig", rowscale, case, "cpu"), remote)
+    with pytest.raises(RuntimeError, match="digest failed"):
+        failing.both("digests")
+    assert len(remote.sample(2)) == 2  # the digests' reply was read: this reply is the sample's
+    remote.exit()
