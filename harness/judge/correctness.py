@@ -360,9 +360,14 @@ def canonical(case: Case, tensors: dict[str, Any]) -> dict[str, Any]:
 def output_digest(case: Case, args: dict[str, Any], key: int = 0, on_host: bool = False) -> str:
     """The keyed digest (harness.judge.digest) of the case's outputs after one call (unordered outputs
     canonical), computed where they are, or with `on_host` on copies in host memory (the same value)."""
-    args = canonical(case, args)
-    tensors = [args[name] for name in output_names(case)]
+    tensors = output_tensors(case, args)
     return digest([t.cpu() for t in tensors] if on_host else tensors, key)
+
+
+def output_tensors(case: Case, args: dict[str, Any]) -> list[Any]:
+    """What `output_digest` hashes: the case's outputs after one call, unordered ones canonical."""
+    args = canonical(case, args)
+    return [args[name] for name in output_names(case)]
 
 
 def output_names(case: Case) -> list[str]:

@@ -25,7 +25,8 @@ holds exactly whatever order the sums take (on the CPU and on a GPU alike). The 
 
 `digest(tensors, key)` hashes a list of tensors (their bytes end to end, their lengths beside the sums) into one
 hex string of 64 characters, the same on the CPU and on a GPU, in a few kernel launches per STEP_ROWS rows
-and one synchronisation whatever the number of tensors.
+and one synchronisation whatever the number of tensors; `digests(groups, key)` hashes many such lists with one
+synchronisation for all (a verification digests every timed set at once).
 """
 
 from __future__ import annotations
@@ -103,8 +104,13 @@ def _halfwords(flat: torch.Tensor) -> torch.Tensor:
 
 
 def byte_sums(data: torch.Tensor, key: int) -> tuple[int, ...]:
-    """The keyed sums mod P of the flat bytes `data` (uint8), one per key stream, STEP_ROWS rows of ROW
-    half-words at a time (the temporaries stay a few hundred MiB whatever the data's size)."""
+    """The keyed sums mod P of the flat bytes `data` (uint8), one per key stream."""
+    return tuple(int(v) for v in _sums(data, key).cpu().tolist())  # one synchronisation, 16 bytes
+
+
+def _sums(data: torch.Tensor, key: int) -> torch.Tensor:
+    """byte_sums as a tensor where `data` is, STEP_ROWS rows of ROW half-words at a time (the temporaries stay
+    a few hundred MiB whatever the data's size); nothing waits for the device."""
     words = _halfwords(data)
     halves = _split_row_keys(key, data.device)
     full = words.numel() // ROW
@@ -120,19 +126,30 @@ def byte_sums(data: torch.Tensor, key: int) -> tuple[int, ...]:
         inner = (inner[:, 0::2] + (inner[:, 1::2] << 16)) % P  # (rows, streams): sum_j w[c, j] A_j mod P
         rows = torch.arange(first, first + block.shape[0], dtype=torch.int64, device=data.device)
         total = (total + (inner * column_keys(key, rows).T % P).sum(dim=0)) % P
-    return tuple(int(v) for v in total.cpu().tolist())  # one synchronisation, 16 bytes
+    return total
 
 
 def digest(tensors: Iterable[torch.Tensor], key: int) -> str:
     """One hex digest of the bytes of `tensors` in order: their lengths and the keyed sums of their bytes laid
     end to end (one pass over all of them)."""
-    flats = [_flat_bytes(t) for t in tensors]
-    lengths = ",".join(str(f.numel()) for f in flats)
-    if not flats:
-        return hashlib.sha256(b"none").hexdigest()
-    data = flats[0] if len(flats) == 1 else torch.cat(flats)
-    sums = ",".join(str(s) for s in byte_sums(data, key))
-    return hashlib.sha256(f"{lengths}:{sums}".encode()).hexdigest()
+    return digests([list(tensors)], key)[0]
+
+
+def digests(groups: list[list[torch.Tensor]], key: int) -> list[str]:
+    """`digest` of every group of tensors, with one synchronisation for all of them (the groups' tensors on
+    one device)."""
+    flats = [[_flat_bytes(t) for t in group] for group in groups]
+    sums = [_sums(f[0] if len(f) == 1 else torch.cat(f), key) for f in flats if f]
+    values = iter(torch.stack(sums).cpu().tolist() if sums else [])
+    out = []
+    for group in flats:
+        if not group:
+            out.append(hashlib.sha256(b"none").hexdigest())
+            continue
+        lengths = ",".join(str(f.numel()) for f in group)
+        text = ",".join(str(int(v)) for v in next(values))
+        out.append(hashlib.sha256(f"{lengths}:{text}".encode()).hexdigest())
+    return out
 
 
 def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:

@@ -442,7 +442,9 @@ def _timing_phase(job: Job, device: torch.device, keys: list[str], modules: dict
         orig_launches = {key: _launch(modules[key], job.entry) for key in keys}
         run, quiet = timing
         try:
-            timings = time_cases(job, results, checked, orig_launches, run, device, quiet, reference)
+            clock = PhaseClock("time_")
+            timings = time_cases(job, results, checked, orig_launches, run, device, quiet, reference, clock)
+            phases.update(clock.rounded())
             run.remote_side(job.options.case_timeout_s).exit()
         except Interference as error:
             return _failure(job, "interferes", str(error), signatures=signatures, env=env)

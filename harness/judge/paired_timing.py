@@ -49,6 +49,7 @@ from typing import Any, Callable
 import torch
 
 from harness.judge.correctness import ensure_usable
+from harness.judge.phase_clock import PhaseClock
 from harness.timing.modes import (
     BATCH,
     COLD_MIN_SAMPLES,
@@ -81,6 +82,7 @@ class Pair:
     cand: Any
     pause: GroupPause | None = None
     quiet: QuietGpu | None = None
+    clock: PhaseClock = field(default_factory=PhaseClock)  # where the timing's seconds go (the verdict's phases)
 
     def hold_candidate(self) -> None:
         """Before the original's turn: the candidate process stopped, the GPU quiet."""
@@ -181,12 +183,13 @@ def time_view(case, view: str, pair: Pair, options, make_check: Callable[[list[i
         ensure_usable(device, error, f"{case.id}: {view} timing")
         return ViewOutcome({"error": str(error).strip()[:300], "side": None, "kind": "other"})
     finally:
-        pair.orig.close()
-        if not broken:
-            try:
-                pair.cand.close()
-            except SideFailed:
-                pass  # a side that cannot free its sets changes no number; the next command shows the rest
+        with pair.clock("close"):
+            pair.orig.close()
+            if not broken:
+                try:
+                    pair.cand.close()
+                except SideFailed:
+                    pass  # a side that cannot free its sets changes no number; the next command shows the rest
 
 
 def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.device,
@@ -194,7 +197,8 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
     seeds = timing_seeds(options.seeds, 1)
     estimate = None
     if view == "graph":
-        estimate = max(pair.orig.estimate(seeds[0]), pair.cand.estimate(seeds[0]))
+        with pair.clock("estimate"):
+            estimate = max(pair.orig.estimate(seeds[0]), pair.cand.estimate(seeds[0]))
         seeds = timing_seeds(options.seeds, graph_sets(estimate, set_footprint(case), sets_budget(device)))
     else:
         seeds = timing_seeds(options.seeds, cold_sets(set_footprint(case), sets_budget(device)))
@@ -213,7 +217,8 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
     info: dict[str, Any] = {}
     rounds, stops = 0, []
     for block, layout in enumerate(layouts):
-        info = dict(pair.both("prepare", view, seeds, layout)[0])
+        with pair.clock("prepare"):
+            info = dict(pair.both("prepare", view, seeds, layout)[0])
         block_probe = probe[1] if probe[0] == block else None
         taken, stop = _sample_block(pair, options, check, min_samples, block_probe, block, len(layouts),
                                     failures, verified, per_round)
@@ -249,20 +254,25 @@ def _sample_block(pair: Pair, options, check, min_samples: int, probe: int | Non
             end = probe + 1
         for side, count in abba(rounds, end, per_round):
             if side == "orig":
-                pair.hold_candidate()
-                samples["orig"] += pair.orig.sample(count)
+                with pair.clock("hold"):
+                    pair.hold_candidate()
+                with pair.clock("orig_turns"):
+                    samples["orig"] += pair.orig.sample(count)
             else:
-                samples["cand"] += pair.cand.sample(count)
+                with pair.clock("cand_turns"):
+                    samples["cand"] += pair.cand.sample(count)
         rounds = end
         stop = stop_reason(samples, time.perf_counter() - start - verifying, budget_s, options.target_rel_stderr,
                            min_samples, MAX_SAMPLES)
         if probe is not None and rounds == probe + 1:
             label = f"sample {rounds}" if stop is None else last_label
             mark = time.perf_counter()
-            failures += check.verify(label, *pair.both("digests"))
+            with pair.clock("verify"):
+                failures += check.verify(label, *pair.both("digests"))
             verified.append(label)
             verifying += time.perf_counter() - mark  # not the sampling budget's
     if verified[-1:] != [last_label]:
-        failures += check.verify(last_label, *pair.both("digests"))
+        with pair.clock("verify"):
+            failures += check.verify(last_label, *pair.both("digests"))
         verified.append(last_label)
     return {**samples, "rounds": rounds}, stop

@@ -26,6 +26,7 @@ from harness.candidate.exchange import Malformed, read_trial, valid_stats
 from harness.job import TIMING_MODES, Case, Job, dtype_size
 from harness.judge.inputs import storage_numel
 from harness.judge.paired_timing import Pair, time_view
+from harness.judge.phase_clock import PhaseClock
 from harness.judge.timed_outputs import Checked, LaunchCheck, dump_dir
 from harness.judge.verdict import CaseResult, ModeTiming
 from harness.timing.copy_reference import copy_floor
@@ -40,13 +41,16 @@ log = logging.getLogger(__name__)
 
 
 def time_cases(job: Job, results: list[CaseResult], checked: dict[str, Checked], orig_launches: dict[str, Any],
-               run, device: torch.device, quiet: QuietGpu | None, reference=None) -> dict[str, dict[str, Any]]:
+               run, device: torch.device, quiet: QuietGpu | None, reference=None,
+               clock: PhaseClock | None = None) -> dict[str, dict[str, Any]]:
     """Every timed case in every view of the job, paired (harness.judge.paired_timing): {case id: {view: entry}}.
     Verification failures fail their case (notes, when the outputs were not checked: the original timed
     against itself). `run`: the candidate process (harness.candidate_run.CandidateRun, with a link);
     `reference`: the spec's reference (values are judged as the checked calls' are). Raises
-    LinkBroken/ProcessGone (the candidate process failed) and Interference."""
+    LinkBroken/ProcessGone (the candidate process failed) and Interference. `clock` adds up where the seconds
+    go (estimate, prepare, hold, orig_turns, cand_turns, verify, close)."""
     remote = run.remote_side(job.options.case_timeout_s)
+    clock = clock if clock is not None else PhaseClock()
     timings: dict[str, dict[str, Any]] = {}
     for index, (case, result) in enumerate(zip(job.cases, results)):
         if not (case.timed and result.timed):
@@ -54,7 +58,7 @@ def time_cases(job: Job, results: list[CaseResult], checked: dict[str, Checked],
         log.info("timing %s (%s)", case.id, " and ".join(job.options.modes))
         remote.case = index
         orig = TimingSide("orig", orig_launches[case.variant], case, device, job.options.digest_key)
-        pair = Pair(orig, remote, run.pause(), quiet)
+        pair = Pair(orig, remote, run.pause(), quiet, clock)
         timings[case.id] = {}
         for view in job.options.modes:
             if view not in TIMING_MODES:

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from harness.job import Case, dtype_size
-from harness.judge.correctness import output_digest
-from harness.judge.digest import digest
+from harness.judge.correctness import output_tensors
+from harness.judge.digest import digests
 from harness.judge.inputs import make_inputs, poison_outputs, storage_numel, storage_of, to_call_args
 
 TIMING_SEED_OFFSET = 10_000  # the timed sets past the first draw seeds 10001, 10002, ...
@@ -115,8 +115,9 @@ class TimedSets:
         """Per set: {"out": the keyed digest of its outputs (harness.judge.correctness.output_digest), "in": that
         of its read-only tensors' storages}, computed on the device. Call after the device finished the sample."""
         read_only = read_only_names(self.case)
-        out = []
+        groups = []
         for args in self.inputs:
-            storages = [_bytes_of(args[name]) for name in read_only if isinstance(args.get(name), torch.Tensor)]
-            out.append({"out": output_digest(self.case, args, self.key), "in": digest(storages, self.key)})
-        return out
+            groups.append(output_tensors(self.case, args))
+            groups.append([_bytes_of(args[name]) for name in read_only if isinstance(args.get(name), torch.Tensor)])
+        values = digests(groups, self.key)  # one synchronisation for every set
+        return [{"out": values[2 * i], "in": values[2 * i + 1]} for i in range(len(self.inputs))]

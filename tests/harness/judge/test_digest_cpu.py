@@ -101,3 +101,9 @@ def test_the_sum_is_the_two_level_keyed_form(monkeypatch):
     for stream, sums in enumerate(byte_sums(data, 5)):
         inner = [sum(w * a for w, a in zip(padded[4 * c:4 * c + 4], keys_a[stream])) % P for c in range(3)]
         assert sums == sum(b * i for b, i in zip(keys_b[stream], inner)) % P
+
+
+def test_many_groups_at_once_match_one_by_one():
+    groups = [[torch.randn(100), torch.arange(7, dtype=torch.uint8)], [], [torch.zeros(3)], [torch.ones(70000)]]
+    assert keyed.digests(groups, 5) == [digest(g, 5) for g in groups]
+    assert keyed.digests([], 5) == []
