@@ -98,20 +98,26 @@ class Pair:
     def both(self, method: str, *args: Any) -> tuple[Any, Any]:
         """`method(*args)` of both sides: the candidate's (a remote side) asked first and carried out in its
         process while the original's runs here, else one after the other. Only for what is not timed: the
-        sides' sets made and warmed up (`prepare`), their digests (`digests`)."""
+        sides' sets made and warmed up (`prepare`), their digests (`digests`). The clock gets the original's
+        part (`<method>_orig`) and the wait for the candidate's after it (`<method>_cand`)."""
         start = getattr(self.cand, f"start_{method}", None)
         if start is None:
-            return getattr(self.orig, method)(*args), getattr(self.cand, method)(*args)
+            with self.clock(f"{method}_orig"):
+                mine = getattr(self.orig, method)(*args)
+            with self.clock(f"{method}_cand"):
+                return mine, getattr(self.cand, method)(*args)
         collect = start(*args)
         try:
-            mine = getattr(self.orig, method)(*args)
+            with self.clock(f"{method}_orig"):
+                mine = getattr(self.orig, method)(*args)
         except BaseException:
             try:
                 collect()  # the reply is read, so the link stays in step for whatever comes next
             except (LinkBroken, SideFailed):
                 pass
             raise
-        return mine, collect()
+        with self.clock(f"{method}_cand"):
+            return mine, collect()
 
 
 @dataclass

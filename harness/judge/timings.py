@@ -48,7 +48,8 @@ def time_cases(job: Job, results: list[CaseResult], checked: dict[str, Checked],
     against itself). `run`: the candidate process (harness.candidate_run.CandidateRun, with a link);
     `reference`: the spec's reference (values are judged as the checked calls' are). Raises
     LinkBroken/ProcessGone (the candidate process failed) and Interference. `clock` adds up where the seconds
-    go (estimate, prepare, hold, orig_turns, cand_turns, verify, close)."""
+    go (estimate, prepare, hold, orig_turns, cand_turns, verify, close; within prepare and verify, the
+    original's part and the wait for the candidate's: prepare_orig, prepare_cand, digests_orig, digests_cand)."""
     remote = run.remote_side(job.options.case_timeout_s)
     clock = clock if clock is not None else PhaseClock()
     timings: dict[str, dict[str, Any]] = {}

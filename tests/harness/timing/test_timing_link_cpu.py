@@ -165,3 +165,14 @@ def test_both_sides_prepare_and_digest_at_once_and_stay_in_step(linked):
         failing.both("digests")
     assert len(remote.sample(2)) == 2  # the digests' reply was read: this reply is the sample's
     remote.exit()
+
+
+def test_the_clock_splits_both_sides_work(linked):
+    case = _case()
+    remote = linked(rowscale, _job(case))
+    pair = Pair(TimingSide("orig", rowscale, case, "cpu"), remote)
+    pair.both("prepare", "cold", [0, 10001], 0)
+    pair.both("digests")
+    names = set(pair.clock.rounded())
+    assert {"prepare_orig_s", "prepare_cand_s", "digests_orig_s", "digests_cand_s"} <= names
+    remote.exit()
