@@ -43,6 +43,7 @@ import re
 from astra.optimize.passes.base import ParsedPass, Refusal
 from astra.optimize.passes.fast_math import allows
 from astra.optimize.passes.syntax import (
+    LOOPS,
     Unit,
     bare,
     body,
@@ -64,7 +65,6 @@ from astra.optimize.passes.syntax import (
     written,
 )
 
-_LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT", "CXX_FOR_RANGE_STMT")
 _LOADS = ("__ldg", "__ldca", "__ldcg", "__ldcs", "__ldlu", "__ldcv", "load", "load_as", "ld_global", "ldg")
 _PURE = ("static_cast", "cast", "expf", "__expf", "logf", "__logf", "sqrtf", "rsqrtf", "fabsf", "fminf", "fmaxf",
          "min", "max", "abs", "exp2f", "__fdividef", "__frcp_rn", "__float2half", "__half2float", "__float2bfloat16",
@@ -97,7 +97,7 @@ class Reuse(ParsedPass):
             for node in walk(kernel):
                 if node.kind.name == "VAR_DECL":
                     counts[node.spelling] = counts.get(node.spelling, 0) + 1
-            for loop in [n for n in walk(body(kernel)) if n.kind.name in _LOOPS and unit.in_main(n)]:
+            for loop in [n for n in walk(body(kernel)) if n.kind.name in LOOPS and unit.in_main(n)]:
                 if _hazard(unit, loop) or not own_statement(unit, loop, up):
                     continue
                 done += _hoist_loop(unit, loop, up, shared, taken, counts, edits, covered, reciprocals)

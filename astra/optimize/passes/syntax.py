@@ -25,6 +25,7 @@ from astra.errors import AstraError, ToolMissing
 
 # Kinds of cursors, as libclang names them.
 FUNCTIONS = ("FUNCTION_DECL", "FUNCTION_TEMPLATE", "CXX_METHOD")
+LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT", "CXX_FOR_RANGE_STMT")
 _SCOPES = ("NAMESPACE", "LINKAGE_SPEC", "UNEXPOSED_DECL", "STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE",
            "CLASS_TEMPLATE_PARTIAL_SPECIALIZATION")
 

@@ -35,8 +35,9 @@ The element order each thread visits changes (pack by pack), which an element-wi
 from __future__ import annotations
 
 import re
+from typing import Iterator
 
-from astra.optimize.passes.base import ParsedPass, Refusal
+from astra.optimize.passes.base import ParsedPass, Refusal, Site
 from astra.optimize.passes.syntax import (
     Unit,
     bare,
@@ -51,7 +52,6 @@ from astra.optimize.passes.syntax import (
     pointer_stem,
     pragmas_above,
     refers_to,
-    splice,
     walk,
     written,
 )
@@ -64,25 +64,20 @@ class Vectorize(ParsedPass):
     family = "vectorize"
 
     def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
-        edits: list[tuple[int, int, str]] = []
-        done: list[str] = []
-        first_reason = ""
-        for function in unit.device_functions():
-            if body(function) is None:
-                continue
-            up = parents(function)
-            taken = {t.spelling for t in function.get_tokens() if t.kind.name == "IDENTIFIER"}
-            for loop in [n for n in walk(body(function)) if n.kind.name == "FOR_STMT" and unit.in_main(n)]:
-                if any(a <= unit.span(loop)[0] < b for a, b, _ in edits):
-                    continue
-                try:
-                    edits.append(_vectorize(unit, loop, up, taken))
-                    done.append(f"{function.spelling} line {unit.line_of(unit.span(loop)[0])}")
-                except Refusal as refusal:
-                    first_reason = first_reason or f"line {unit.line_of(unit.span(loop)[0])}: {refusal}"
-        if not edits:
-            raise Refusal(first_reason or "no for loop in device code")
-        return splice(unit, edits), f"16-byte packed loads/stores with a scalar fallback: {', '.join(done)}"
+        return self.rewrite_each(unit, _loops(unit), "16-byte packed loads/stores with a scalar fallback",
+                                 "no for loop in device code")
+
+
+def _loops(unit: Unit) -> Iterator[Site]:
+    """Every `for` loop of the file's device code, outermost first."""
+    for function in unit.device_functions():
+        if body(function) is None:
+            continue
+        up = parents(function)
+        taken = {t.spelling for t in function.get_tokens() if t.kind.name == "IDENTIFIER"}
+        for loop in [n for n in walk(body(function)) if n.kind.name == "FOR_STMT" and unit.in_main(n)]:
+            yield (f"{function.spelling} line {unit.line_of(unit.span(loop)[0])}", loop,
+                   lambda loop=loop, up=up, taken=taken: (*_vectorize(unit, loop, up, taken), ""))
 
 
 class _Access:
