@@ -17,6 +17,9 @@ Applies to a `for` loop in a `__global__` or `__device__` function when:
 - `i` appears only as the index of accesses `b[i]`, `b[B + i]` or `b[i + B]`, or through a `const`
   local of the body that renames it (`const int idx = row_offset + i;`, used only as such an index,
   and left out of the packed body), with one offset B per base, B and N and D unchanged in the loop;
+  or as a value in arithmetic that a statement of the body stores through such an access
+  (`out[i] = (i < n) ? i : -1;`: no call, load, local or pointer takes it), where the variable's type is
+  spelled out: the packed body declares `i` as each element's own index;
 - each indexed base `b` is a pointer that stays the same through the loop: a pointer variable, a
   pointer member of a struct (`params.x`, `p->x`) or an offset from one (`(p + k)`), none of its
   names declared or assigned in the loop and no struct member assigned there; a base that loads or
@@ -26,7 +29,10 @@ Applies to a `for` loop in a `__global__` or `__device__` function when:
   each base moves its own `kPack * sizeof` bytes (16, 8, 4 or 2) in one access, its alignment checked
   against that width; an element of 16 bytes or more (or one whose size does not divide 16) is left;
 - a base written in the loop is written by a statement of the loop's body itself (not under a
-  condition: the whole pack is stored);
+  condition: the whole pack is stored), with a built-in assignment or a class's (`q[i] = x` on
+  `__nv_bfloat16`): a defaulted copy or move writes the whole element, a class's own `operator=` may keep
+  some of its bytes, so that base's pack is loaded before the body runs; no element is given to a call
+  by non-`const` reference, has its address taken, or has a field or non-`const` method used;
 - the body writes no variable declared outside the loop (no reduction) and has no `break`,
   `continue`, `return`, barrier, atomic, inline assembly or lambda.
 The element order each thread visits changes (pack by pack), which an element-wise body cannot see.
@@ -40,6 +46,7 @@ from typing import Iterator
 from astra.optimize.passes.base import ParsedPass, Refusal, Site
 from astra.optimize.passes.syntax import (
     Unit,
+    assignment,
     bare,
     body,
     callee,
@@ -52,6 +59,7 @@ from astra.optimize.passes.syntax import (
     pointer_stem,
     pragmas_above,
     refers_to,
+    stepped,
     walk,
     written,
 )
@@ -108,12 +116,14 @@ def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
     off, place = _split_start(unit, first, stride, up)
     _check_body(unit, loop_body, loop)
     aliases = _aliases(unit, loop_body, var, up)
-    accesses = _accesses(unit, loop_body, var, aliases, up)
+    accesses, valued = _accesses(unit, loop_body, var, aliases, up)
+    if valued and ("auto" in var.type.spelling or "dependent" in var.type.spelling):
+        raise Refusal(f"{var.spelling} is used as a value and its type is deduced")
     sizes = {a.element: a.size for a in accesses.values()}
     if len(sizes) > 1 and not all(sizes.values()):
         unknown = sorted(e for e, size in sizes.items() if not size)
         raise Refusal(f"pointers of different element types, {unknown[0]} of a size unknown before instantiation")
-    return _emit(unit, loop, loop_body, var, (first, off, place), bound, stride, accesses, aliases, taken)
+    return _emit(unit, loop, loop_body, var, (first, off, place, valued), bound, stride, accesses, aliases, taken)
 
 
 def _induction(unit: Unit, init):
@@ -225,10 +235,11 @@ def _aliases(unit: Unit, loop_body, var, up: dict) -> dict:
     return out
 
 
-def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> dict:
+def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> tuple[dict, bool]:
     """Each base the loop variable indexes (directly or through an alias): its offset, element type,
-    whether read and written."""
+    whether read and written; and whether the variable is also used as a value (`(i < n) ? i : -1`)."""
     out: dict = {}
+    valued = False
     alias_inits = {n for decl in aliases for n in walk(decl)}
     for ref in [n for n in walk(loop_body) if refers_to(n) == var or refers_to(n) in aliases]:
         if ref in alias_inits:
@@ -247,6 +258,9 @@ def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> dict:
             while parent is not None and parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
                 node, parent = parent, up.get(parent)
         if parent is None or parent.kind.name != "ARRAY_SUBSCRIPT_EXPR" or list(parent.get_children())[1] != node:
+            if refers_to(ref) == var and _stored_value(unit, ref, var, aliases, up):
+                valued = True
+                continue
             raise Refusal(f"{ref.spelling} is used other than as a pointer's index")
         base = bare(list(parent.get_children())[0])
         text = _base_text(unit, base, loop_body, var, aliases)
@@ -267,7 +281,27 @@ def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> dict:
         raise Refusal("the loop indexes no pointer with its variable")
     if not any(a.write for a in out.values()):
         raise Refusal("the loop stores nothing through the pointers it indexes")
-    return out
+    return out, valued
+
+
+_ARITHMETIC = ("UNEXPOSED_EXPR", "PAREN_EXPR", "BINARY_OPERATOR", "UNARY_OPERATOR", "CONDITIONAL_OPERATOR",
+               "CSTYLE_CAST_EXPR", "CXX_STATIC_CAST_EXPR", "CXX_FUNCTIONAL_CAST_EXPR", "INTEGER_LITERAL")
+
+
+def _stored_value(unit: Unit, ref, var, aliases: dict, up: dict) -> bool:
+    """Whether a use of the loop variable is arithmetic on its value that ends in what a statement of the
+    body stores through an index of the loop (`out[i] = (i < n) ? i : -1;`): no call, load, local or
+    pointer takes it, so the packed body computes it from the element's index alone."""
+    node, parent = ref, up.get(ref)
+    while parent is not None and parent.kind.name in _ARITHMETIC and not assignment(unit, parent):
+        if "*" in parent.type.spelling or "[" in parent.type.spelling or stepped(unit, parent) is not None:
+            return False
+        node, parent = parent, up.get(parent)
+    if parent is None or not assignment(unit, parent) or list(parent.get_children())[-1] != node:
+        return False
+    target = bare(next(parent.get_children()))
+    return target.kind.name == "ARRAY_SUBSCRIPT_EXPR" and any(
+        refers_to(n) == var or refers_to(n) in aliases for n in walk(list(target.get_children())[1]))
 
 
 _BASE_NODES = ("DECL_REF_EXPR", "MEMBER_REF_EXPR", "PAREN_EXPR", "UNEXPOSED_EXPR", "BINARY_OPERATOR",
@@ -289,15 +323,10 @@ def _base_text(unit: Unit, base, loop_body, var, aliases: dict) -> str:
         if target is not None and (target == var or target in aliases or target in assigned or target in made):
             raise Refusal(f"an indexed base changes in the loop ({target.spelling})")
     if base.kind.name == "MEMBER_REF_EXPR" or any(n.kind.name == "MEMBER_REF_EXPR" for n in walk(base)):
-        members = [bare(next(n.get_children())) for n in walk(loop_body)
-                   if n.kind.name in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR")
-                   and operator(unit, n) in _ASSIGNS]
+        members = [bare(next(n.get_children())) for n in walk(loop_body) if assignment(unit, n)]
         if any(m.kind.name == "MEMBER_REF_EXPR" for m in members):
             raise Refusal("the body assigns a struct member (an indexed member pointer may change)")
     return re.sub(r"\s+", " ", unit.code(base)).strip()
-
-
-_ASSIGNS = ("=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=")
 
 
 def _element_size(base) -> int:
@@ -308,19 +337,60 @@ def _element_size(base) -> int:
 
 
 def _role(unit: Unit, subscript, up: dict, loop_body) -> str:
+    """How the body uses one element: "read", "write" (a built-in `=` or a class's defaulted copy or move:
+    the pack is only stored) or "update" (read, then stored: a compound assignment, or a class's own
+    `operator=`, which may keep some of the element's bytes). Refused: a use that may write the element
+    other than as a statement of the body's own."""
     node, parent = subscript, up.get(subscript)
     while parent is not None and parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
         node, parent = parent, up.get(parent)
-    if parent is not None and parent.kind.name in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR") and next(
-            parent.get_children()) == node and operator(unit, parent).endswith("=") and operator(unit, parent) not in (
-            "==", "<=", ">=", "!="):
-        statement = up.get(parent)
-        if statement != loop_body and not (loop_body.kind.name != "COMPOUND_STMT" and parent == loop_body):
+    if parent is None:
+        return "read"
+    op = assignment(unit, parent)
+    if op and next(parent.get_children()) == node:
+        whole, statement = parent, up.get(parent)
+        while statement is not None and statement.kind.name == "UNEXPOSED_EXPR":  # a class's temporaries' cleanup
+            whole, statement = statement, up.get(statement)
+        if statement != loop_body and not (loop_body.kind.name != "COMPOUND_STMT" and whole == loop_body):
             raise Refusal("a store sits under a condition or inside an expression (the whole pack is stored)")
-        return "write" if operator(unit, parent) == "=" else "update"
-    if parent is not None and parent.kind.name == "UNARY_OPERATOR" and operator(unit, parent) in ("&", "++", "--"):
+        return "write" if op == "=" and (parent.kind.name != "CALL_EXPR" or _whole(parent.referenced)) else "update"
+    if stepped(unit, parent) is not None:
         raise Refusal("an element's address is taken or incremented")
+    if parent.kind.name == "MEMBER_REF_EXPR" and not (
+            parent.referenced is not None and parent.referenced.kind.name in ("CXX_METHOD", "CONVERSION_FUNCTION")
+            and parent.referenced.is_const_method()):
+        raise Refusal("an element's field or non-`const` method is used (it may be written)")
+    if parent.kind.name == "CALL_EXPR" and _by_reference(parent, node):
+        raise Refusal("an element is given by reference to a call that may write it")
     return "read"
+
+
+def _whole(function) -> bool:
+    """Whether a class's assignment operator writes every member: a defaulted (or implicit) copy or move."""
+    return function is not None and function.is_default_method() and (
+        function.is_copy_assignment_operator_method() or function.is_move_assignment_operator_method())
+
+
+def _by_reference(call, arg) -> bool:
+    """Whether a call may write its argument `arg`: a non-`const` reference parameter (or the object of a
+    non-`const` member operator). A call libclang cannot resolve is taken as reading."""
+    function = call.referenced
+    if function is None:
+        return False
+    args = list(call.get_arguments())
+    if arg not in args:
+        return False
+    at = args.index(arg)
+    member = function.kind.name == "CXX_METHOD"
+    if member and call.spelling.startswith("operator"):
+        if at == 0:
+            return not function.is_const_method()
+        at -= 1
+    params = [a.type for a in function.get_arguments()]
+    if at >= len(params):
+        return False
+    kind = params[at].get_canonical().kind.name
+    return kind in ("LVALUEREFERENCE", "RVALUEREFERENCE") and not params[at].get_pointee().is_const_qualified()
 
 
 _WORDS = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}
@@ -328,7 +398,7 @@ _WORDS = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "u
 
 def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: str, accesses: dict, aliases: dict,
           taken: set) -> tuple[int, int, str]:
-    first, off, place = origin
+    first, off, place, valued = origin
     start, end = unit.span(loop)
     ind = unit.indent(start)
     step = "  "
@@ -384,8 +454,11 @@ def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: s
         if a.read:
             lines.append(f"{ind}{step * 3}*reinterpret_cast<{word[t]}*>({names[t]}) = "
                          f"*reinterpret_cast<const {word[t]}*>({at(t, head)});")
+    value = ([f"{ind}{step * 4}const {index_type} {i} = {' + '.join(x for x in (off, head, lane) if x)};"]
+             if valued else [])  # the element's index, where the body uses it as a value
     lines += [f"{ind}{step * 3}#pragma unroll",
               f"{ind}{step * 3}for (int {lane} = 0; {lane} < {pack}; ++{lane}) {{",
+              *value,
               *inner_lines,
               f"{ind}{step * 3}}}"]
     for t, a in accesses.items():

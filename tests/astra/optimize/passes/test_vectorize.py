@@ -65,8 +65,11 @@ def test_refusals_say_which_precondition_failed():
                                 "  for (int i = threadIdx.x; i < n; i += blockDim.x) { if (x[i] > 0) y[i] = x[i]; }\n}\n",
                                 "under a condition"),
         "another use of i": ("__global__ void k(const float* x, float* y, int n) {\n"
-                             "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i] * i; }\n}\n",
+                             "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[2 * i]; }\n}\n",
                              "other than as a pointer's index"),
+        "i given to a call": ("__device__ float f(int);\n__global__ void k(const float* x, float* y, int n) {\n"
+                              "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i] * f(i); }\n}\n",
+                              "other than as a pointer's index"),
         "a start not at the thread's place": ("__global__ void k(const float* x, float* y, int n) {\n"
                                               "  for (int i = 2 * threadIdx.x; i < n; i += blockDim.x) y[i] = x[i];\n}\n",
                                               "thread's place in its stride"),
@@ -139,3 +142,68 @@ __global__ void widen(float* __restrict__ out, const __half* __restrict__ in, co
     assert "*reinterpret_cast<uint2*>(in_pack) = *reinterpret_cast<const uint2*>(&in[i_first]);" in out
     assert "*reinterpret_cast<uint4*>(&out[i_first]) = *reinterpret_cast<const uint4*>(out_pack);" in out
     assert compiles(tmp_path, out) == ""
+
+
+def test_class_elements_are_stored_through_their_assignment(tmp_path):
+    source = """
+#include <cstdint>
+#include <cuda_bf16.h>
+struct Pair {
+  unsigned short lo, hi;
+  __device__ Pair& operator=(float v) { lo = static_cast<unsigned short>(v); return *this; }  // keeps hi
+};
+__global__ void scale(__nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ in, float s, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    q[i] = __float2bfloat16_rn(static_cast<float>(in[i]) * s);
+  }
+}
+__global__ void low_halves(Pair* __restrict__ p, const float* __restrict__ v, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    p[i] = v[i];
+  }
+}
+"""
+    result = all_passes()["vectorize"].apply(source)
+    assert result.applies, result.reason
+    assert "scale line 9" in result.reason and "low_halves line 14" in result.reason
+    out = result.source
+    # bf16's defaulted assignment writes the whole element: its pack is stored, never loaded
+    assert "*reinterpret_cast<uint4*>(&q[i_first]) = *reinterpret_cast<const uint4*>(q_pack);" in out
+    assert "reinterpret_cast<const uint4*>(&q[i_first])" not in out
+    assert "q_pack[lane] = __float2bfloat16_rn(static_cast<float>(in_pack[lane]) * s);" in out
+    # Pair's own operator= keeps `hi`: the pack is loaded first, so the bytes it keeps are stored back as they were
+    assert "*reinterpret_cast<uint4*>(p_pack) = *reinterpret_cast<const uint4*>(&p[i_first]);" in out
+    assert "*reinterpret_cast<uint4*>(&p[i_first]) = *reinterpret_cast<const uint4*>(p_pack);" in out
+    assert compiles(tmp_path, out) == ""
+
+
+def test_the_loop_variable_as_a_stored_value(tmp_path):
+    source = """
+#include <cstdint>
+__global__ void first_indices(int32_t* __restrict__ out, int32_t length, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    out[i] = (i < length) ? i : -1;
+  }
+}
+"""
+    result = all_passes()["vectorize"].apply(source)
+    assert result.applies, result.reason
+    out = result.source
+    lane_loop = out[out.index("for (int lane = 0"):out.index("*reinterpret_cast<uint4*>(&out[i_first])")]
+    assert "const int i = i_first + lane;" in lane_loop  # the element's own index
+    assert "out_pack[lane] = (i < length) ? i : -1;" in lane_loop
+    assert compiles(tmp_path, out) == ""
+
+
+def test_uses_that_may_write_an_element_elsewhere_are_refused():
+    cases = {
+        "by reference": ("__device__ void bump(float& x);\n__global__ void k(const float* x, float* y, int n) {\n"
+                         "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; bump(y[i]); }\n}\n",
+                         "given by reference to a call that may write it"),
+        "a field": ("struct P { float a, b; };\n__global__ void k(const float* x, P* y, float* z, int n) {\n"
+                    "  for (int i = threadIdx.x; i < n; i += blockDim.x) { z[i] = x[i]; y[i].a = x[i]; }\n}\n",
+                    "field or non-`const` method"),
+    }
+    for name, (source, reason) in cases.items():
+        result = all_passes()["vectorize"].apply(source)
+        assert not result.applies and reason in result.reason, (name, result.reason)
