@@ -21,8 +21,10 @@ and the loop stores nothing, or only into local arrays (when the load goes throu
 only through parameters other than the load's, where each such parameter or the load's is
 `__restrict__` (restrict: memory written through one is reached through no other). A pointer to const, or an
 element type the loop stores nowhere, is not taken as proof: another pointer of any type may write the
-same memory. A load is `p[e]`, `*p`, `params.p[e]`, or a call named like one (`__ldg`, `__ldcs`,
-`load`, `load_as`, ...) whose arguments are loop-invariant.
+same memory. No load moves out of a loop that synchronises (`__syncthreads`, `__syncwarp`, a fence or
+an atomic: another thread's stores may land between iterations), nor through a `volatile` pointer. A
+load is `p[e]`, `*p`, `params.p[e]`, or a call named like one (`__ldg`, `__ldcs`, `load`, `load_as`,
+...; not `__ldcv`, which reads memory expected to change) whose arguments are loop-invariant.
 
 A third, under a spec whose tolerance admits approximate math (`fast_math.allows`, the one home of
 that rule: never for a bit-exact spec): a float division `a / d` or `a /= d` whose divisor is
@@ -44,6 +46,7 @@ import re
 from astra.optimize.passes.base import ParsedPass, Refusal
 from astra.optimize.passes.fast_math import allows
 from astra.optimize.passes.syntax import (
+    BARRIERS,
     LOOPS,
     Unit,
     assignment,
@@ -66,7 +69,7 @@ from astra.optimize.passes.syntax import (
     written,
 )
 
-_LOADS = ("__ldg", "__ldca", "__ldcg", "__ldcs", "__ldlu", "__ldcv", "load", "load_as", "ld_global", "ldg")
+_LOADS = ("__ldg", "__ldca", "__ldcg", "__ldcs", "__ldlu", "load", "load_as", "ld_global", "ldg")
 _PURE = ("static_cast", "cast", "expf", "__expf", "logf", "__logf", "sqrtf", "rsqrtf", "fabsf", "fminf", "fmaxf",
          "min", "max", "abs", "exp2f", "__fdividef", "__frcp_rn", "__float2half", "__half2float", "__float2bfloat16",
          "__bfloat162float", "rsqrt", "sqrt", "exp", "log")
@@ -146,6 +149,9 @@ class _Loop:
         self.writes = bool(bases)
         self.opaque = any(_passes_pointer(n) for n in walk(loop) if n.kind.name == "CALL_EXPR"
                           and callee(n) not in _LOADS and callee(n) not in _PURE)
+        # a barrier: other threads' stores (another branch's, in a warp-specialised kernel) land between iterations
+        self.synchronises = any(n.kind.name == "CALL_EXPR" and (callee(n) in BARRIERS or callee(n).startswith(
+            ("__sync", "__threadfence", "__barrier", "barrier"))) for n in walk(loop))
         self.outside: set = set()  # declarations moved out of the loop
 
     def invariant(self, expr) -> bool:
@@ -190,10 +196,12 @@ class _Loop:
         another pointer may write the same memory."""
         bases = [n for n in walk(load) if "*" in n.type.spelling and (
             (refers_to(n) is not None and refers_to(n).kind.name in _DECLS) or n.kind.name == "MEMBER_REF_EXPR")]
-        if not bases or self.opaque:
+        if not bases or self.opaque or self.synchronises:
             return False
         for base in bases:
             text = self.unit.code(base)
+            if "volatile" in base.type.spelling:
+                return False  # read again on every iteration by definition
             if text in self.stored or any(name in self.shared for name in re.findall(r"\w+", text)):
                 return False
             param = _parameter(base)

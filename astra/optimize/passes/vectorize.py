@@ -265,6 +265,8 @@ def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> tuple[dict
         base = bare(list(parent.get_children())[0])
         text = _base_text(unit, base, loop_body, var, aliases)
         element = pointee(base.type.spelling)
+        if "volatile" in base.type.spelling:
+            raise Refusal(f"{text} is volatile: each element is read or written on its own")
         if element is None:
             raise Refusal(f"{text} has no element type to pack ({base.type.spelling})")
         size = _element_size(base)

@@ -152,3 +152,25 @@ __global__ void k(__nv_bfloat16* __restrict__ out, int n) {
 """
     result = all_passes()["reuse"].apply(source)  # the loop stores through out (bf16's operator=): out[0] may change
     assert not result.applies and "loop-invariant" in result.reason
+
+
+def test_no_load_moves_out_of_a_synchronising_loop_or_through_volatile():
+    # thread 0 of another branch may store flags[0] between the barriers: each iteration reads it again
+    barrier = """
+__global__ void k(float* __restrict__ out, const int* __restrict__ flags, int n) {
+  for (int i = 0; i < n; ++i) {
+    __syncthreads();
+    out[i * blockDim.x + threadIdx.x] = flags[0];
+  }
+}
+"""
+    polled = """
+__global__ void k(const volatile int* flag, int* __restrict__ out) {
+  int seen = 0;
+  for (int tries = 0; tries < 100; ++tries) seen += flag[0];
+  out[threadIdx.x] = seen;
+}
+"""
+    for source in (barrier, polled):
+        result = all_passes()["reuse"].apply(source)
+        assert not result.applies and "loop-invariant" in result.reason, source
