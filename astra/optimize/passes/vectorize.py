@@ -375,11 +375,11 @@ def _whole(function) -> bool:
 
 def _by_reference(call, arg) -> bool:
     """Whether a call may write its argument `arg`: a non-`const` reference parameter (or the object of a
-    non-`const` member operator). A call libclang cannot resolve is taken as reading."""
+    non-`const` member operator), or a call libclang cannot resolve (in a template) that may take one."""
     function = call.referenced
-    if function is None:
-        return False
     args = list(call.get_arguments())
+    if function is None:
+        return True  # unresolved in a template: the callee may take a reference
     if arg not in args:
         return False
     at = args.index(arg)

@@ -200,6 +200,10 @@ def test_uses_that_may_write_an_element_elsewhere_are_refused():
         "by reference": ("__device__ void bump(float& x);\n__global__ void k(const float* x, float* y, int n) {\n"
                          "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; bump(y[i]); }\n}\n",
                          "given by reference to a call that may write it"),
+        "a call a template leaves open": ("template <typename T> __device__ void bump(T& x);\n"
+                                          "template <typename T> __global__ void k(const T* x, T* y, int n) {\n"
+                                          "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; bump(y[i]); }"
+                                          "\n}\n", "given by reference to a call that may write it"),
         "volatile": ("__global__ void k(const float* x, volatile float* y, int n) {\n"
                      "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n}\n",
                      "y is volatile"),
