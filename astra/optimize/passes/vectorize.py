@@ -13,7 +13,12 @@ Applies to a `for` loop in a `__global__` or `__device__` function when:
   (`threadIdx.x`, `threadIdx.x % W`, `blockIdx.x * blockDim.x + threadIdx.x`, or a local initialised
   with one), `off` anything else, D free of `i`; or `for (T i = S; i < N; ++i)` from any S (one thread
   walks the range). The packs cover [off, N) in the same layout: thread P takes packs P, P + D, ... as
-  it took elements, and `off < N` joins the run-time check;
+  it took elements, and `off < N` joins the run-time check. That covers the same elements only where
+  the places are every residue of D: so D is `blockDim.x` for `threadIdx.x` (or the compile-time number
+  every launch of the kernel in the file gives as its 1-D block), `blockDim.x * gridDim.x` for the
+  grid's index (a lane's place is refused), the loop is in a `__global__` kernel, and no
+  condition or earlier jump its CTA's threads (for the grid's index, its CTAs) may disagree on keeps a
+  thread from it;
 - `i` appears only as the index of accesses `b[i]`, `b[B + i]` or `b[i + B]`, or through a `const`
   local of the body that renames it (`const int idx = row_offset + i;`, used only as such an index,
   and left out of the packed body), with one offset B per base, B and N and D unchanged in the loop;
@@ -44,6 +49,11 @@ import re
 from typing import Iterator
 
 from astra.optimize.passes.base import ParsedPass, Refusal, Site
+from astra.optimize.passes.launch_bounds import _bound as launch_bound
+from astra.optimize.passes.launch_bounds import _extents as block_extents
+from astra.optimize.passes.launch_bounds import _value as block_value
+from astra.optimize.passes.launches import QUERIES, uses
+from astra.optimize.passes.parallelize import _Threads as Threads
 from astra.optimize.passes.syntax import (
     Unit,
     assignment,
@@ -85,7 +95,8 @@ def _loops(unit: Unit) -> Iterator[Site]:
         taken = {t.spelling for t in function.get_tokens() if t.kind.name == "IDENTIFIER"}
         for loop in [n for n in walk(body(function)) if n.kind.name == "FOR_STMT" and unit.in_main(n)]:
             yield (f"{function.spelling} line {unit.line_of(unit.span(loop)[0])}", loop,
-                   lambda loop=loop, up=up, taken=taken: (*_vectorize(unit, loop, up, taken), ""))
+                   lambda loop=loop, up=up, taken=taken, function=function: (
+                       *_vectorize(unit, function, loop, up, taken), ""))
 
 
 class _Access:
@@ -103,7 +114,7 @@ class _Access:
         return pointer_stem(words[-1]) if words else "p"
 
 
-def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
+def _vectorize(unit: Unit, function, loop, up: dict, taken: set) -> tuple[int, int, str]:
     if not own_statement(unit, loop, up):
         raise Refusal("the loop is not a statement of its own")
     children = list(loop.get_children())
@@ -114,6 +125,8 @@ def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
     bound = _bound(unit, cond, var)
     stride = _stride(unit, step, var)
     off, place = _split_start(unit, first, stride, up)
+    if place != "0":
+        _every_place(unit, function, loop, first, step, up)
     _check_body(unit, loop_body, loop)
     aliases = _aliases(unit, loop_body, var, up)
     accesses, valued = _accesses(unit, loop_body, var, aliases, up)
@@ -156,6 +169,79 @@ def _split_start(unit: Unit, first, stride: str, up: dict) -> tuple[str, str]:
             if _is_place(unit, place) and "threadIdx" not in unit.code(off):
                 return unit.code(off).strip(), unit.code(place).strip()
     raise Refusal(f"the loop does not start at the thread's place in its stride (starts at {unit.code(first)})")
+
+
+def _every_place(unit: Unit, function, loop, first, step, up: dict) -> None:
+    """Refuses a strided loop unless its threads' places are every residue of its stride: thread P then
+    takes packs P, P + D, ... and the packs cover the elements the threads covered. So the stride is the
+    number of places (`blockDim.x` for `threadIdx.x`, `blockDim.x * gridDim.x` for the grid's index), and
+    every thread of the CTA reaches the loop: a `__global__` kernel, no condition or earlier jump the
+    threads may disagree on around it (a loop under `if (threadIdx.x >= 64)` covers other elements per
+    pack than per element), and, for the grid's index, none its CTAs may disagree on."""
+    place = _plain(_origin(unit, _place_node(unit, first)))
+    stride = _plain(_origin(unit, list(bare(step).get_children())[1]))
+    wanted = {"threadIdx.x": ("blockDim.x",),
+              "blockIdx.x*blockDim.x+threadIdx.x": ("blockDim.x*gridDim.x", "gridDim.x*blockDim.x"),
+              "threadIdx.x+blockIdx.x*blockDim.x": ("blockDim.x*gridDim.x", "gridDim.x*blockDim.x")}
+    if place not in wanted:
+        raise Refusal(f"a lane's place (`{place}`): the block may hold fewer threads than the stride")
+    if stride not in wanted[place] and not (place == "threadIdx.x" and _launched_with(
+            unit, function, list(bare(step).get_children())[1])):
+        raise Refusal(f"the stride `{stride}` is not known to be the number of places (`{wanted[place][0]}`, or "
+                      "the one 1-D block size of every launch in the file)")
+    why = Threads(unit, function).converged(loop, warp=False)
+    if why:
+        raise Refusal(f"not every thread of the CTA reaches the loop: {why}")
+    if place != "threadIdx.x":
+        start = unit.span(loop)[0]
+        node = loop
+        while node in up:
+            node = up[node]
+            head = [c for c in node.get_children() if unit.span(c)[0] < start and c.kind.name != "COMPOUND_STMT"]
+            if node.kind.name != "COMPOUND_STMT" and any("blockIdx" in unit.code(c) for c in head):
+                raise Refusal("the loop is under a condition on blockIdx: not every CTA takes its packs")
+        if any(n.kind.name == "RETURN_STMT" and unit.span(n)[0] < start for n in walk(body(function))):
+            raise Refusal("a return before the loop: not every CTA may take its packs")
+
+
+def _launched_with(unit: Unit, kernel, stride) -> bool:
+    """Whether every launch of the kernel in this file (and every occupancy query on it, passes.launches)
+    gives the stride as its block, 1-D (or a `dim3` whose other extents are 1): the same compile-time
+    number, or the same expression in the kernel's template parameters (`kWarps * 32` launched as
+    `k<kWarps>` with `kWarps * 32` threads: passes.launch_bounds reads it)."""
+    found = uses(unit, kernel)
+    if isinstance(found, str) or not any(not use.query for use in found):
+        return False
+    want = block_value(unit, stride)
+    xs = []
+    for use in found:
+        at = QUERIES[use.query] if use.query else 1
+        if at is None:
+            continue  # an attribute query: no block
+        if len(use.args) <= at:
+            return False
+        extents = block_extents(use.args[at]) or [use.args[at]]
+        if not extents or any(block_value(unit, e) != 1 for e in extents[1:]):
+            return False
+        xs.append(extents[0])
+    if want is not None:
+        return all(block_value(unit, x) == want for x in xs)
+    bound = launch_bound(unit, kernel)
+    return not bound.startswith("!") and _plain(bound) == _plain(unit.code(stride))
+
+
+def _place_node(unit: Unit, first):
+    """The thread's place in the loop's start (`threadIdx.x` of `off + threadIdx.x`)."""
+    if _is_place(unit, first):
+        return first
+    lhs, rhs = list(bare(first).get_children())
+    return lhs if _is_place(unit, lhs) else rhs
+
+
+def _plain(text: str) -> str:
+    """An index expression's text without casts, parentheses or spaces."""
+    text = re.sub(r"static_cast<[^<>]*>|\(\s*(?:int|unsigned|uint32_t|int32_t|int64_t|size_t)\s*\)", "", text)
+    return re.sub(r"[()\s]", "", text)
 
 
 def _is_place(unit: Unit, node) -> bool:

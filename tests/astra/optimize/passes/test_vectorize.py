@@ -2,6 +2,7 @@
 
 from astra.optimize.passes import all_passes
 from tests.astra.optimize.passes.nvcc import compiles
+from tests.astra.optimize.passes.test_coarsen import LAUNCHER
 
 KERNEL = """
 #include <cstdint>
@@ -214,3 +215,64 @@ def test_uses_that_may_write_an_element_elsewhere_are_refused():
     for name, (source, reason) in cases.items():
         result = all_passes()["vectorize"].apply(source)
         assert not result.applies and reason in result.reason, (name, result.reason)
+
+
+def test_a_strided_loop_packs_only_where_its_places_cover_the_stride():
+    cases = {
+        "a guard on the thread": ("__global__ void k(const float* x, float* y, int n) {\n"
+                                  "  if (threadIdx.x >= 64) {\n"
+                                  "    for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n  }\n}\n",
+                                  "not every thread of the CTA reaches the loop"),
+        "a device function": ("__device__ void f(const float* x, float* y, int n) {\n"
+                              "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n}\n",
+                              "not every thread of the CTA reaches the loop"),
+        "a stride of unknown threads": ("__global__ void k(const float* x, float* y, int n, int s) {\n"
+                                        "  for (int i = threadIdx.x; i < n; i += s) { y[i] = x[i]; }\n}\n",
+                                        "is not known to be the number of places"),
+        "a lane's place": ("__global__ void k(const float* x, float* y, int n) {\n"
+                           "  for (int i = threadIdx.x % 32; i < n; i += 32) { y[i] = x[i]; }\n}\n",
+                           "a lane's place"),
+    }
+    for name, (source, reason) in cases.items():
+        result = all_passes()["vectorize"].apply(source)
+        assert not result.applies and reason in result.reason, (name, result.reason)
+
+
+LAUNCHED = LAUNCHER + """
+constexpr int kThreads = 128;
+__global__ void copy(const float* __restrict__ x, float* __restrict__ y, int n) {
+  for (int i = threadIdx.x; i < n; i += kThreads) { y[i] = x[i]; }
+}
+void run(const float* x, float* y, int n, cudaStream_t stream) {
+  LaunchKernel(1, BLOCK, stream)(copy, x, y, n);
+}
+"""
+
+
+def test_a_constant_stride_every_launch_gives_as_its_block(tmp_path):
+    result = all_passes()["vectorize"].apply(LAUNCHED.replace("BLOCK", "kThreads"))
+    assert result.applies, result.reason
+    assert "for (int i_pack = threadIdx.x; i_pack < (n) / kPack; i_pack += kThreads)" in result.source
+    assert compiles(tmp_path, result.source) == ""
+    other = all_passes()["vectorize"].apply(LAUNCHED.replace("BLOCK", "256"))
+    assert not other.applies and "is not known to be the number of places" in other.reason
+
+
+def test_a_stride_in_the_kernels_template_parameters_its_launches_bind(tmp_path):
+    source = LAUNCHER + """
+template <int kWarps>
+__global__ void zero(float* __restrict__ y, int n) {
+  for (int i = threadIdx.x; i < n; i += kWarps * 32) { y[i] = 0.f; }
+}
+template <int kWarps>
+void run(float* y, int n, cudaStream_t stream) {
+  LaunchKernel(1, kWarps * 32, stream)(zero<kWarps>, y, n);
+}
+template void run<4>(float*, int, cudaStream_t);
+"""
+    result = all_passes()["vectorize"].apply(source)
+    assert result.applies, result.reason
+    assert "i_pack += kWarps * 32" in result.source
+    assert compiles(tmp_path, result.source) == ""
+    other = all_passes()["vectorize"].apply(source.replace("LaunchKernel(1, kWarps * 32", "LaunchKernel(1, kWarps * 64"))
+    assert not other.applies and "is not known to be the number of places" in other.reason
