@@ -33,6 +33,9 @@ Applies to a `for` loop in a `__global__` or `__device__` function when:
   libclang knows (not a template's `T`): then a pack is `kPack = 16 / sizeof(widest)` elements and
   each base moves its own `kPack * sizeof` bytes (16, 8, 4 or 2) in one access, its alignment checked
   against that width; an element of 16 bytes or more (or one whose size does not divide 16) is left;
+- of a base written in the loop and any other base, one is a `__restrict__` parameter and the other is
+  made of other parameters (or their members) alone; else they may overlap, and the packs reorder
+  their accesses;
 - a base written in the loop is written by a statement of the loop's body itself (not under a
   condition: the whole pack is stored), with a built-in assignment or a class's (`q[i] = x` on
   `__nv_bfloat16`): a defaulted copy or move writes the whole element, a class's own `operator=` may keep
@@ -136,7 +139,67 @@ def _vectorize(unit: Unit, function, loop, up: dict, taken: set) -> tuple[int, i
     if len(sizes) > 1 and not all(sizes.values()):
         unknown = sorted(e for e, size in sizes.items() if not size)
         raise Refusal(f"pointers of different element types, {unknown[0]} of a size unknown before instantiation")
+    _apart(unit, loop_body, accesses)
     return _emit(unit, loop, loop_body, var, (first, off, place, valued), bound, stride, accesses, aliases, taken)
+
+
+def _apart(unit: Unit, loop_body, accesses: dict) -> None:
+    """Refuses a written base and other memory the body reaches that may overlap: a pack's loads run
+    before the stores of the elements before them, and its stores after the loads after them (`out = in
+    + 1` in a serial loop carries each element on; packed, it does not). Apart are a `__restrict__`
+    parameter and a base made of other parameters (or their members) alone (memory reached through a
+    restrict pointer is reached through nothing not derived from it), and a base of parameters and a
+    local array. The other memory: every other indexed base, every other element or `*p` read, and no
+    call given a pointer."""
+    packed = {n for a in accesses.values() for n in a.nodes}
+    others = [(a.text, a.base) for a in accesses.values()]
+    for node in walk(loop_body):
+        kind = node.kind.name
+        if kind == "CALL_EXPR" and any(_pointer_like(a, packed) for a in node.get_arguments()):
+            raise Refusal(f"the body gives {callee(node) or 'a call'} a pointer (it may reach the packed memory)")
+        if (kind == "ARRAY_SUBSCRIPT_EXPR" and node not in packed) or (
+                kind == "UNARY_OPERATOR" and operator(unit, node) == "*"):
+            base = bare(next(node.get_children()))
+            others.append((re.sub(r"\s+", " ", unit.code(base)).strip(), base))
+    for stored in [a for a in accesses.values() if a.write]:
+        for text, base in others:
+            if text == stored.text:
+                continue
+            local_array = "[" in base.type.spelling and refers_to(base) is not None and (
+                refers_to(base).kind.name == "VAR_DECL")
+            if not (_restricts(stored.base, base) or _restricts(base, stored.base) or (
+                    local_array and _parameters_only(stored.base, None))):
+                raise Refusal(f"{stored.text} and {text} may overlap (neither a `__restrict__` parameter "
+                              "apart from the other): packs reorder their accesses")
+
+
+def _pointer_like(arg, packed: set) -> bool:
+    """Whether a call's argument is a pointer or an array, or, where a template leaves its type open, names
+    a pointer (a packed element of such a type is no pointer)."""
+    spelled = arg.type.spelling
+    if "*" in spelled or "[" in spelled:
+        return True
+    if "dependent" not in spelled and spelled:
+        return False
+    if bare(arg) in packed:
+        return False
+    return any(refers_to(n) is not None and "*" in refers_to(n).type.spelling for n in walk(arg))
+
+
+def _restricts(base, other) -> bool:
+    """Whether `base` is a `__restrict__` parameter and `other` reads parameters (or their members) only,
+    not that one."""
+    target = refers_to(bare(base))
+    if target is None or target.kind.name != "PARM_DECL" or not target.type.is_restrict_qualified():
+        return False
+    return _parameters_only(other, target)
+
+
+def _parameters_only(expr, but) -> bool:
+    """Whether an expression names parameters (and their members) alone, `but` not among them."""
+    named = [refers_to(n) for n in walk(expr) if refers_to(n) is not None
+             and refers_to(n).kind.name not in ("FIELD_DECL", "CXX_METHOD")]
+    return bool(named) and all(r.kind.name == "PARM_DECL" and r != but for r in named)
 
 
 def _induction(unit: Unit, init):

@@ -104,11 +104,11 @@ struct Rows {
   const float* src;
   float* dst;
 };
-__global__ void copy_rows(Rows rows, int n) {
+__global__ void copy_rows(Rows rows, float* __restrict__ out, int n) {
   const int row_offset = blockIdx.x * n;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int idx = row_offset + i;
-    rows.dst[idx] = rows.src[idx] * 0.5f;
+    out[idx] = rows.src[idx] * 0.5f;
   }
 }
 """
@@ -118,7 +118,7 @@ __global__ void copy_rows(Rows rows, int n) {
     assert "reinterpret_cast<uintptr_t>(&rows.src[row_offset]) % 16 == 0" in out
     assert "*reinterpret_cast<uint4*>(src_pack) = *reinterpret_cast<const uint4*>(&rows.src[row_offset + i_first]);" \
         in out
-    assert "dst_pack[lane] = src_pack[lane] * 0.5f;" in out
+    assert "out_pack[lane] = src_pack[lane] * 0.5f;" in out
     packed = out[out.index("#pragma unroll"):out.index("} else {")]
     assert "const int idx" not in packed.split("for (int i =")[0]  # the alias is gone from the packed body
     assert out.count("const int idx = row_offset + i;") == 2  # kept in the tail and the fallback
@@ -208,6 +208,19 @@ def test_uses_that_may_write_an_element_elsewhere_are_refused():
         "volatile": ("__global__ void k(const float* x, volatile float* y, int n) {\n"
                      "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n}\n",
                      "y is volatile"),
+        "bases that may overlap": ("struct Rows { const float* src; float* dst; };\n"
+                                   "__global__ void k(Rows rows, int n) {\n"
+                                   "  for (int i = 0; i < n; ++i) { rows.dst[i] = rows.src[i]; }\n}\n",
+                                   "rows.dst and rows.src may overlap"),
+        "a local pointer": ("__global__ void k(float* __restrict__ x, int n) {\n  const float* in = x + 1;\n"
+                            "  for (int i = 0; i < n; ++i) { x[i] = in[i]; }\n}\n", "x and in may overlap"),
+        "a scalar read that may overlap": ("__global__ void k(float* y, const float* x, const float* s, int n) {\n"
+                                           "  for (int i = 0; i < n; ++i) { y[i] = x[i] * s[0]; }\n}\n",
+                                           "y and x may overlap"),
+        "a pointer given to a call": ("__device__ float at(const float* p);\n"
+                                      "__global__ void k(float* __restrict__ y, const float* x, int n) {\n"
+                                      "  for (int i = 0; i < n; ++i) { y[i] = at(x); }\n}\n",
+                                      "gives at a pointer"),
         "a field": ("struct P { float a, b; };\n__global__ void k(const float* x, P* y, float* z, int n) {\n"
                     "  for (int i = threadIdx.x; i < n; i += blockDim.x) { z[i] = x[i]; y[i].a = x[i]; }\n}\n",
                     "field or non-`const` method"),
