@@ -4,9 +4,13 @@ of this package share (parse, rewrite or refuse with a one-line reason)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Iterable, Protocol
 
-from astra.optimize.passes.syntax import Headers, Unit, headers_for_spec, try_parse
+from astra.optimize.passes.syntax import Headers, Unit, headers_for_spec, splice, try_parse
+
+# one place a pass may rewrite: where it is (for messages), its node, and the rewrite, called only when no
+# earlier rewrite covers the node: (start, end, new text, a note for the message or "") or a Refusal
+Site = tuple[str, object, Callable[[], tuple[int, int, str, str]]]
 
 
 @dataclass(frozen=True)
@@ -53,3 +57,26 @@ class ParsedPass:
 
     def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
         raise NotImplementedError
+
+    def rewrite_each(self, unit: Unit, sites: Iterable[Site], what: str, nothing: str,
+                     every_reason: bool = False) -> tuple[str, str]:
+        """The frame of a pass that rewrites place by place: each site's rewrite collected (a site inside one
+        already rewritten is skipped: an outer loop took it), each refusal kept as `where: why`; all spliced
+        and described as `what: where (note), ...`. With no rewrite it refuses with the first site's reason
+        (every site's, `; `-joined, with `every_reason`), or `nothing` where there was no site."""
+        edits: list[tuple[int, int, str]] = []
+        done: list[str] = []
+        reasons: list[str] = []
+        for where, node, edit in sites:
+            if any(a <= unit.span(node)[0] < b for a, b, _ in edits):
+                continue
+            try:
+                start, end, text, note = edit()
+            except Refusal as refusal:
+                reasons.append(f"{where}: {refusal}")
+                continue
+            edits.append((start, end, text))
+            done.append(f"{where} ({note})" if note else where)
+        if not edits:
+            raise Refusal(("; ".join(reasons) if every_reason else reasons[0]) if reasons else nothing)
+        return splice(unit, edits), f"{what}: {', '.join(done)}"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from astra.optimize.passes.base import ParsedPass, Refusal
 from astra.optimize.passes.launches import QUERIES, Use, uses
-from astra.optimize.passes.syntax import Unit, splice, walk
+from astra.optimize.passes.syntax import Unit, walk
 
 _CASTS = ("UNEXPOSED_EXPR", "PAREN_EXPR", "CSTYLE_CAST_EXPR", "CXX_STATIC_CAST_EXPR", "CXX_FUNCTIONAL_CAST_EXPR")
 _ARITHMETIC = ("+", "-", "*", "/", "%", "<<", ">>")
@@ -42,20 +42,17 @@ class LaunchBounds(ParsedPass):
     family = "launch"
 
     def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
-        edits: list[tuple[int, int, str]] = []
-        done: list[str] = []
-        reasons: list[str] = []
-        for kernel in unit.kernels():
-            bound = _bound(unit, kernel)
-            if bound.startswith("!"):
-                reasons.append(f"{kernel.spelling}: {bound[1:]}")
-                continue
-            at = kernel.location.offset
-            edits.append((at, at, f"__launch_bounds__({bound}) "))
-            done.append(f"{kernel.spelling} ({bound})")
-        if not done:
-            raise Refusal("; ".join(reasons) if reasons else "no __global__ kernel in the file")
-        return splice(unit, edits), f"__launch_bounds__ of the one block size every launch uses: {', '.join(done)}"
+        sites = [(kernel.spelling, kernel, lambda kernel=kernel: _edit(unit, kernel)) for kernel in unit.kernels()]
+        return self.rewrite_each(unit, sites, "__launch_bounds__ of the one block size every launch uses",
+                                 "no __global__ kernel in the file", every_reason=True)
+
+
+def _edit(unit: Unit, kernel) -> tuple[int, int, str, str]:
+    bound = _bound(unit, kernel)
+    if bound.startswith("!"):
+        raise Refusal(bound[1:])
+    at = kernel.location.offset
+    return at, at, f"__launch_bounds__({bound}) ", bound
 
 
 def _bound(unit: Unit, kernel) -> str:

@@ -49,9 +49,11 @@ Floating-point results do not change: each element is computed as before, by ano
 from __future__ import annotations
 
 import re
+from typing import Iterator
 
-from astra.optimize.passes.base import ParsedPass, Refusal
+from astra.optimize.passes.base import ParsedPass, Refusal, Site
 from astra.optimize.passes.syntax import (
+    LOOPS,
     Unit,
     attrs,
     bare,
@@ -63,13 +65,11 @@ from astra.optimize.passes.syntax import (
     parents,
     pragmas_above,
     refers_to,
-    splice,
     statement_parent,
     walk,
     written,
 )
 
-_LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT", "CXX_FOR_RANGE_STMT")
 _JUMPS = ("RETURN_STMT", "BREAK_STMT", "CONTINUE_STMT", "GOTO_STMT")
 _GRID = ("blockIdx", "blockDim", "gridDim")
 # calls a spread loop may make: conversions and math, nothing that writes memory or talks to other threads
@@ -88,33 +88,29 @@ class Parallelize(ParsedPass):
     family = "parallelize"
 
     def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
-        edits: list[tuple[int, int, str]] = []
-        done: list[str] = []
-        reasons: list[str] = []
-        for function in unit.device_functions():
-            if body(function) is None:
+        return self.rewrite_each(unit, _guards(unit), "a single thread's loop spread over its group",
+                                 "no loop run by one thread of a CTA or warp "
+                                 "(`if (threadIdx.x == 0) { for (...) ... }`, `if (lane == 0) { ... }`)")
+
+
+def _guards(unit: Unit) -> Iterator[Site]:
+    """Every `if` of the file's device code that picks one thread of its CTA or warp and holds a loop."""
+    for function in unit.device_functions():
+        if body(function) is None:
+            continue
+        threads = _Threads(unit, function)
+        for guard in [n for n in walk(body(function)) if n.kind.name == "IF_STMT" and unit.in_main(n)]:
+            group = threads.single_thread(guard)
+            if group is None or not _has_loop(guard):
                 continue
-            threads = _Threads(unit, function)
-            for guard in [n for n in walk(body(function)) if n.kind.name == "IF_STMT" and unit.in_main(n)]:
-                group = threads.single_thread(guard)
-                if group is None or not _has_loop(guard):
-                    continue
-                where = f"{function.spelling} line {unit.line_of(unit.span(guard)[0])}"
-                try:
-                    edits.append(_Spread(unit, function, threads, guard, group).rewrite())
-                except Refusal as refusal:
-                    reasons.append(f"{where}: {refusal}")
-                else:
-                    done.append(f"{where} ({group.name})")
-        if not edits:
-            raise Refusal(reasons[0] if reasons else "no loop run by one thread of a CTA or warp "
-                          "(`if (threadIdx.x == 0) { for (...) ... }`, `if (lane == 0) { ... }`)")
-        return splice(unit, edits), f"a single thread's loop spread over its group: {', '.join(done)}"
+            yield (f"{function.spelling} line {unit.line_of(unit.span(guard)[0])}", guard,
+                   lambda function=function, guard=guard, group=group, threads=threads: (
+                       *_Spread(unit, function, threads, guard, group).rewrite(), group.name))
 
 
 def _has_loop(guard) -> bool:
     then = list(guard.get_children())[1]
-    return any(n.kind.name in _LOOPS for n in walk(then))
+    return any(n.kind.name in LOOPS for n in walk(then))
 
 
 class _Group:
@@ -283,7 +279,7 @@ class _Threads:
             why = self._diverges(parent, node, warp)
             if why:
                 return f"the guard is under {why} its {group}'s threads may disagree on"
-            if parent.kind.name in _LOOPS:
+            if parent.kind.name in LOOPS:
                 enclosing.append(parent)
             node = parent
         start = self.unit.span(guard)[0]
@@ -310,7 +306,7 @@ class _Threads:
         if jump.kind.name in ("RETURN_STMT", "GOTO_STMT"):
             return True
         node = jump
-        targets = _LOOPS + (("SWITCH_STMT",) if jump.kind.name == "BREAK_STMT" else ())
+        targets = LOOPS + (("SWITCH_STMT",) if jump.kind.name == "BREAK_STMT" else ())
         while node in self.up:
             node = self.up[node]
             if node.kind.name in targets:
@@ -391,7 +387,7 @@ class _Spread:
             raise Refusal(why)
         then = list(self.guard.get_children())[1]
         statements = list(then.get_children()) if then.kind.name == "COMPOUND_STMT" else [then]
-        at = next((k for k, s in enumerate(statements) if any(n.kind.name in _LOOPS for n in walk(s))), None)
+        at = next((k for k, s in enumerate(statements) if any(n.kind.name in LOOPS for n in walk(s))), None)
         if at is None:
             raise Refusal("the guarded loop is not a statement of the guarded block")
         loop = statements[at]

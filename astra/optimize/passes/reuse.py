@@ -15,13 +15,16 @@ what an outer loop moved out, an inner one does not see again):
   local above the loop, named after its pointer, and the loop reads the local.
 Loop-invariant means: every name it reads is declared outside the loop (or by a declaration already
 moved out) and is neither assigned, incremented nor taken the address of in it; it calls nothing but
-loads, casts and math functions; and every load reads memory the loop cannot change: not stored
-through in the loop, no shared memory (no `__shared__` name, nor a name initialised from one), and
-either a pointer to const or one whose element type the loop stores nowhere (directly, or through a
-call given a pointer). A load is `p[e]`, `*p`, `params.p[e]`, or a call named like one (`__ldg`,
-`__ldcs`, `load`, `load_as`, ...) whose arguments are loop-invariant. The compiler cannot do this itself
-when the loop also stores through a pointer that might alias the one read, or calls a function it
-cannot see through.
+loads, casts and math functions; and every load reads memory the loop cannot change: no shared memory
+(no `__shared__` name, nor a name initialised from one), nothing the loop calls is given a pointer,
+and the loop stores nothing, or only into local arrays (when the load goes through a parameter), or
+only through parameters other than the load's, where each such parameter or the load's is
+`__restrict__` (restrict: memory written through one is reached through no other). A pointer to const, or an
+element type the loop stores nowhere, is not taken as proof: another pointer of any type may write the
+same memory. No load moves out of a loop that synchronises (`__syncthreads`, `__syncwarp`, a fence or
+an atomic: another thread's stores may land between iterations), nor through a `volatile` pointer. A
+load is `p[e]`, `*p`, `params.p[e]`, or a call named like one (`__ldg`, `__ldcs`, `load`, `load_as`,
+...; not `__ldcv`, which reads memory expected to change) whose arguments are loop-invariant.
 
 A third, under a spec whose tolerance admits approximate math (`fast_math.allows`, the one home of
 that rule: never for a bit-exact spec): a float division `a / d` or `a /= d` whose divisor is
@@ -43,29 +46,30 @@ import re
 from astra.optimize.passes.base import ParsedPass, Refusal
 from astra.optimize.passes.fast_math import allows
 from astra.optimize.passes.syntax import (
+    BARRIERS,
+    LOOPS,
     Unit,
+    assignment,
     bare,
     body,
     callee,
-    const_pointee,
     every_iteration,
     fresh_name,
     has_asm,
     operator,
     own_statement,
     parents,
-    pointee,
     pointer_stem,
     pragmas_above,
     refers_to,
     splice,
+    stepped,
     stores,
     walk,
     written,
 )
 
-_LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT", "CXX_FOR_RANGE_STMT")
-_LOADS = ("__ldg", "__ldca", "__ldcg", "__ldcs", "__ldlu", "__ldcv", "load", "load_as", "ld_global", "ldg")
+_LOADS = ("__ldg", "__ldca", "__ldcg", "__ldcs", "__ldlu", "load", "load_as", "ld_global", "ldg")
 _PURE = ("static_cast", "cast", "expf", "__expf", "logf", "__logf", "sqrtf", "rsqrtf", "fabsf", "fminf", "fmaxf",
          "min", "max", "abs", "exp2f", "__fdividef", "__frcp_rn", "__float2half", "__half2float", "__float2bfloat16",
          "__bfloat162float", "rsqrt", "sqrt", "exp", "log")
@@ -97,7 +101,7 @@ class Reuse(ParsedPass):
             for node in walk(kernel):
                 if node.kind.name == "VAR_DECL":
                     counts[node.spelling] = counts.get(node.spelling, 0) + 1
-            for loop in [n for n in walk(body(kernel)) if n.kind.name in _LOOPS and unit.in_main(n)]:
+            for loop in [n for n in walk(body(kernel)) if n.kind.name in LOOPS and unit.in_main(n)]:
                 if _hazard(unit, loop) or not own_statement(unit, loop, up):
                     continue
                 done += _hoist_loop(unit, loop, up, shared, taken, counts, edits, covered, reciprocals)
@@ -139,10 +143,15 @@ class _Loop:
         self.assigned, self.made = written(unit, loop)
         bases = [bare(next(bare(next(s.get_children())).get_children())) for s in stores(unit, loop)]
         self.stored = {unit.code(b) for b in bases}  # what the loop stores through, as written
-        # the element types stored through pointers (a local or shared array is no global memory's alias)
-        self.stored_elements = {pointee(b.type.spelling) or "?" for b in bases if "[" not in b.type.spelling}
+        # the parameter each pointer store goes through, None for any other pointer; a local array is left
+        # out (no parameter points into a thread's own array)
+        self.store_roots = [_parameter(b) for b in bases if "[" not in b.type.spelling]
+        self.writes = bool(bases)
         self.opaque = any(_passes_pointer(n) for n in walk(loop) if n.kind.name == "CALL_EXPR"
                           and callee(n) not in _LOADS and callee(n) not in _PURE)
+        # a barrier: other threads' stores (another branch's, in a warp-specialised kernel) land between iterations
+        self.synchronises = any(n.kind.name == "CALL_EXPR" and (callee(n) in BARRIERS or callee(n).startswith(
+            ("__sync", "__threadfence", "__barrier", "barrier"))) for n in walk(loop))
         self.outside: set = set()  # declarations moved out of the loop
 
     def invariant(self, expr) -> bool:
@@ -179,23 +188,36 @@ class _Loop:
         return True
 
     def _readonly(self, load) -> bool:
-        """Whether the memory the load reads cannot change in the loop: it is not stored through there,
-        not shared memory, and either points to const or nothing in the loop stores an element of its
-        type (directly, or through a call that is given a pointer)."""
+        """Whether the memory the load reads cannot change in the loop: it is not shared memory, nothing
+        the loop calls is given a pointer, and the loop stores nothing, or only into local arrays, or
+        through other parameters than the load's, each pair with a `__restrict__` side (memory written
+        through a restrict pointer is reached through no other, and memory read through one is written
+        through no other). A pointer to const or an element type the loop stores nowhere proves nothing:
+        another pointer may write the same memory."""
         bases = [n for n in walk(load) if "*" in n.type.spelling and (
             (refers_to(n) is not None and refers_to(n).kind.name in _DECLS) or n.kind.name == "MEMBER_REF_EXPR")]
-        if not bases:
+        if not bases or self.opaque or self.synchronises:
             return False
         for base in bases:
-            text, spelled = self.unit.code(base), base.type.spelling
+            text = self.unit.code(base)
+            if "volatile" in base.type.spelling:
+                return False  # read again on every iteration by definition
             if text in self.stored or any(name in self.shared for name in re.findall(r"\w+", text)):
                 return False
-            if const_pointee(spelled):
-                continue
-            element = pointee(spelled)
-            if element is None or element in self.stored_elements or "?" in self.stored_elements or self.opaque:
+            param = _parameter(base)
+            if not self.writes or (param is not None and not self.store_roots):
+                continue  # no store, or stores into local arrays only, which no parameter points into
+            if param is None or any(root is None or root == param or not (
+                    param.type.is_restrict_qualified() or root.type.is_restrict_qualified())
+                                    for root in self.store_roots):
                 return False
         return True
+
+
+def _parameter(base):
+    """The function parameter a pointer expression is (`p`), or None for anything else."""
+    target = refers_to(bare(base))
+    return target if target is not None and target.kind.name == "PARM_DECL" else None
 
 
 def _passes_pointer(call) -> bool:
@@ -340,10 +362,8 @@ def _read_as_value(unit: Unit, node, up: dict) -> bool:
     if parent is None:
         return False
     kind = parent.kind.name
-    if kind == "UNARY_OPERATOR" and operator(unit, parent) in ("&", "++", "--"):
+    if stepped(unit, parent) is not None or (assignment(unit, parent) and next(parent.get_children()) == node):
         return False
-    if kind in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR") and next(parent.get_children()) == node:
-        return operator(unit, parent) not in ("=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=")
     if kind == "CALL_EXPR" and callee(parent) in _LOADS:
         return False
     return True

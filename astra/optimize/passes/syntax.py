@@ -25,6 +25,7 @@ from astra.errors import AstraError, ToolMissing
 
 # Kinds of cursors, as libclang names them.
 FUNCTIONS = ("FUNCTION_DECL", "FUNCTION_TEMPLATE", "CXX_METHOD")
+LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT", "CXX_FOR_RANGE_STMT")
 _SCOPES = ("NAMESPACE", "LINKAGE_SPEC", "UNEXPOSED_DECL", "STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE",
            "CLASS_TEMPLATE_PARTIAL_SPECIALIZATION")
 
@@ -262,30 +263,50 @@ def bare(node):
 _WRITES = ("=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=")
 
 
+def assignment(unit: Unit, node) -> str:
+    """The assignment operator `node` applies (`=`, `+=`, ...), also where it is a class's operator call
+    (`q[i] = x` on a `__nv_bfloat16` element is `operator=`: its first child is the target, as for a
+    built-in assignment); "" when `node` assigns nothing."""
+    kind = node.kind.name
+    if kind in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR"):
+        op = operator(unit, node)
+        return op if op in _WRITES else ""
+    if kind == "CALL_EXPR" and node.spelling.startswith("operator") and len(list(node.get_children())) == 3:
+        op = node.spelling[len("operator"):].strip()
+        return op if op in _WRITES else ""
+    return ""
+
+
+def stepped(unit: Unit, node):
+    """The operand `node` increments, decrements or takes the address of (built-in or a class's operator)."""
+    kind = node.kind.name
+    if kind == "UNARY_OPERATOR" and operator(unit, node) in ("++", "--", "&"):
+        children = list(node.get_children())
+        return bare(children[0]) if children else None
+    if kind == "CALL_EXPR" and node.spelling in ("operator++", "operator--"):
+        return bare(next(node.get_children()))
+    return None
+
+
 def written(unit: Unit, root) -> tuple[set, set]:
     """(declarations `root` assigns, increments or takes the address of; declarations made in `root`)."""
     out, made = set(), set()
     for node in walk(root):
-        kind = node.kind.name
-        if kind == "VAR_DECL":
+        if node.kind.name == "VAR_DECL":
             made.add(node)
-        elif kind in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR") and operator(unit, node) in _WRITES:
-            target = bare(next(node.get_children()))
-            if refers_to(target) is not None:
-                out.add(refers_to(target))
-        elif kind == "UNARY_OPERATOR" and operator(unit, node) in ("++", "--", "&"):
-            children = list(node.get_children())
-            target = bare(children[0]) if children else None
-            if target is not None and refers_to(target) is not None:
-                out.add(refers_to(target))
+            continue
+        target = bare(next(node.get_children())) if assignment(unit, node) else stepped(unit, node)
+        if target is not None and refers_to(target) is not None:
+            out.add(refers_to(target))
     return out, made
 
 
 def stores(unit: Unit, root) -> list:
-    """The assignments under `root` whose target is an element of memory (`p[i] = ...`, `*p += ...`)."""
+    """The assignments under `root` whose target is an element of memory (`p[i] = ...`, `*p += ...`), a
+    class's assignment operator included."""
     out = []
     for node in walk(root):
-        if node.kind.name in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR") and operator(unit, node) in _WRITES:
+        if assignment(unit, node):
             target = bare(next(node.get_children()))
             if target.kind.name == "ARRAY_SUBSCRIPT_EXPR" or (
                     target.kind.name == "UNARY_OPERATOR" and operator(unit, target) == "*"):

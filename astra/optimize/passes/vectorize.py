@@ -13,10 +13,18 @@ Applies to a `for` loop in a `__global__` or `__device__` function when:
   (`threadIdx.x`, `threadIdx.x % W`, `blockIdx.x * blockDim.x + threadIdx.x`, or a local initialised
   with one), `off` anything else, D free of `i`; or `for (T i = S; i < N; ++i)` from any S (one thread
   walks the range). The packs cover [off, N) in the same layout: thread P takes packs P, P + D, ... as
-  it took elements, and `off < N` joins the run-time check;
+  it took elements, and `off < N` joins the run-time check. That covers the same elements only where
+  the places are every residue of D: so D is `blockDim.x` for `threadIdx.x` (or the compile-time number
+  every launch of the kernel in the file gives as its 1-D block), `blockDim.x * gridDim.x` for the
+  grid's index (a lane's place is refused), the loop is in a `__global__` kernel, and no
+  condition or earlier jump its CTA's threads (for the grid's index, its CTAs) may disagree on keeps a
+  thread from it;
 - `i` appears only as the index of accesses `b[i]`, `b[B + i]` or `b[i + B]`, or through a `const`
   local of the body that renames it (`const int idx = row_offset + i;`, used only as such an index,
   and left out of the packed body), with one offset B per base, B and N and D unchanged in the loop;
+  or as a value in arithmetic that a statement of the body stores through such an access
+  (`out[i] = (i < n) ? i : -1;`: no call, load, local or pointer takes it), where the variable's type is
+  spelled out: the packed body declares `i` as each element's own index;
 - each indexed base `b` is a pointer that stays the same through the loop: a pointer variable, a
   pointer member of a struct (`params.x`, `p->x`) or an offset from one (`(p + k)`), none of its
   names declared or assigned in the loop and no struct member assigned there; a base that loads or
@@ -25,8 +33,14 @@ Applies to a `for` loop in a `__global__` or `__device__` function when:
   libclang knows (not a template's `T`): then a pack is `kPack = 16 / sizeof(widest)` elements and
   each base moves its own `kPack * sizeof` bytes (16, 8, 4 or 2) in one access, its alignment checked
   against that width; an element of 16 bytes or more (or one whose size does not divide 16) is left;
+- of a base written in the loop and any other base, one is a `__restrict__` parameter and the other is
+  made of other parameters (or their members) alone; else they may overlap, and the packs reorder
+  their accesses;
 - a base written in the loop is written by a statement of the loop's body itself (not under a
-  condition: the whole pack is stored);
+  condition: the whole pack is stored), with a built-in assignment or a class's (`q[i] = x` on
+  `__nv_bfloat16`): a defaulted copy or move writes the whole element, a class's own `operator=` may keep
+  some of its bytes, so that base's pack is loaded before the body runs; no element is given to a call
+  by non-`const` reference, has its address taken, or has a field or non-`const` method used;
 - the body writes no variable declared outside the loop (no reduction) and has no `break`,
   `continue`, `return`, barrier, atomic, inline assembly or lambda.
 The element order each thread visits changes (pack by pack), which an element-wise body cannot see.
@@ -35,10 +49,17 @@ The element order each thread visits changes (pack by pack), which an element-wi
 from __future__ import annotations
 
 import re
+from typing import Iterator
 
-from astra.optimize.passes.base import ParsedPass, Refusal
+from astra.optimize.passes.base import ParsedPass, Refusal, Site
+from astra.optimize.passes.launch_bounds import _bound as launch_bound
+from astra.optimize.passes.launch_bounds import _extents as block_extents
+from astra.optimize.passes.launch_bounds import _value as block_value
+from astra.optimize.passes.launches import QUERIES, uses
+from astra.optimize.passes.parallelize import _Threads as Threads
 from astra.optimize.passes.syntax import (
     Unit,
+    assignment,
     bare,
     body,
     callee,
@@ -51,7 +72,7 @@ from astra.optimize.passes.syntax import (
     pointer_stem,
     pragmas_above,
     refers_to,
-    splice,
+    stepped,
     walk,
     written,
 )
@@ -64,25 +85,21 @@ class Vectorize(ParsedPass):
     family = "vectorize"
 
     def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
-        edits: list[tuple[int, int, str]] = []
-        done: list[str] = []
-        first_reason = ""
-        for function in unit.device_functions():
-            if body(function) is None:
-                continue
-            up = parents(function)
-            taken = {t.spelling for t in function.get_tokens() if t.kind.name == "IDENTIFIER"}
-            for loop in [n for n in walk(body(function)) if n.kind.name == "FOR_STMT" and unit.in_main(n)]:
-                if any(a <= unit.span(loop)[0] < b for a, b, _ in edits):
-                    continue
-                try:
-                    edits.append(_vectorize(unit, loop, up, taken))
-                    done.append(f"{function.spelling} line {unit.line_of(unit.span(loop)[0])}")
-                except Refusal as refusal:
-                    first_reason = first_reason or f"line {unit.line_of(unit.span(loop)[0])}: {refusal}"
-        if not edits:
-            raise Refusal(first_reason or "no for loop in device code")
-        return splice(unit, edits), f"16-byte packed loads/stores with a scalar fallback: {', '.join(done)}"
+        return self.rewrite_each(unit, _loops(unit), "16-byte packed loads/stores with a scalar fallback",
+                                 "no for loop in device code")
+
+
+def _loops(unit: Unit) -> Iterator[Site]:
+    """Every `for` loop of the file's device code, outermost first."""
+    for function in unit.device_functions():
+        if body(function) is None:
+            continue
+        up = parents(function)
+        taken = {t.spelling for t in function.get_tokens() if t.kind.name == "IDENTIFIER"}
+        for loop in [n for n in walk(body(function)) if n.kind.name == "FOR_STMT" and unit.in_main(n)]:
+            yield (f"{function.spelling} line {unit.line_of(unit.span(loop)[0])}", loop,
+                   lambda loop=loop, up=up, taken=taken, function=function: (
+                       *_vectorize(unit, function, loop, up, taken), ""))
 
 
 class _Access:
@@ -100,7 +117,7 @@ class _Access:
         return pointer_stem(words[-1]) if words else "p"
 
 
-def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
+def _vectorize(unit: Unit, function, loop, up: dict, taken: set) -> tuple[int, int, str]:
     if not own_statement(unit, loop, up):
         raise Refusal("the loop is not a statement of its own")
     children = list(loop.get_children())
@@ -111,14 +128,78 @@ def _vectorize(unit: Unit, loop, up: dict, taken: set) -> tuple[int, int, str]:
     bound = _bound(unit, cond, var)
     stride = _stride(unit, step, var)
     off, place = _split_start(unit, first, stride, up)
+    if place != "0":
+        _every_place(unit, function, loop, first, step, up)
     _check_body(unit, loop_body, loop)
     aliases = _aliases(unit, loop_body, var, up)
-    accesses = _accesses(unit, loop_body, var, aliases, up)
+    accesses, valued = _accesses(unit, loop_body, var, aliases, up)
+    if valued and ("auto" in var.type.spelling or "dependent" in var.type.spelling):
+        raise Refusal(f"{var.spelling} is used as a value and its type is deduced")
     sizes = {a.element: a.size for a in accesses.values()}
     if len(sizes) > 1 and not all(sizes.values()):
         unknown = sorted(e for e, size in sizes.items() if not size)
         raise Refusal(f"pointers of different element types, {unknown[0]} of a size unknown before instantiation")
-    return _emit(unit, loop, loop_body, var, (first, off, place), bound, stride, accesses, aliases, taken)
+    _apart(unit, loop_body, accesses)
+    return _emit(unit, loop, loop_body, var, (first, off, place, valued), bound, stride, accesses, aliases, taken)
+
+
+def _apart(unit: Unit, loop_body, accesses: dict) -> None:
+    """Refuses a written base and other memory the body reaches that may overlap: a pack's loads run
+    before the stores of the elements before them, and its stores after the loads after them (`out = in
+    + 1` in a serial loop carries each element on; packed, it does not). Apart are a `__restrict__`
+    parameter and a base made of other parameters (or their members) alone (memory reached through a
+    restrict pointer is reached through nothing not derived from it), and a base of parameters and a
+    local array. The other memory: every other indexed base, every other element or `*p` read, and no
+    call given a pointer."""
+    packed = {n for a in accesses.values() for n in a.nodes}
+    others = [(a.text, a.base) for a in accesses.values()]
+    for node in walk(loop_body):
+        kind = node.kind.name
+        if kind == "CALL_EXPR" and any(_pointer_like(a, packed) for a in node.get_arguments()):
+            raise Refusal(f"the body gives {callee(node) or 'a call'} a pointer (it may reach the packed memory)")
+        if (kind == "ARRAY_SUBSCRIPT_EXPR" and node not in packed) or (
+                kind == "UNARY_OPERATOR" and operator(unit, node) == "*"):
+            base = bare(next(node.get_children()))
+            others.append((re.sub(r"\s+", " ", unit.code(base)).strip(), base))
+    for stored in [a for a in accesses.values() if a.write]:
+        for text, base in others:
+            if text == stored.text:
+                continue
+            local_array = "[" in base.type.spelling and refers_to(base) is not None and (
+                refers_to(base).kind.name == "VAR_DECL")
+            if not (_restricts(stored.base, base) or _restricts(base, stored.base) or (
+                    local_array and _parameters_only(stored.base, None))):
+                raise Refusal(f"{stored.text} and {text} may overlap (neither a `__restrict__` parameter "
+                              "apart from the other): packs reorder their accesses")
+
+
+def _pointer_like(arg, packed: set) -> bool:
+    """Whether a call's argument is a pointer or an array, or, where a template leaves its type open, names
+    a pointer (a packed element of such a type is no pointer)."""
+    spelled = arg.type.spelling
+    if "*" in spelled or "[" in spelled:
+        return True
+    if "dependent" not in spelled and spelled:
+        return False
+    if bare(arg) in packed:
+        return False
+    return any(refers_to(n) is not None and "*" in refers_to(n).type.spelling for n in walk(arg))
+
+
+def _restricts(base, other) -> bool:
+    """Whether `base` is a `__restrict__` parameter and `other` reads parameters (or their members) only,
+    not that one."""
+    target = refers_to(bare(base))
+    if target is None or target.kind.name != "PARM_DECL" or not target.type.is_restrict_qualified():
+        return False
+    return _parameters_only(other, target)
+
+
+def _parameters_only(expr, but) -> bool:
+    """Whether an expression names parameters (and their members) alone, `but` not among them."""
+    named = [refers_to(n) for n in walk(expr) if refers_to(n) is not None
+             and refers_to(n).kind.name not in ("FIELD_DECL", "CXX_METHOD")]
+    return bool(named) and all(r.kind.name == "PARM_DECL" and r != but for r in named)
 
 
 def _induction(unit: Unit, init):
@@ -151,6 +232,79 @@ def _split_start(unit: Unit, first, stride: str, up: dict) -> tuple[str, str]:
             if _is_place(unit, place) and "threadIdx" not in unit.code(off):
                 return unit.code(off).strip(), unit.code(place).strip()
     raise Refusal(f"the loop does not start at the thread's place in its stride (starts at {unit.code(first)})")
+
+
+def _every_place(unit: Unit, function, loop, first, step, up: dict) -> None:
+    """Refuses a strided loop unless its threads' places are every residue of its stride: thread P then
+    takes packs P, P + D, ... and the packs cover the elements the threads covered. So the stride is the
+    number of places (`blockDim.x` for `threadIdx.x`, `blockDim.x * gridDim.x` for the grid's index), and
+    every thread of the CTA reaches the loop: a `__global__` kernel, no condition or earlier jump the
+    threads may disagree on around it (a loop under `if (threadIdx.x >= 64)` covers other elements per
+    pack than per element), and, for the grid's index, none its CTAs may disagree on."""
+    place = _plain(_origin(unit, _place_node(unit, first)))
+    stride = _plain(_origin(unit, list(bare(step).get_children())[1]))
+    wanted = {"threadIdx.x": ("blockDim.x",),
+              "blockIdx.x*blockDim.x+threadIdx.x": ("blockDim.x*gridDim.x", "gridDim.x*blockDim.x"),
+              "threadIdx.x+blockIdx.x*blockDim.x": ("blockDim.x*gridDim.x", "gridDim.x*blockDim.x")}
+    if place not in wanted:
+        raise Refusal(f"a lane's place (`{place}`): the block may hold fewer threads than the stride")
+    if stride not in wanted[place] and not (place == "threadIdx.x" and _launched_with(
+            unit, function, list(bare(step).get_children())[1])):
+        raise Refusal(f"the stride `{stride}` is not known to be the number of places (`{wanted[place][0]}`, or "
+                      "the one 1-D block size of every launch in the file)")
+    why = Threads(unit, function).converged(loop, warp=False)
+    if why:
+        raise Refusal(f"not every thread of the CTA reaches the loop: {why}")
+    if place != "threadIdx.x":
+        start = unit.span(loop)[0]
+        node = loop
+        while node in up:
+            node = up[node]
+            head = [c for c in node.get_children() if unit.span(c)[0] < start and c.kind.name != "COMPOUND_STMT"]
+            if node.kind.name != "COMPOUND_STMT" and any("blockIdx" in unit.code(c) for c in head):
+                raise Refusal("the loop is under a condition on blockIdx: not every CTA takes its packs")
+        if any(n.kind.name == "RETURN_STMT" and unit.span(n)[0] < start for n in walk(body(function))):
+            raise Refusal("a return before the loop: not every CTA may take its packs")
+
+
+def _launched_with(unit: Unit, kernel, stride) -> bool:
+    """Whether every launch of the kernel in this file (and every occupancy query on it, passes.launches)
+    gives the stride as its block, 1-D (or a `dim3` whose other extents are 1): the same compile-time
+    number, or the same expression in the kernel's template parameters (`kWarps * 32` launched as
+    `k<kWarps>` with `kWarps * 32` threads: passes.launch_bounds reads it)."""
+    found = uses(unit, kernel)
+    if isinstance(found, str) or not any(not use.query for use in found):
+        return False
+    want = block_value(unit, stride)
+    xs = []
+    for use in found:
+        at = QUERIES[use.query] if use.query else 1
+        if at is None:
+            continue  # an attribute query: no block
+        if len(use.args) <= at:
+            return False
+        extents = block_extents(use.args[at]) or [use.args[at]]
+        if not extents or any(block_value(unit, e) != 1 for e in extents[1:]):
+            return False
+        xs.append(extents[0])
+    if want is not None:
+        return all(block_value(unit, x) == want for x in xs)
+    bound = launch_bound(unit, kernel)
+    return not bound.startswith("!") and _plain(bound) == _plain(unit.code(stride))
+
+
+def _place_node(unit: Unit, first):
+    """The thread's place in the loop's start (`threadIdx.x` of `off + threadIdx.x`)."""
+    if _is_place(unit, first):
+        return first
+    lhs, rhs = list(bare(first).get_children())
+    return lhs if _is_place(unit, lhs) else rhs
+
+
+def _plain(text: str) -> str:
+    """An index expression's text without casts, parentheses or spaces."""
+    text = re.sub(r"static_cast<[^<>]*>|\(\s*(?:int|unsigned|uint32_t|int32_t|int64_t|size_t)\s*\)", "", text)
+    return re.sub(r"[()\s]", "", text)
 
 
 def _is_place(unit: Unit, node) -> bool:
@@ -230,10 +384,11 @@ def _aliases(unit: Unit, loop_body, var, up: dict) -> dict:
     return out
 
 
-def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> dict:
+def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> tuple[dict, bool]:
     """Each base the loop variable indexes (directly or through an alias): its offset, element type,
-    whether read and written."""
+    whether read and written; and whether the variable is also used as a value (`(i < n) ? i : -1`)."""
     out: dict = {}
+    valued = False
     alias_inits = {n for decl in aliases for n in walk(decl)}
     for ref in [n for n in walk(loop_body) if refers_to(n) == var or refers_to(n) in aliases]:
         if ref in alias_inits:
@@ -252,10 +407,15 @@ def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> dict:
             while parent is not None and parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
                 node, parent = parent, up.get(parent)
         if parent is None or parent.kind.name != "ARRAY_SUBSCRIPT_EXPR" or list(parent.get_children())[1] != node:
+            if refers_to(ref) == var and _stored_value(unit, ref, var, aliases, up):
+                valued = True
+                continue
             raise Refusal(f"{ref.spelling} is used other than as a pointer's index")
         base = bare(list(parent.get_children())[0])
         text = _base_text(unit, base, loop_body, var, aliases)
         element = pointee(base.type.spelling)
+        if "volatile" in base.type.spelling:
+            raise Refusal(f"{text} is volatile: each element is read or written on its own")
         if element is None:
             raise Refusal(f"{text} has no element type to pack ({base.type.spelling})")
         size = _element_size(base)
@@ -272,7 +432,27 @@ def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> dict:
         raise Refusal("the loop indexes no pointer with its variable")
     if not any(a.write for a in out.values()):
         raise Refusal("the loop stores nothing through the pointers it indexes")
-    return out
+    return out, valued
+
+
+_ARITHMETIC = ("UNEXPOSED_EXPR", "PAREN_EXPR", "BINARY_OPERATOR", "UNARY_OPERATOR", "CONDITIONAL_OPERATOR",
+               "CSTYLE_CAST_EXPR", "CXX_STATIC_CAST_EXPR", "CXX_FUNCTIONAL_CAST_EXPR", "INTEGER_LITERAL")
+
+
+def _stored_value(unit: Unit, ref, var, aliases: dict, up: dict) -> bool:
+    """Whether a use of the loop variable is arithmetic on its value that ends in what a statement of the
+    body stores through an index of the loop (`out[i] = (i < n) ? i : -1;`): no call, load, local or
+    pointer takes it, so the packed body computes it from the element's index alone."""
+    node, parent = ref, up.get(ref)
+    while parent is not None and parent.kind.name in _ARITHMETIC and not assignment(unit, parent):
+        if "*" in parent.type.spelling or "[" in parent.type.spelling or stepped(unit, parent) is not None:
+            return False
+        node, parent = parent, up.get(parent)
+    if parent is None or not assignment(unit, parent) or list(parent.get_children())[-1] != node:
+        return False
+    target = bare(next(parent.get_children()))
+    return target.kind.name == "ARRAY_SUBSCRIPT_EXPR" and any(
+        refers_to(n) == var or refers_to(n) in aliases for n in walk(list(target.get_children())[1]))
 
 
 _BASE_NODES = ("DECL_REF_EXPR", "MEMBER_REF_EXPR", "PAREN_EXPR", "UNEXPOSED_EXPR", "BINARY_OPERATOR",
@@ -294,15 +474,10 @@ def _base_text(unit: Unit, base, loop_body, var, aliases: dict) -> str:
         if target is not None and (target == var or target in aliases or target in assigned or target in made):
             raise Refusal(f"an indexed base changes in the loop ({target.spelling})")
     if base.kind.name == "MEMBER_REF_EXPR" or any(n.kind.name == "MEMBER_REF_EXPR" for n in walk(base)):
-        members = [bare(next(n.get_children())) for n in walk(loop_body)
-                   if n.kind.name in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR")
-                   and operator(unit, n) in _ASSIGNS]
+        members = [bare(next(n.get_children())) for n in walk(loop_body) if assignment(unit, n)]
         if any(m.kind.name == "MEMBER_REF_EXPR" for m in members):
             raise Refusal("the body assigns a struct member (an indexed member pointer may change)")
     return re.sub(r"\s+", " ", unit.code(base)).strip()
-
-
-_ASSIGNS = ("=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=")
 
 
 def _element_size(base) -> int:
@@ -313,19 +488,60 @@ def _element_size(base) -> int:
 
 
 def _role(unit: Unit, subscript, up: dict, loop_body) -> str:
+    """How the body uses one element: "read", "write" (a built-in `=` or a class's defaulted copy or move:
+    the pack is only stored) or "update" (read, then stored: a compound assignment, or a class's own
+    `operator=`, which may keep some of the element's bytes). Refused: a use that may write the element
+    other than as a statement of the body's own."""
     node, parent = subscript, up.get(subscript)
     while parent is not None and parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
         node, parent = parent, up.get(parent)
-    if parent is not None and parent.kind.name in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR") and next(
-            parent.get_children()) == node and operator(unit, parent).endswith("=") and operator(unit, parent) not in (
-            "==", "<=", ">=", "!="):
-        statement = up.get(parent)
-        if statement != loop_body and not (loop_body.kind.name != "COMPOUND_STMT" and parent == loop_body):
+    if parent is None:
+        return "read"
+    op = assignment(unit, parent)
+    if op and next(parent.get_children()) == node:
+        whole, statement = parent, up.get(parent)
+        while statement is not None and statement.kind.name == "UNEXPOSED_EXPR":  # a class's temporaries' cleanup
+            whole, statement = statement, up.get(statement)
+        if statement != loop_body and not (loop_body.kind.name != "COMPOUND_STMT" and whole == loop_body):
             raise Refusal("a store sits under a condition or inside an expression (the whole pack is stored)")
-        return "write" if operator(unit, parent) == "=" else "update"
-    if parent is not None and parent.kind.name == "UNARY_OPERATOR" and operator(unit, parent) in ("&", "++", "--"):
+        return "write" if op == "=" and (parent.kind.name != "CALL_EXPR" or _whole(parent.referenced)) else "update"
+    if stepped(unit, parent) is not None:
         raise Refusal("an element's address is taken or incremented")
+    if parent.kind.name == "MEMBER_REF_EXPR" and not (
+            parent.referenced is not None and parent.referenced.kind.name in ("CXX_METHOD", "CONVERSION_FUNCTION")
+            and parent.referenced.is_const_method()):
+        raise Refusal("an element's field or non-`const` method is used (it may be written)")
+    if parent.kind.name == "CALL_EXPR" and _by_reference(parent, node):
+        raise Refusal("an element is given by reference to a call that may write it")
     return "read"
+
+
+def _whole(function) -> bool:
+    """Whether a class's assignment operator writes every member: a defaulted (or implicit) copy or move."""
+    return function is not None and function.is_default_method() and (
+        function.is_copy_assignment_operator_method() or function.is_move_assignment_operator_method())
+
+
+def _by_reference(call, arg) -> bool:
+    """Whether a call may write its argument `arg`: a non-`const` reference parameter (or the object of a
+    non-`const` member operator), or a call libclang cannot resolve (in a template) that may take one."""
+    function = call.referenced
+    args = list(call.get_arguments())
+    if function is None:
+        return True  # unresolved in a template: the callee may take a reference
+    if arg not in args:
+        return False
+    at = args.index(arg)
+    member = function.kind.name == "CXX_METHOD"
+    if member and call.spelling.startswith("operator"):
+        if at == 0:
+            return not function.is_const_method()
+        at -= 1
+    params = [a.type for a in function.get_arguments()]
+    if at >= len(params):
+        return False
+    kind = params[at].get_canonical().kind.name
+    return kind in ("LVALUEREFERENCE", "RVALUEREFERENCE") and not params[at].get_pointee().is_const_qualified()
 
 
 _WORDS = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}
@@ -333,7 +549,7 @@ _WORDS = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "u
 
 def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: str, accesses: dict, aliases: dict,
           taken: set) -> tuple[int, int, str]:
-    first, off, place = origin
+    first, off, place, valued = origin
     start, end = unit.span(loop)
     ind = unit.indent(start)
     step = "  "
@@ -389,8 +605,11 @@ def _emit(unit: Unit, loop, loop_body, var, origin: tuple, bound: str, stride: s
         if a.read:
             lines.append(f"{ind}{step * 3}*reinterpret_cast<{word[t]}*>({names[t]}) = "
                          f"*reinterpret_cast<const {word[t]}*>({at(t, head)});")
+    value = ([f"{ind}{step * 4}const {index_type} {i} = {' + '.join(x for x in (off, head, lane) if x)};"]
+             if valued else [])  # the element's index, where the body uses it as a value
     lines += [f"{ind}{step * 3}#pragma unroll",
               f"{ind}{step * 3}for (int {lane} = 0; {lane} < {pack}; ++{lane}) {{",
+              *value,
               *inner_lines,
               f"{ind}{step * 3}}}"]
     for t, a in accesses.items():

@@ -35,7 +35,7 @@ def test_invariant_loads_move_above_the_innermost_loop_and_it_builds(tmp_path):
 
 def test_a_const_declaration_moves_out_whole():
     source = """
-__global__ void k(float* out, const float* w, const float* x, int rows, int n) {
+__global__ void k(float* __restrict__ out, const float* w, const float* x, int rows, int n) {
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     const float w0 = w[threadIdx.x] * 0.5f;
     out[r * n + threadIdx.x] = x[r * n + threadIdx.x] * w0;
@@ -61,9 +61,50 @@ __global__ void k(float* out, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = t[0];
 }
 """
-    for source in (written_in_loop, shared):
+    # a pointer to const may read what another pointer writes: without __restrict__ on either, out may be w
+    may_alias = """
+__global__ void k(float* out, const float* w, const float* x, int rows, int n) {
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float w0 = w[threadIdx.x] * 0.5f;
+    out[r * n + threadIdx.x] = x[r * n + threadIdx.x] * w0;
+  }
+}
+"""
+    # nor does an element type the loop stores nowhere: a store through an int pointer may write the floats
+    other_type = """
+__global__ void k(int* __restrict__ idx, float* out, const float* w, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) { idx[i] = i; out[i] = w[0]; }
+}
+"""
+    # a call given a pointer may store through it
+    through_call = """
+__device__ void put(float* p, float v);
+__global__ void k(float* __restrict__ out, const float* __restrict__ w, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) put(out + i, w[0]);
+}
+"""
+    for source in (written_in_loop, shared, may_alias, other_type, through_call):
         result = all_passes()["reuse"].apply(source)
-        assert not result.applies and "loop-invariant" in result.reason
+        assert not result.applies and "loop-invariant" in result.reason, source
+
+
+def test_loads_move_where_nothing_else_may_write_them(tmp_path):
+    source = """
+__global__ void k(float* __restrict__ out, const float* w, const float* x, int rows, int n) {
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    float acc[4];
+    for (int j = 0; j < 4; ++j) acc[j] = x[r * n + j] * w[0];
+    out[r] = acc[0] + acc[3];
+  }
+}
+"""
+    result = all_passes()["reuse"].apply(source)
+    assert result.applies, result.reason
+    out = result.source
+    # the inner loop stores into a local array only; the outer one through out, which is __restrict__
+    assert out.count("const auto w_v = w[0];") == 1 and "* w_v;" in out
+    assert out.index("const auto w_v = w[0];") < out.index("for (int r = blockIdx.x")
+    assert compiles(tmp_path, out) == ""
 
 
 DIVIDE = """
@@ -100,3 +141,36 @@ def test_no_reciprocal_under_a_bit_exact_spec():
     assert result.applies, result.reason  # the load of sums[row] still moves; the divisions stay divisions
     assert "in[row * n + i] / (sums_v + eps)" in result.source and "v /= eps;" in result.source
     assert "_rcp" not in result.source
+
+
+def test_a_class_element_stored_through_its_assignment_is_not_read_once():
+    source = """
+#include <cuda_bf16.h>
+__global__ void k(__nv_bfloat16* __restrict__ out, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i + 1] = out[0];
+}
+"""
+    result = all_passes()["reuse"].apply(source)  # the loop stores through out (bf16's operator=): out[0] may change
+    assert not result.applies and "loop-invariant" in result.reason
+
+
+def test_no_load_moves_out_of_a_synchronising_loop_or_through_volatile():
+    # thread 0 of another branch may store flags[0] between the barriers: each iteration reads it again
+    barrier = """
+__global__ void k(float* __restrict__ out, const int* __restrict__ flags, int n) {
+  for (int i = 0; i < n; ++i) {
+    __syncthreads();
+    out[i * blockDim.x + threadIdx.x] = flags[0];
+  }
+}
+"""
+    polled = """
+__global__ void k(const volatile int* flag, int* __restrict__ out) {
+  int seen = 0;
+  for (int tries = 0; tries < 100; ++tries) seen += flag[0];
+  out[threadIdx.x] = seen;
+}
+"""
+    for source in (barrier, polled):
+        result = all_passes()["reuse"].apply(source)
+        assert not result.applies and "loop-invariant" in result.reason, source

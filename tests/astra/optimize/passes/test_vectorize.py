@@ -2,6 +2,7 @@
 
 from astra.optimize.passes import all_passes
 from tests.astra.optimize.passes.nvcc import compiles
+from tests.astra.optimize.passes.test_coarsen import LAUNCHER
 
 KERNEL = """
 #include <cstdint>
@@ -65,8 +66,11 @@ def test_refusals_say_which_precondition_failed():
                                 "  for (int i = threadIdx.x; i < n; i += blockDim.x) { if (x[i] > 0) y[i] = x[i]; }\n}\n",
                                 "under a condition"),
         "another use of i": ("__global__ void k(const float* x, float* y, int n) {\n"
-                             "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i] * i; }\n}\n",
+                             "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[2 * i]; }\n}\n",
                              "other than as a pointer's index"),
+        "i given to a call": ("__device__ float f(int);\n__global__ void k(const float* x, float* y, int n) {\n"
+                              "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i] * f(i); }\n}\n",
+                              "other than as a pointer's index"),
         "a start not at the thread's place": ("__global__ void k(const float* x, float* y, int n) {\n"
                                               "  for (int i = 2 * threadIdx.x; i < n; i += blockDim.x) y[i] = x[i];\n}\n",
                                               "thread's place in its stride"),
@@ -100,11 +104,11 @@ struct Rows {
   const float* src;
   float* dst;
 };
-__global__ void copy_rows(Rows rows, int n) {
+__global__ void copy_rows(Rows rows, float* __restrict__ out, int n) {
   const int row_offset = blockIdx.x * n;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int idx = row_offset + i;
-    rows.dst[idx] = rows.src[idx] * 0.5f;
+    out[idx] = rows.src[idx] * 0.5f;
   }
 }
 """
@@ -114,7 +118,7 @@ __global__ void copy_rows(Rows rows, int n) {
     assert "reinterpret_cast<uintptr_t>(&rows.src[row_offset]) % 16 == 0" in out
     assert "*reinterpret_cast<uint4*>(src_pack) = *reinterpret_cast<const uint4*>(&rows.src[row_offset + i_first]);" \
         in out
-    assert "dst_pack[lane] = src_pack[lane] * 0.5f;" in out
+    assert "out_pack[lane] = src_pack[lane] * 0.5f;" in out
     packed = out[out.index("#pragma unroll"):out.index("} else {")]
     assert "const int idx" not in packed.split("for (int i =")[0]  # the alias is gone from the packed body
     assert out.count("const int idx = row_offset + i;") == 2  # kept in the tail and the fallback
@@ -139,3 +143,149 @@ __global__ void widen(float* __restrict__ out, const __half* __restrict__ in, co
     assert "*reinterpret_cast<uint2*>(in_pack) = *reinterpret_cast<const uint2*>(&in[i_first]);" in out
     assert "*reinterpret_cast<uint4*>(&out[i_first]) = *reinterpret_cast<const uint4*>(out_pack);" in out
     assert compiles(tmp_path, out) == ""
+
+
+def test_class_elements_are_stored_through_their_assignment(tmp_path):
+    source = """
+#include <cstdint>
+#include <cuda_bf16.h>
+struct Pair {
+  unsigned short lo, hi;
+  __device__ Pair& operator=(float v) { lo = static_cast<unsigned short>(v); return *this; }  // keeps hi
+};
+__global__ void scale(__nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ in, float s, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    q[i] = __float2bfloat16_rn(static_cast<float>(in[i]) * s);
+  }
+}
+__global__ void low_halves(Pair* __restrict__ p, const float* __restrict__ v, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    p[i] = v[i];
+  }
+}
+"""
+    result = all_passes()["vectorize"].apply(source)
+    assert result.applies, result.reason
+    assert "scale line 9" in result.reason and "low_halves line 14" in result.reason
+    out = result.source
+    # bf16's defaulted assignment writes the whole element: its pack is stored, never loaded
+    assert "*reinterpret_cast<uint4*>(&q[i_first]) = *reinterpret_cast<const uint4*>(q_pack);" in out
+    assert "reinterpret_cast<const uint4*>(&q[i_first])" not in out
+    assert "q_pack[lane] = __float2bfloat16_rn(static_cast<float>(in_pack[lane]) * s);" in out
+    # Pair's own operator= keeps `hi`: the pack is loaded first, so the bytes it keeps are stored back as they were
+    assert "*reinterpret_cast<uint4*>(p_pack) = *reinterpret_cast<const uint4*>(&p[i_first]);" in out
+    assert "*reinterpret_cast<uint4*>(&p[i_first]) = *reinterpret_cast<const uint4*>(p_pack);" in out
+    assert compiles(tmp_path, out) == ""
+
+
+def test_the_loop_variable_as_a_stored_value(tmp_path):
+    source = """
+#include <cstdint>
+__global__ void first_indices(int32_t* __restrict__ out, int32_t length, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    out[i] = (i < length) ? i : -1;
+  }
+}
+"""
+    result = all_passes()["vectorize"].apply(source)
+    assert result.applies, result.reason
+    out = result.source
+    lane_loop = out[out.index("for (int lane = 0"):out.index("*reinterpret_cast<uint4*>(&out[i_first])")]
+    assert "const int i = i_first + lane;" in lane_loop  # the element's own index
+    assert "out_pack[lane] = (i < length) ? i : -1;" in lane_loop
+    assert compiles(tmp_path, out) == ""
+
+
+def test_uses_that_may_write_an_element_elsewhere_are_refused():
+    cases = {
+        "by reference": ("__device__ void bump(float& x);\n__global__ void k(const float* x, float* y, int n) {\n"
+                         "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; bump(y[i]); }\n}\n",
+                         "given by reference to a call that may write it"),
+        "a call a template leaves open": ("template <typename T> __device__ void bump(T& x);\n"
+                                          "template <typename T> __global__ void k(const T* x, T* y, int n) {\n"
+                                          "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; bump(y[i]); }"
+                                          "\n}\n", "given by reference to a call that may write it"),
+        "volatile": ("__global__ void k(const float* x, volatile float* y, int n) {\n"
+                     "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n}\n",
+                     "y is volatile"),
+        "bases that may overlap": ("struct Rows { const float* src; float* dst; };\n"
+                                   "__global__ void k(Rows rows, int n) {\n"
+                                   "  for (int i = 0; i < n; ++i) { rows.dst[i] = rows.src[i]; }\n}\n",
+                                   "rows.dst and rows.src may overlap"),
+        "a local pointer": ("__global__ void k(float* __restrict__ x, int n) {\n  const float* in = x + 1;\n"
+                            "  for (int i = 0; i < n; ++i) { x[i] = in[i]; }\n}\n", "x and in may overlap"),
+        "a scalar read that may overlap": ("__global__ void k(float* y, const float* x, const float* s, int n) {\n"
+                                           "  for (int i = 0; i < n; ++i) { y[i] = x[i] * s[0]; }\n}\n",
+                                           "y and x may overlap"),
+        "a pointer given to a call": ("__device__ float at(const float* p);\n"
+                                      "__global__ void k(float* __restrict__ y, const float* x, int n) {\n"
+                                      "  for (int i = 0; i < n; ++i) { y[i] = at(x); }\n}\n",
+                                      "gives at a pointer"),
+        "a field": ("struct P { float a, b; };\n__global__ void k(const float* x, P* y, float* z, int n) {\n"
+                    "  for (int i = threadIdx.x; i < n; i += blockDim.x) { z[i] = x[i]; y[i].a = x[i]; }\n}\n",
+                    "field or non-`const` method"),
+    }
+    for name, (source, reason) in cases.items():
+        result = all_passes()["vectorize"].apply(source)
+        assert not result.applies and reason in result.reason, (name, result.reason)
+
+
+def test_a_strided_loop_packs_only_where_its_places_cover_the_stride():
+    cases = {
+        "a guard on the thread": ("__global__ void k(const float* x, float* y, int n) {\n"
+                                  "  if (threadIdx.x >= 64) {\n"
+                                  "    for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n  }\n}\n",
+                                  "not every thread of the CTA reaches the loop"),
+        "a device function": ("__device__ void f(const float* x, float* y, int n) {\n"
+                              "  for (int i = threadIdx.x; i < n; i += blockDim.x) { y[i] = x[i]; }\n}\n",
+                              "not every thread of the CTA reaches the loop"),
+        "a stride of unknown threads": ("__global__ void k(const float* x, float* y, int n, int s) {\n"
+                                        "  for (int i = threadIdx.x; i < n; i += s) { y[i] = x[i]; }\n}\n",
+                                        "is not known to be the number of places"),
+        "a lane's place": ("__global__ void k(const float* x, float* y, int n) {\n"
+                           "  for (int i = threadIdx.x % 32; i < n; i += 32) { y[i] = x[i]; }\n}\n",
+                           "a lane's place"),
+    }
+    for name, (source, reason) in cases.items():
+        result = all_passes()["vectorize"].apply(source)
+        assert not result.applies and reason in result.reason, (name, result.reason)
+
+
+LAUNCHED = LAUNCHER + """
+constexpr int kThreads = 128;
+__global__ void copy(const float* __restrict__ x, float* __restrict__ y, int n) {
+  for (int i = threadIdx.x; i < n; i += kThreads) { y[i] = x[i]; }
+}
+void run(const float* x, float* y, int n, cudaStream_t stream) {
+  LaunchKernel(1, BLOCK, stream)(copy, x, y, n);
+}
+"""
+
+
+def test_a_constant_stride_every_launch_gives_as_its_block(tmp_path):
+    result = all_passes()["vectorize"].apply(LAUNCHED.replace("BLOCK", "kThreads"))
+    assert result.applies, result.reason
+    assert "for (int i_pack = threadIdx.x; i_pack < (n) / kPack; i_pack += kThreads)" in result.source
+    assert compiles(tmp_path, result.source) == ""
+    other = all_passes()["vectorize"].apply(LAUNCHED.replace("BLOCK", "256"))
+    assert not other.applies and "is not known to be the number of places" in other.reason
+
+
+def test_a_stride_in_the_kernels_template_parameters_its_launches_bind(tmp_path):
+    source = LAUNCHER + """
+template <int kWarps>
+__global__ void zero(float* __restrict__ y, int n) {
+  for (int i = threadIdx.x; i < n; i += kWarps * 32) { y[i] = 0.f; }
+}
+template <int kWarps>
+void run(float* y, int n, cudaStream_t stream) {
+  LaunchKernel(1, kWarps * 32, stream)(zero<kWarps>, y, n);
+}
+template void run<4>(float*, int, cudaStream_t);
+"""
+    result = all_passes()["vectorize"].apply(source)
+    assert result.applies, result.reason
+    assert "i_pack += kWarps * 32" in result.source
+    assert compiles(tmp_path, result.source) == ""
+    other = all_passes()["vectorize"].apply(source.replace("LaunchKernel(1, kWarps * 32", "LaunchKernel(1, kWarps * 64"))
+    assert not other.applies and "is not known to be the number of places" in other.reason
