@@ -52,11 +52,10 @@ import re
 from typing import Iterator
 
 from astra.optimize.passes.base import ParsedPass, Refusal, Site
-from astra.optimize.passes.launch_bounds import _bound as launch_bound
-from astra.optimize.passes.launch_bounds import _extents as block_extents
-from astra.optimize.passes.launch_bounds import _value as block_value
+from astra.optimize.passes.block_size import extents as block_extents
+from astra.optimize.passes.block_size import launch_block as launch_bound
+from astra.optimize.passes.block_size import value as block_value
 from astra.optimize.passes.launches import QUERIES, uses
-from astra.optimize.passes.parallelize import _Threads as Threads
 from astra.optimize.passes.syntax import (
     Unit,
     assignment,
@@ -76,6 +75,7 @@ from astra.optimize.passes.syntax import (
     walk,
     written,
 )
+from astra.optimize.passes.threads import Threads
 
 _SYNC = ("__syncthreads", "__syncwarp", "__threadfence")
 
