@@ -50,6 +50,7 @@ import torch
 
 from harness.judge.correctness import ensure_usable
 from harness.judge.phase_clock import PhaseClock
+from harness.timing import modes
 from harness.timing.modes import (
     BATCH,
     COLD_MIN_SAMPLES,
@@ -222,6 +223,7 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
     waited = pair.quiet.waited_s if pair.quiet is not None else 0.0
     info: dict[str, Any] = {}
     rounds, stops = 0, []
+    raw: dict[str, list[list[float]]] = {"orig": [], "cand": []}
     for block, layout in enumerate(layouts):
         with pair.clock("prepare"):
             info = dict(pair.both("prepare", view, seeds, layout)[0])
@@ -233,11 +235,14 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
         block_ratios.append(median(taken["orig"]) / median(taken["cand"]))
         for side in samples:
             samples[side] += taken[side]
+            raw[side].append([round(v, 4) for v in taken[side]])
     info.update({"stop": stops[-1], "rounds": rounds, "verified": verified, "seeds": [seeds[0], seeds[-1]],
                  "blocks": len(layouts), "block_ratios": [round(r, 5) for r in block_ratios],
                  **sampling_settings(None)})
     if estimate is not None:
         info["estimate_us"] = estimate
+    if modes.RAW_SAMPLES:  # a diagnostic (ASTRA_TIMING_RAW_SAMPLES=1)
+        info["raw_us"] = raw  # per side, per placement block, in sampling order
     if pair.quiet is not None:
         info["quiet_wait_ms"] = round((pair.quiet.waited_s - waited) * 1000.0, 3)
         info["quiet_bound_us"] = round(pair.quiet.bound_us, 1)

@@ -53,6 +53,9 @@ MAX_BUSY_US = 20000.0
 # Pause Python's garbage collector while sampling. Diagnostics only: ASTRA_TIMING_PAUSE_GC=0 turns the
 # pause off and ASTRA_TIMING_KEEP_BUSY_US fixes the pre-batch spin (0: none), to reproduce the old tails.
 PAUSE_GC = os.environ.get("ASTRA_TIMING_PAUSE_GC", "1") != "0"
+# ASTRA_TIMING_RAW_SAMPLES=1: the judge's paired timing keeps every sample in the verdict (`info.raw_us`, per
+# side and placement block), to study offline what fewer samples would have decided. Diagnostics only.
+RAW_SAMPLES = os.environ.get("ASTRA_TIMING_RAW_SAMPLES") == "1"
 _FIXED_BUSY_US = float(os.environ["ASTRA_TIMING_KEEP_BUSY_US"]) if os.environ.get("ASTRA_TIMING_KEEP_BUSY_US") else None
 _SPIN_CYCLES_PER_US = 2000  # torch.cuda._sleep counts clock cycles; ~2 GHz on H100/H200 (a longer spin is harmless)
 HARD_BUDGET_FACTOR = 5.0

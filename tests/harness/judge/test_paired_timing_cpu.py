@@ -283,3 +283,17 @@ def test_a_cold_cheat_that_counts_its_launches_is_caught(period, full):
                             random.Random(seed))
         caught += bool(outcome.failures)
     assert caught == 8
+
+
+def test_raw_samples_are_kept_per_side_and_block_only_when_asked(monkeypatch):
+    from harness.timing import modes
+
+    outcome, _ = run_view("cold", rowscale, checked_for(_case(), rowscale, bit_exact=True))
+    assert "raw_us" not in outcome.entry["info"]
+    monkeypatch.setattr(modes, "RAW_SAMPLES", True)
+    outcome, _ = run_view("cold", rowscale, checked_for(_case(), rowscale, bit_exact=True))
+    raw = outcome.entry["info"]["raw_us"]
+    for side in ("orig", "cand"):
+        assert len(raw[side]) == BLOCKS
+        assert sum(len(block) for block in raw[side]) == Stats.from_dict(outcome.entry[side]).n
+        assert all(v > 0 for block in raw[side] for v in block)
