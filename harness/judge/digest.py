@@ -44,7 +44,8 @@ _C2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _STREAMS = (0x243F6A8885A308D3, 0x13198A2E03707344)  # two independent key streams
 _COLUMNS = 0x452821E638D01377  # separates the column keys B from the row keys A
-_row_keys: dict[tuple[int, str, int], torch.Tensor] = {}  # (key, device, ROW) -> A's halves, float64 (ROW, 2 x streams)
+# (key, device, ROW) -> {"halves": A's 16-bit halves, float64 (ROW, 2 x streams); "columns": B, int64 (rows, streams)}
+_cached: dict[tuple[int, str, int], dict[str, torch.Tensor]] = {}
 
 
 def _lsr(x: torch.Tensor, shift: int) -> torch.Tensor:
@@ -81,17 +82,27 @@ def column_keys(key: int, rows: torch.Tensor) -> torch.Tensor:
     return _keys(rows, _salts(key, _COLUMNS).to(rows.device))
 
 
-def _split_row_keys(key: int, device: torch.device) -> torch.Tensor:
-    """A's low and high 16 bits per stream as float64 columns (ROW, 2 x streams), kept per key and device."""
-    cached = _row_keys.get((key, str(device), ROW))
-    if cached is None:
+def _keys_of(key: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The keys of `key` on `device`, made once (a few evaluations' keys are kept)."""
+    entry = _cached.get((key, str(device), ROW))
+    if entry is None:
+        if len(_cached) >= 4:
+            _cached.clear()
         keys = row_keys(key, device)
         halves = [part for stream in keys for part in (stream & 0xFFFF, stream >> 16)]
-        cached = torch.stack(halves, dim=1).to(torch.float64)
-        if len(_row_keys) >= 4:
-            _row_keys.clear()
-        _row_keys[(key, str(device), ROW)] = cached
-    return cached
+        entry = {"halves": torch.stack(halves, dim=1).to(torch.float64),
+                 "columns": torch.zeros(0, len(_STREAMS), dtype=torch.int64, device=device)}
+        _cached[(key, str(device), ROW)] = entry
+    return entry
+
+
+def _column_keys_upto(key: int, device: torch.device, rows: int) -> torch.Tensor:
+    """B_c for c < `rows`, one column per stream (int64, (rows, streams)), grown by doubling as data grows."""
+    entry = _keys_of(key, device)
+    if entry["columns"].shape[0] < rows:
+        count = max(rows, 2 * entry["columns"].shape[0], 64)
+        entry["columns"] = column_keys(key, torch.arange(count, dtype=torch.int64, device=device)).T.contiguous()
+    return entry["columns"][:rows]
 
 
 def _halfwords(flat: torch.Tensor) -> torch.Tensor:
@@ -112,7 +123,7 @@ def _sums(data: torch.Tensor, key: int) -> torch.Tensor:
     """byte_sums as a tensor where `data` is, STEP_ROWS rows of ROW half-words at a time (the temporaries stay
     a few hundred MiB whatever the data's size); nothing waits for the device."""
     words = _halfwords(data)
-    halves = _split_row_keys(key, data.device)
+    halves = _keys_of(key, data.device)["halves"]
     full = words.numel() // ROW
     steps = [(first, words[first * ROW:min(first + STEP_ROWS, full) * ROW].view(-1, ROW))
              for first in range(0, full, STEP_ROWS)]
@@ -120,12 +131,12 @@ def _sums(data: torch.Tensor, key: int) -> torch.Tensor:
         tail = words.new_zeros(1, ROW)
         tail[0, :words.numel() - full * ROW] = words[full * ROW:]
         steps.append((full, tail))
+    columns = _column_keys_upto(key, data.device, sum(block.shape[0] for _, block in steps))
     total = torch.zeros(len(_STREAMS), dtype=torch.int64, device=data.device)
     for first, block in steps:
         inner = (block.to(torch.float64) @ halves).to(torch.int64) % P  # (rows, 2 x streams), exact
         inner = (inner[:, 0::2] + (inner[:, 1::2] << 16)) % P  # (rows, streams): sum_j w[c, j] A_j mod P
-        rows = torch.arange(first, first + block.shape[0], dtype=torch.int64, device=data.device)
-        total = (total + (inner * column_keys(key, rows).T % P).sum(dim=0)) % P
+        total = (total + (inner * columns[first:first + block.shape[0]] % P).sum(dim=0)) % P
     return total
 
 

@@ -107,3 +107,18 @@ def test_many_groups_at_once_match_one_by_one():
     groups = [[torch.randn(100), torch.arange(7, dtype=torch.uint8)], [], [torch.zeros(3)], [torch.ones(70000)]]
     assert keyed.digests(groups, 5) == [digest(g, 5) for g in groups]
     assert keyed.digests([], 5) == []
+
+
+def test_cached_column_keys_grow_to_the_same_values(monkeypatch):
+    """The column keys are kept per key and grown as longer data comes: a long digest after a short one is the
+    digest a fresh cache gives."""
+    monkeypatch.setattr(keyed, "ROW", 4)
+    monkeypatch.setattr(keyed, "_cached", {})
+    digest([torch.arange(10, dtype=torch.int16)], 6)  # 3 rows: the first keys kept
+    long = torch.arange(1000, dtype=torch.int16)  # 250 rows: the kept keys grow
+    grown = digest([long], 6)
+    assert keyed._cached[(6, "cpu", 4)]["columns"].shape[0] >= 250
+    monkeypatch.setattr(keyed, "_cached", {})
+    assert digest([long], 6) == grown
+    keys_b = keyed.column_keys(6, torch.arange(250, dtype=torch.int64)).T
+    assert torch.equal(keyed._cached[(6, "cpu", 4)]["columns"][:250], keys_b)
