@@ -10,7 +10,9 @@ Both sides run exactly this code, so what one side's sample contains the other's
   warm-up replays (cold: a warm-up launch of every set, at least three), each after a restore;
 - `sample(count)`: per sample, OUTSIDE the events: restore what it launches (graph: every set; cold: the next
   set in turn; outputs poisoned, in-place tensors back to their drawn inputs) and flush L2 by reading 2 x L2
-  bytes; then the replay (or the launch of that one set) between two CUDA events. A cold side cycles through
+  bytes (cold: one CUDA graph per set holds both, captured in `prepare`, so the host enqueues a sample in a
+  few calls); then the replay (or the launch of that one set) between two CUDA events, a pair kept for the
+  side's life. A cold side cycles through
   its sets, so every set holds the outputs of its latest launch: a verification sees the side's last
   `len(sets)` launches. The samples are enqueued behind a spin sized to the host's enqueue time (as
   harness.timing does), with the garbage collector paused; then the WHOLE DEVICE is synchronised
@@ -56,6 +58,9 @@ class TimingSide:
         self._pads: list[torch.Tensor] = []
         self._enqueue_us = 0.0
         self._next = 0  # cold: the set the next sample launches
+        self._befores: list[Any] = []  # cold, on a GPU: per set, one CUDA graph of its restore and the flush
+        self._events: list[tuple[Any, Any]] = []  # reused from sample to sample (read before the next)
+        self.restore_mode = "eager"
 
     # ------------------------------------------------------------ set-up
 
@@ -102,13 +107,50 @@ class TimingSide:
                 self.sets.restore()
                 self._run()
         else:  # every set launched at least once, so each holds a launch's outputs from the start
+            if self.cuda:
+                self._befores = self._capture_befores()
             for index in range(max(WARMUP_LAUNCHES, len(self.sets))):
-                self.sets.restore(index % len(self.sets))
+                self._before(index % len(self.sets))
                 self._run(index % len(self.sets))
         self._next = 0
         self._synchronize()
         return {"input_sets": len(self.sets), "launches_per_sample": self.launches_per_sample(),
-                "l2_bytes": l2_bytes(self.device) if self.cuda else 0}
+                "l2_bytes": l2_bytes(self.device) if self.cuda else 0, "restore": self.restore_mode}
+
+    def _capture_befores(self) -> list[Any]:
+        """Per cold set, a CUDA graph of what precedes its sample: the set's restore, then the L2 flush (the
+        same kernels as eager, one host call instead of several). Where capturing them fails, none: the
+        samples restore and flush eagerly (the same GPU work, more host time, which the spin covers)."""
+        assert self.sets is not None and self._flush is not None
+        graphs = []
+        self.sets.restore(0)  # the kernels loaded before any capture
+        self._flush()
+        self._synchronize()
+        try:
+            for index in range(len(self.sets)):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.sets.restore(index)
+                    self._flush()
+                graphs.append(graph)
+        except RuntimeError:
+            self.restore_mode = "eager"
+            self._synchronize()
+            return []
+        self.restore_mode = "graph"
+        return graphs
+
+    def _before(self, index: int) -> None:
+        """What precedes a sample, outside its events: restore what it launches (every set for a replay, set
+        `index` for a cold launch) and, on a GPU, flush L2."""
+        assert self.sets is not None
+        if self._befores:
+            self._befores[index].replay()
+            return
+        self.sets.restore(None if self.view == "graph" else index)
+        if self.cuda:
+            assert self._flush is not None
+            self._flush()
 
     def launches_per_sample(self) -> int:
         return len(self.sets or []) if self.view == "graph" else 1
@@ -127,17 +169,19 @@ class TimingSide:
         else:
             self.launch(self.sets.call_args[index])
 
-    def _restore(self) -> int:
-        """Restore what the next sample launches (every set for a replay, the next set in turn for a cold
-        launch); returns the set a cold sample launches."""
+    def _next_set(self) -> int:
+        """The set the next sample launches (a cold side's next in turn; 0 for a replay)."""
         assert self.sets is not None
         if self.view == "graph":
-            self.sets.restore()
             return 0
         index = self._next
         self._next = (index + 1) % len(self.sets)
-        self.sets.restore(index)
         return index
+
+    def _event_pairs(self, count: int) -> list[tuple[Any, Any]]:
+        while len(self._events) < count:
+            self._events.append(event_pair())
+        return self._events[:count]
 
     def sample(self, count: int) -> list[float]:
         """`count` samples (see the module docstring); microseconds per launch, one value per sample."""
@@ -149,18 +193,15 @@ class TimingSide:
         try:
             if not self.cuda:
                 return [self._host_sample() / per for _ in range(count)]
-            pending = []
+            pending = self._event_pairs(count)
             keep_busy(spin_us(None, self._enqueue_us))
             start = time.perf_counter()
-            for _ in range(count):
-                index = self._restore()
-                assert self._flush is not None
-                self._flush()
-                begin, end = event_pair()
+            for begin, end in pending:
+                index = self._next_set()
+                self._before(index)
                 begin.record()
                 self._run(index)
                 end.record()
-                pending.append((begin, end))
             self._enqueue_us = (time.perf_counter() - start) * 1e6
             self._synchronize()
             return [begin.elapsed_time(end) * 1000.0 / per for begin, end in pending]
@@ -169,8 +210,8 @@ class TimingSide:
                 gc.enable()
 
     def _host_sample(self) -> float:
-        assert self.sets is not None
-        index = self._restore()
+        index = self._next_set()
+        self._before(index)
         start = time.perf_counter()
         self._run(index)
         return (time.perf_counter() - start) * 1e6
@@ -189,7 +230,8 @@ class TimingSide:
         return self.sets.inputs[index]
 
     def close(self) -> None:
-        self.graph, self.sets, self.view, self._pads = None, None, None, []  # the flush buffer stays
+        self._befores, self.restore_mode = [], "eager"  # the graphs first: they copy into the sets
+        self.graph, self.sets, self.view, self._pads = None, None, None, []  # the flush buffer and events stay
         if self.cuda:
             self._synchronize()
             torch.cuda.empty_cache()
