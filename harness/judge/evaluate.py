@@ -146,6 +146,16 @@ def build_all(job: Job, cache_dir: Path) -> tuple[dict[tuple[str, str], str], li
     return paths, builds, None
 
 
+def candidate_kernels(job: Job, builds: list[dict]) -> list[str] | None:
+    """The mangled names of every kernel the candidate process's modules hold, from ptxas's report of their
+    builds (the original's modules for a self-check); None when a build reported none (nothing to go by)."""
+    side = "cand" if job.candidate_source is not None else "orig"
+    mine = [build for build in builds if build["side"] == side]
+    if not mine or any(not build["resources"] for build in mine):
+        return None
+    return sorted({resource["mangled"] for build in mine for resource in build["resources"]})
+
+
 def _load_all(job: Job, cache_dir: Path) -> tuple[dict, list[dict], Verdict | None]:
     """Build everything and load the ORIGINAL modules only: {("orig", variant): module}."""
     paths, builds, failure = build_all(job, cache_dir)
@@ -349,7 +359,8 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
                                                    timed=[case.id for case in job.cases if case.timed],
                                                    deadline=deadline, link=True))
             timing = (run, quiet)
-        timing_gate.mark_built(job.options.timing_gate)  # compute-sanitizer may start now, beside the checks
+        # compute-sanitizer may start now, beside the checks
+        timing_gate.mark_built(job.options.timing_gate, candidate_kernels(job, builds))
         if not job.options.outputs_checked:
             results, checked, signatures = _unchecked(job), {}, {}
         else:

@@ -5,7 +5,8 @@ compute-sanitizer needs the built modules and a GPU; the outputs phase needs a G
 `harness.worker.judge_process.verify_job` gives the judge a folder (`Options.timing_gate`):
 
 1. the judge writes `built` once the modules are built and the idle GPU's latency is measured
-   (`harness.timing.quiet_gpu`), then goes on with its outputs phase;
+   (`harness.timing.quiet_gpu`), then goes on with its outputs phase; the file names the kernels the
+   candidate's modules hold (ptxas's report of their builds), which the sanitizer then watches;
 2. the worker, seeing `built`, runs the sanitizer's tools (harness.worker.sanitizer) over the built modules,
    at the same time as that outputs phase, and writes `sanitized`: "clean", or the reason to stop;
 3. the judge waits for `sanitized` before its first timed sample: no sanitized process is alive while it
@@ -17,6 +18,7 @@ Files are written whole (tmp + rename), so a reader never sees half of one.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -34,10 +36,18 @@ def _write(folder: str | Path, name: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def mark_built(folder: str | Path | None) -> None:
-    """The judge: its modules are built and the idle GPU measured (no-op without a gate)."""
+def mark_built(folder: str | Path | None, kernels: list[str] | None = None) -> None:
+    """The judge: its modules are built and the idle GPU measured (no-op without a gate). `kernels`: the
+    mangled names of every kernel the candidate process's modules hold; None where they are not known."""
     if folder:
-        _write(folder, BUILT, "")
+        _write(folder, BUILT, json.dumps({"kernels": kernels}))
+
+
+def built_kernels(folder: str | Path) -> list[str] | None:
+    """The kernels `mark_built` named (None: not known, or an older judge's empty file)."""
+    text = (Path(folder) / BUILT).read_text().strip()
+    kernels = json.loads(text).get("kernels") if text else None
+    return [str(name) for name in kernels] if kernels else None
 
 
 def mark_sanitized(folder: str | Path, outcome: str) -> None:

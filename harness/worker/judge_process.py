@@ -149,7 +149,7 @@ def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0
             start = time.monotonic()
             try:
                 report = sanitize(job, tools=tools, timeout_s=sanitizer_timeout_s, python=python, env=env,
-                                  cancel=cancel)
+                                  cancel=cancel, kernels=timing_gate.built_kernels(gate))
             finally:
                 timing_gate.mark_sanitized(gate, _gate_outcome(report))
             seconds = time.monotonic() - start

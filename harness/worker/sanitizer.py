@@ -14,8 +14,8 @@ case of every band (decode, middle, prefill: harness.job.band_of) and of every b
 leave out, so an access that only a larger shape or another variant makes (tests/adversarial:
 zb_oob_from_128_rows) is run under the tools; one seed, no timing (`modes=[]`) and no nested sanitizer.
 Time stays bounded: the smallest case per band, the extra trials only while every kept case is small
-(`TRIALS_MAX_BYTES`), and `timeout_s` per tool. torch's own kernels in the candidate process run under
-the tool too.
+(`TRIALS_MAX_BYTES`), `timeout_s` per tool, and memcheck and racecheck watching the candidate's kernels
+alone (below).
 
 What each tool can see:
 - memcheck: invalid global/shared/local accesses, misaligned accesses, hardware exceptions. torch's
@@ -23,6 +23,12 @@ What each tool can see:
   `PADDING_BYTES` of guard, so reading one element past a tensor is caught rather than landing in a
   neighbour inside the same cached block. CUDA API errors are not reported (torch makes some on
   purpose); a fault still shows as the invalid access that caused it.
+- memcheck and racecheck watch the candidate's own kernels alone where their names are known (`kernels`:
+  every entry function ptxas reported for the candidate's builds, each given as `--kernel-name kne=NAME`);
+  torch's kernels in the candidate process (inputs drawn, outputs poisoned, copies) then run unwatched, which
+  shortens those runs (docs/results.md).
+  initcheck watches every kernel: a write by an unwatched kernel would not count as initialising memory, so
+  what torch's kernels write would read as uninitialised.
 - racecheck: hazards on SHARED memory only (RAW/WAR/WAW between threads of a block without a
   barrier). Races on global memory, across blocks, or between streams are invisible to it (two launches
   racing each other are checked by value instead: harness.back_to_back).
@@ -70,6 +76,8 @@ ERROR_EXITCODE = 99
 PRINT_LIMIT = 20
 PADDING_BYTES = 256
 DEFAULT_TOOLS = ("memcheck", "racecheck", "initcheck")
+# The tools that watch the candidate's own kernels alone when their names are known (see the module docstring).
+WATCHED_ONLY = ("memcheck", "racecheck")
 TRIALS_MAX_BYTES = 64 << 20  # above this, the sanitizer runs one seed per case and no extra trials
 _PREFIX = "========="
 _SKIP_HEADERS = re.compile(r"^(COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Saved host backtrace)")
@@ -208,23 +216,27 @@ def error_count(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def sanitizer_prefix(exe: str, tool: str, log: Path) -> list[str]:
-    """The compute-sanitizer command prefix for one tool (the candidate command follows it)."""
+def sanitizer_prefix(exe: str, tool: str, log: Path, kernels: list[str] | None = None) -> list[str]:
+    """The compute-sanitizer command prefix for one tool (the candidate command follows it). `kernels`: the
+    candidate's kernels (mangled names), which memcheck and racecheck then watch alone (`WATCHED_ONLY`)."""
     command = [exe, "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE), "--print-limit", str(PRINT_LIMIT),
                "--log-file", str(log), "--launch-timeout", "0"]
     if tool == "memcheck":
         command += ["--padding", str(PADDING_BYTES), "--report-api-errors", "no"]
+    if kernels and tool in WATCHED_ONLY:
+        for name in kernels:
+            command += ["--kernel-name", f"kne={name}"]
     return command
 
 
 def run_tool(exe: str, tool: str, job: Job, *, timeout_s: float, python: str, env: dict[str, str],
-             cancel=None) -> dict:
+             cancel=None, kernels: list[str] | None = None) -> dict:
     """One tool over the small job's candidate process: {tool, returncode, seconds, timed_out, inconclusive,
     findings, warnings, errors, verdict_status, verdict_reason, stderr_tail}."""
     with tempfile.TemporaryDirectory(prefix=f"astra-{tool}-") as tmp:
         log = Path(tmp) / "sanitizer.log"
         outcome, out_path, key = run_judge(job.to_json(), tmp, timeout_s=timeout_s, python=python, env=env,
-                                           wrap=sanitizer_prefix(exe, tool, log), wrap_exitcode=ERROR_EXITCODE,
+                                           wrap=sanitizer_prefix(exe, tool, log, kernels), wrap_exitcode=ERROR_EXITCODE,
                                            cancel=cancel)
         text = read_text(log)
         verdict = read_json_object(out_path) or {}
@@ -237,7 +249,8 @@ def run_tool(exe: str, tool: str, job: Job, *, timeout_s: float, python: str, en
                          "message": f"{tool} reported errors (exit {ERROR_EXITCODE}) that could not be parsed: "
                                     + clip(tail(text, 5), 200)})
     timed_out = outcome.timed_out or (verdict.get("status") == "timeout" and not findings)
-    return {"tool": tool, "returncode": outcome.returncode, "seconds": round(outcome.seconds, 3),
+    watched = len(kernels) if kernels and tool in WATCHED_ONLY else "all"
+    return {"tool": tool, "returncode": outcome.returncode, "seconds": round(outcome.seconds, 3), "kernels": watched,
             "timed_out": timed_out, "inconclusive": _inconclusive(tool, findings, verdict, outcome),
             "findings": findings, "warnings": [f for f in parsed if f["kind"] in NOT_FINDINGS],
             "errors": error_count(text), "verdict_status": verdict.get("status"),
@@ -262,8 +275,12 @@ def _tool_setup(env: dict[str, str] | None) -> tuple[str | None, dict[str, str],
 
 
 def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float = 900.0,
-             python: str = sys.executable, env: dict[str, str] | None = None, cancel=None) -> dict:
+             python: str = sys.executable, env: dict[str, str] | None = None, cancel=None,
+             kernels: list[str] | None = None) -> dict:
     """Run each tool over `small_job(job)`; returns {findings, ok, skipped, runs}.
+
+    `kernels`: the mangled names of the candidate's kernels (harness.judge.timing_gate.built_kernels), which
+    memcheck and racecheck then watch alone; None: they watch every kernel of the candidate process.
 
     `timeout_s` bounds each tool's run (sanitized runs are 10-100x slower than plain ones).
     Racecheck only checks shared-memory races (see the module docstring). `cancel` (a threading.Event):
@@ -275,7 +292,7 @@ def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float 
     small = small_job(job)
     with ThreadPoolExecutor(max_workers=max(1, len(tools))) as pool:  # the tools at once: each its own processes
         runs = list(pool.map(lambda tool: run_tool(exe, tool, small, timeout_s=timeout_s, python=python,
-                                                   env=run_env, cancel=cancel), tools))
+                                                   env=run_env, cancel=cancel, kernels=kernels), tools))
     if cancel is not None and cancel.is_set():
         why = "cancelled: the judge's verdict came first"
         return {"findings": [], "ok": False, "skipped": why, "unavailable": why, "runs": runs, "cancelled": True}

@@ -52,7 +52,8 @@ def gated_checks(job: Job) -> Verdict:
     $FAKE_TOOL_STARTED; at most 60 s), then waits at the gate; writes when each happened, and whether a tool
     started during the checks, to $ASTRA_TEST_TIMES (the judge's side of harness.judge.timing_gate)."""
     times = {"built": time.time()}
-    timing_gate.mark_built(job.options.timing_gate)
+    kernels = json.loads(os.environ.get("FAKE_BUILT_KERNELS", "null"))
+    timing_gate.mark_built(job.options.timing_gate, kernels)
     if current().wrap:  # the sanitizer's own judge: no gate, and its candidate under the tool
         return succeed(job)
     started = os.environ.get("FAKE_TOOL_STARTED", "")

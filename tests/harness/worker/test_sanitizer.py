@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from harness.job import ArgSpec, BuildBase, Case, Job, Options
+from harness.judge import timing_gate
+from harness.judge.evaluate import candidate_kernels
 from harness.worker.judge_process import EVALUATE_ENV, verify_job
-from harness.worker.sanitizer import classify, parse_report, sanitize, small_job
+from harness.worker.sanitizer import classify, parse_report, sanitize, sanitizer_prefix, small_job
 
 FAKE_EVALS = Path(__file__).with_name("fake_evals.py")
 
@@ -56,10 +58,13 @@ INITCHECK_LOG = """\
 
 # A stand-in compute-sanitizer: takes the real options, runs the command, writes a canned log.
 FAKE_TOOL = """#!{python}
-import os, subprocess, sys, time
+import json, os, subprocess, sys, time
 start = time.time()
 if os.environ.get("FAKE_TOOL_STARTED"):
     open(os.environ["FAKE_TOOL_STARTED"], "a").close()
+if os.environ.get("FAKE_TOOL_ARGV"):
+    with open(os.environ["FAKE_TOOL_ARGV"], "a") as handle:
+        handle.write(json.dumps(sys.argv[1:]) + "\\n")
 args = sys.argv[1:]
 opts = {{}}
 while args and args[0].startswith("--"):
@@ -293,3 +298,56 @@ def test_findings_stop_the_judge_at_the_gate(fake_tool, tmp_path, monkeypatch):
     verdict = verify_job(tiny_job("gated_checks"), timeout_s=60, sanitizer_timeout_s=60, tools=("memcheck",))
     assert verdict.status == "sanitizer" and verdict.reason.startswith("memcheck: Invalid __global__ read")
     assert verdict.correct is False and verdict.faster is False
+
+
+KERNELS = ["_ZN8rowscale15rowscale_kernelIfEEvPKT_S3_PS1_l", "_ZN8rowscale11tail_kernelEv"]
+
+
+def test_memcheck_and_racecheck_watch_the_candidates_kernels_alone(tmp_path):
+    log = tmp_path / "log"
+    for tool in ("memcheck", "racecheck"):
+        prefix = sanitizer_prefix("cs", tool, log, KERNELS)
+        filters = [prefix[i + 1] for i, word in enumerate(prefix) if word == "--kernel-name"]
+        assert filters == [f"kne={name}" for name in KERNELS]
+        assert "--kernel-name" not in sanitizer_prefix("cs", tool, log)  # names not known: every kernel
+    assert "--kernel-name" not in sanitizer_prefix("cs", "initcheck", log, KERNELS)  # what torch writes counts
+
+
+def test_the_gate_carries_the_candidates_kernels(tmp_path):
+    timing_gate.mark_built(tmp_path, KERNELS)
+    assert timing_gate.built(tmp_path) and timing_gate.built_kernels(tmp_path) == KERNELS
+    timing_gate.mark_built(tmp_path)
+    assert timing_gate.built_kernels(tmp_path) is None
+    (tmp_path / timing_gate.BUILT).write_text("")  # a gate marked by a judge that named no kernels
+    assert timing_gate.built_kernels(tmp_path) is None
+
+
+def test_candidate_kernels_come_from_the_candidates_builds():
+    def build(side, *names):
+        return {"side": side, "resources": [{"mangled": name} for name in names]}
+
+    job = tiny_job()
+    job.candidate_source = "// a candidate"
+    builds = [build("orig", "_Z4origv"), build("cand", KERNELS[1]), build("cand", KERNELS[0], KERNELS[1])]
+    assert candidate_kernels(job, builds) == sorted(KERNELS)
+    assert candidate_kernels(job, [*builds, build("cand")]) is None  # a build that reported none: all watched
+    job.candidate_source = None  # a self-check: the candidate process runs the original's modules
+    assert candidate_kernels(job, builds) == ["_Z4origv"]
+
+
+def test_the_sanitizer_gets_the_kernels_the_judge_built(fake_tool, tmp_path, monkeypatch):
+    """The judge names its candidate's kernels at the gate; memcheck and racecheck are started with them."""
+    for tool in ("memcheck", "racecheck", "initcheck"):
+        (fake_tool / f"{tool}.log").write_text(CLEAN_LOG)
+    monkeypatch.setenv("FAKE_TOOL_ARGV", str(tmp_path / "argv.jsonl"))
+    monkeypatch.setenv("FAKE_BUILT_KERNELS", json.dumps(KERNELS))
+    monkeypatch.setenv("ASTRA_TEST_TIMES", str(tmp_path / "judge.json"))
+    verdict = verify_job(tiny_job("gated_checks"), timeout_s=120, sanitizer_timeout_s=120)
+    assert verdict.status == "correct"
+    assert {run["tool"]: run["kernels"] for run in verdict.sanitizer["runs"]} == {
+        "memcheck": 2, "racecheck": 2, "initcheck": "all"}
+    argvs = [json.loads(line) for line in (tmp_path / "argv.jsonl").read_text().splitlines()]
+    filters = {argv[argv.index("--tool") + 1]: [argv[i + 1] for i, word in enumerate(argv) if word == "--kernel-name"]
+               for argv in argvs}
+    assert filters == {"memcheck": [f"kne={k}" for k in KERNELS], "racecheck": [f"kne={k}" for k in KERNELS],
+                       "initcheck": []}
