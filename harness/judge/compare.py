@@ -16,6 +16,11 @@ Every float comparison happens in float64 (float8 and bf16 are converted first).
 - Strided views: the storage outside the view (the gaps between rows, which belong to other tensors in
   the caller, e.g. the other columns of a fused qkv output) unchanged bit for bit; values are compared
   on the view.
+
+Cost (the judge compares every output of every trial): `compare_outputs` and `error_vs_reference` compute
+their statistics on the device and read them with one synchronisation each (no boolean-mask indexing);
+`same_bytes_check` gives, after one bitwise comparison, the check `compare_outputs` would give an output
+holding exactly the original's bytes (the result is the same, every field of it).
 """
 
 from __future__ import annotations
@@ -82,38 +87,45 @@ def tolerance_for(tolerances: dict[str, dict[str, float]], out_dtype: str, case_
     return {key: max(float(base.get(key, 0.0)), float(default[key])) for key in ("atol", "rtol", "floor")}
 
 
-def _classes(x: torch.Tensor) -> torch.Tensor:
-    """0 finite, 1 NaN, 2 +Inf, 3 -Inf, per element."""
-    cls = torch.zeros(x.shape, dtype=torch.int8, device=x.device)
-    cls[torch.isnan(x)] = 1
-    cls[x == math.inf] = 2
-    cls[x == -math.inf] = 3
-    return cls
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """torch.isfinite in two kernels instead of four: |x| < Inf is False for NaN and for +-Inf."""
+    return x.abs() < math.inf
 
 
 def compare_outputs(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float]) -> OutputCheck:
-    """Compare the candidate's output with the original's (see the module docstring)."""
+    """Compare the candidate's output with the original's (see the module docstring). Every statistic is
+    computed on the device and read with one synchronisation (a failure's "first at" positions take one more)."""
     if orig.shape != cand.shape or orig.dtype != cand.dtype:
         return OutputCheck(False, reason=f"shape/dtype {tuple(cand.shape)}/{cand.dtype} != "
                                          f"{tuple(orig.shape)}/{orig.dtype}")
     numel = orig.numel()
     if not orig.dtype.is_floating_point:
-        diff = orig != cand
-        mismatches = int(diff.sum().item())
+        mismatches = int((orig != cand).sum().item())
         max_abs = 0.0
-        if mismatches:
+        if mismatches:  # a second synchronisation, on failure only
             max_abs = float((orig.to(torch.float64) - cand.to(torch.float64)).abs().max().item())
         reason = f"{mismatches} of {numel} integer elements differ" if mismatches else ""
         return OutputCheck(mismatches == 0, max_abs, 0.0, mismatches, 0, numel, reason)
-    o, c = orig.to(torch.float64), cand.to(torch.float64)
-    nonfinite = int((_classes(o) != _classes(c)).sum().item())
-    finite = torch.isfinite(o) & torch.isfinite(c)
-    diff = torch.where(finite, (o - c).abs(), torch.zeros((), dtype=torch.float64, device=o.device))
-    max_abs = float(diff.max().item()) if numel else 0.0
-    nonzero = finite & (o != 0)
-    max_rel = float((diff[nonzero] / o[nonzero].abs()).max().item()) if bool(nonzero.any()) else 0.0
-    bound = float(tol.get("atol", 0.0)) + float(tol.get("rtol", 0.0)) * o.abs()
-    mismatches = int((finite & (diff > bound)).sum().item())
+    o = orig.to(torch.float64)
+    # NaN/Inf classes are compared in the output's own dtype (its conversion to float64 is exact), float8 in
+    # float64 (torch has no isnan or abs for it on every device). The candidate enters the float64 difference
+    # as it is (promoted inside the kernel): the same values as its float64 copy.
+    x, y = (orig, cand) if orig.element_size() > 1 else (o, cand.to(torch.float64))
+    finite = _finite(x) & _finite(y)
+    # A class differs where not both are finite, the values differ and not both are NaN (+Inf == +Inf).
+    class_differs = ~(finite | (x == y) | (torch.isnan(x) & torch.isnan(y)))
+    diff = torch.where(finite, (o - y).abs_(), 0.0)
+    o_abs = o.abs()
+    bound = float(tol.get("atol", 0.0)) + float(tol.get("rtol", 0.0)) * o_abs
+    outside = finite & (diff > bound)
+    # max_rel over finite positions where the original is non-zero: every other position gives 0 here (diff is 0
+    # where either side is not finite; |orig| > 0 is False for NaN and 0) and every ratio is >= 0.
+    rel = torch.where(o_abs > 0, diff / o_abs, 0.0)
+    zero = torch.zeros((), dtype=torch.float64, device=o.device)
+    stats = torch.stack([diff.max() if numel else zero, rel.max() if numel else zero,
+                         outside.sum().to(torch.float64), class_differs.sum().to(torch.float64)])
+    max_abs, max_rel, mismatches_f, nonfinite_f = stats.tolist()  # counts < 2^53: exact in float64
+    mismatches, nonfinite = int(mismatches_f), int(nonfinite_f)
     reasons = []
     if nonfinite:
         reasons.append(f"{nonfinite} NaN/Inf positions differ from the original's")
@@ -121,9 +133,23 @@ def compare_outputs(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float
         reasons.append(f"{mismatches} of {numel} elements outside atol={tol.get('atol')} rtol={tol.get('rtol')} "
                        f"(max abs {max_abs:.3g}, max rel {max_rel:.3g})")
     if reasons:  # where: the first differing positions, for whoever fixes the kernel
-        bad = (_classes(o) != _classes(c)) | (finite & (diff > bound))
+        bad = class_differs | outside
         reasons.append("first at " + ", ".join(str(list(map(int, index))) for index in torch.nonzero(bad)[:3].tolist()))
     return OutputCheck(not reasons, max_abs, max_rel, mismatches, nonfinite, numel, "; ".join(reasons))
+
+
+def same_bytes_check(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float]) -> OutputCheck | None:
+    """The check `compare_outputs` gives when the candidate's output holds exactly the original's bytes, found
+    with one bitwise comparison; None where it does not (then compare them). Same bytes mean same values, so:
+    every NaN/Inf class equal, |cand - orig| = 0 at every finite position (max_abs and max_rel 0), no position
+    outside atol + rtol * |orig| (with atol, rtol >= 0, which the shortcut requires) and integers all equal.
+    Same device and strides are required too, so that the reference error of both is one computation
+    (`error_vs_reference` on the same values, laid out alike)."""
+    atol, rtol = float(tol.get("atol", 0.0)), float(tol.get("rtol", 0.0))
+    if (orig.device != cand.device or orig.stride() != cand.stride() or not (atol >= 0.0 and rtol >= 0.0)
+            or not unchanged(orig, cand)):
+        return None
+    return OutputCheck(True, 0.0, 0.0, 0, 0, orig.numel(), "")
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -164,21 +190,39 @@ def gaps_unchanged(before: torch.Tensor, after: torch.Tensor) -> bool:
 def error_vs_reference(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     """Error of `out` against a float64 reference: max_abs and rel_l2 over positions where both are
     finite (rel_l2 falls back to the absolute L2 norm when the reference is all zeros there), and
-    `nonfinite`: positions where `out` is NaN/Inf but the reference is finite."""
+    `nonfinite`: positions where `out` is NaN/Inf but the reference is finite. One synchronisation."""
+    return reference_error(reference_stats(out, ref).tolist())
+
+
+def reference_stats(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """`error_vs_reference`'s statistics as a float64 tensor on `out`'s device, not yet read (several are
+    read with one synchronisation): [error norm, reference norm, max abs error, non-finite count]."""
     o = out.to(torch.float64)
     r = ref.to(device=o.device, dtype=torch.float64)
     if o.shape != r.shape:
         raise ValueError(f"reference shape {tuple(r.shape)} != output shape {tuple(o.shape)}")
-    finite = torch.isfinite(o) & torch.isfinite(r)
+    finite_r = _finite(r)
+    finite = _finite(o) & finite_r
     zero = torch.zeros((), dtype=torch.float64, device=o.device)
     diff = torch.where(finite, o - r, zero)
     ref_f = torch.where(finite, r, zero)
-    err_norm = float(torch.linalg.vector_norm(diff).item())
-    ref_norm = float(torch.linalg.vector_norm(ref_f).item())
+    max_abs = zero
+    if diff.numel():  # max |diff| = max(|min|, |max|): one reduction, no |diff| tensor
+        low, high = torch.aminmax(diff)
+        max_abs = torch.maximum(low.abs(), high.abs())
+    # out non-finite where the reference is finite: the reference's finite positions less the common ones
+    nonfinite = finite_r.sum() - finite.sum()
+    return torch.stack([torch.linalg.vector_norm(diff), torch.linalg.vector_norm(ref_f), max_abs,
+                        nonfinite.to(torch.float64)])
+
+
+def reference_error(stats: list[float]) -> dict[str, float]:
+    """`error_vs_reference`'s dict from `reference_stats`, read."""
+    err_norm, ref_norm, max_abs, nonfinite = stats
     return {
-        "max_abs": float(diff.abs().max().item()) if diff.numel() else 0.0,
+        "max_abs": max_abs,
         "rel_l2": err_norm / ref_norm if ref_norm > 0.0 else err_norm,
-        "nonfinite": int((~torch.isfinite(o) & torch.isfinite(r)).sum().item()),
+        "nonfinite": int(nonfinite),
     }
 
 

@@ -10,7 +10,9 @@ Trials (`trials_for`): every seed of the job, plus, on fresh seeds, a `large`, a
 `extreme` trial where the case has random float tensors (harness.judge.inputs). Per trial:
 
 - every `out`/`inout` tensor is compared (compare.compare_outputs with the output's tolerance), an
-  `unordered` one after its rows are sorted (`canonical`);
+  `unordered` one after its rows are sorted (`canonical`); one that holds exactly the original's bytes gets
+  the check that comparison would give without it being computed (compare.same_bytes_check), and its error
+  against a reference is the original's, computed once;
   `scratch` tensors (workspaces) are never compared, and an absent optional tensor (None) is skipped;
 - every `in` tensor must still hold its exact bytes on the candidate's side (where the original also
   writes it, the spec's role is wrong: it is noted and compared as an output instead);
@@ -44,7 +46,10 @@ from harness.judge.compare import (
     compare_outputs,
     error_vs_reference,
     gaps_unchanged,
+    reference_error,
+    reference_stats,
     reference_verdict,
+    same_bytes_check,
     sort_rows_together,
     tolerance_for,
     unchanged,
@@ -239,8 +244,14 @@ def _merge_check(result: CaseResult, name: str, check: OutputCheck) -> None:
 
 
 def judge_reference(result: CaseResult, name: str, orig: torch.Tensor, cand: torch.Tensor, ref: torch.Tensor,
-                     floor: float, where: str) -> None:
-    err_o, err_c = error_vs_reference(orig, ref), error_vs_reference(cand, ref)
+                     floor: float, where: str, same_bytes: bool = False) -> None:
+    """The reference rule for one output. `same_bytes`: the candidate's output holds the original's bytes (on
+    the same device, laid out alike: compare.same_bytes_check), so its error is the original's, computed once;
+    else both errors are read with one synchronisation."""
+    if same_bytes:
+        err_o = err_c = error_vs_reference(orig, ref)
+    else:
+        err_o, err_c = map(reference_error, torch.stack([reference_stats(orig, ref), reference_stats(cand, ref)]).tolist())
     ok, why = reference_verdict(err_c["rel_l2"], err_o["rel_l2"], floor)
     old = result.reference.get(name, {})
     result.reference[name] = {
@@ -302,13 +313,15 @@ def judge_outputs(result: CaseResult, case: Case, job: Job, compared: list, orig
     else the original's tolerance."""
     for arg in compared:
         tol = tolerance_for(job.tolerance, arg.dtype, case.dtype)
-        check = compare_outputs(orig[arg.name], cand[arg.name], tol)
+        same = same_bytes_check(orig[arg.name], cand[arg.name], tol)  # the check, where the bytes are the same
+        check = same if same is not None else compare_outputs(orig[arg.name], cand[arg.name], tol)
         _merge_check(result, arg.name, check)
         ref = ref_out.get(arg.name)
         if ref is not None and orig[arg.name].is_floating_point() and arg.name not in unordered:
             if check.nonfinite_mismatches:
                 result.fail(f"{where}: {arg.name}: {check.reason}")
-            judge_reference(result, arg.name, orig[arg.name], cand[arg.name], ref, tol["floor"], where)
+            judge_reference(result, arg.name, orig[arg.name], cand[arg.name], ref, tol["floor"], where,
+                            same_bytes=same is not None)
         elif not check.ok:
             result.fail(f"{where}: {arg.name}: {check.reason}")
 
