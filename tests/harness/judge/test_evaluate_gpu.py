@@ -17,6 +17,7 @@ from pathlib import Path  # noqa: E402
 
 from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant, band_of  # noqa: E402
 from harness.judge.evaluate import build_all, evaluate  # noqa: E402
+from harness.judge.paired_timing import COLD_SETS  # noqa: E402
 from harness.timing.modes import l2_bytes  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -127,7 +128,8 @@ def test_original_against_itself(source_root, cache_dir):
         if result.timed:  # one checked set per launch of a replay, every launch verified at the last sample
             info = result.timings["graph"].info
             assert info["input_sets"] == info["launches_per_sample"] >= 1 and info["verified"][-1] == "the last sample"
-            assert result.timings["cold"].info["input_sets"] == 1
+            cold = result.timings["cold"].info  # a cold side cycles through its sets, as many as fit
+            assert 1 <= cold["input_sets"] <= COLD_SETS and cold["verified"][-1] == "the last sample"
             for view in ("graph", "cold"):
                 floor = result.floors[view]
                 assert 0 < floor["physical_us"] <= floor["practical_us"] and floor["orig_us"] > 0.9 * floor["physical_us"]
