@@ -17,6 +17,10 @@ deletes):
     timed-outputs/s7-a2.bin   timing: the outputs of timed set 7 the judge asked for (harness.timed_outputs)
     done                   the outputs phase finished every case
 
+Beside it, in the process's control directory (readable, not writable, by the process): `go.json`,
+{"cand_so": {variant: path}}, written by the judge for a process it started while the modules were still
+building, once they are built and scanned.
+
 No pickle, no torch.save: tensors are raw bytes (in a file or on the GPU), everything else JSON. The judge computes every file
 name itself and checks each manifest entry against the job (case id, trial list, tensor names, shape,
 dtype, byte size): anything else is `Malformed`, which makes that case incorrect with the reason.
@@ -45,6 +49,7 @@ from harness.timing.stats import Stats
 BACKLOG = 2
 MAX_ERROR_CHARS = 300
 SIGNATURES = "signatures.json"
+GO = "go.json"
 DONE = "done"
 
 

@@ -28,6 +28,10 @@ candidate's modules are loaded, then no new executable mappings.
 A CUDA fault that leaves the context unusable escapes as `ContextLost` (exit status 1, the CUDA error
 on stderr), which the judge reports as "crashed".
 
+The judge may start the `outputs` process while the modules are still building (the request then has no
+"cand_so" but their "modules_dir"): it warms up, then waits for the judge's `go.json` with the built and
+scanned modules' paths (`module_paths`), so its start overlaps the build.
+
 The process closes itself in before it loads anything (harness.sandbox.Confinement, as the request's
 "sandbox" says): Landlock floor before torch, the warm-up, then the tight list and seccomp stage 1
 before the modules load, stage 2 (no new executable mapping) before the first call. Its writable
@@ -39,11 +43,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
 from harness.candidate import cuda_ipc
-from harness.candidate.exchange import DONE, SIGNATURES, CaseWriter, wait_for_room, write_json_atomic
+from harness.candidate.exchange import DONE, GO, SIGNATURES, CaseWriter, wait_for_room, write_json_atomic
 from harness.sandbox import Confinement, SandboxUnavailable
 
 log = logging.getLogger(__name__)
@@ -80,6 +86,26 @@ def _launch(module: Any, entry: str):
     return lambda args: function(*args)
 
 
+def module_paths(request: dict[str, Any], box: Confinement, poll_s: float = 0.01) -> dict[str, str]:
+    """{variant: path} of the modules to load: the request's, or, for a process the judge started while they
+    were still building (no "cand_so", a "modules_dir"), those of the judge's `GO` file (in the request's
+    "control" directory, which this process reads and cannot write) once it is written
+    (after the warm-up: the start overlaps the build). Each must lie in the modules' directory, and the seal's
+    tight list then names these files alone (`box.readable`). The judge kills a process it never sends on."""
+    if request.get("cand_so"):
+        return dict(request["cand_so"])
+    go = Path(request["control"]) / GO
+    while not go.exists():
+        time.sleep(poll_s)
+    paths = {str(k): str(v) for k, v in json.loads(go.read_text())["cand_so"].items()}
+    root = os.path.realpath(request["modules_dir"])
+    for path in paths.values():
+        if os.path.commonpath([root, os.path.realpath(path)]) != root:
+            raise SystemExit(f"module {path} is not in the modules' directory {root}")
+    box.readable = [Path(path) for path in paths.values()]
+    return paths
+
+
 def run_outputs(request: dict[str, Any], work: Path, box: Confinement) -> None:
     """The `outputs` phase (see the module docstring)."""
     from harness.building.module_loading import export_signatures, load_module
@@ -92,8 +118,9 @@ def run_outputs(request: dict[str, Any], work: Path, box: Confinement) -> None:
     box.warm_up(device)
     sanitized = bool(request.get("sanitized"))  # under compute-sanitizer: files, and digests on the host
     ipc = not sanitized and device.type == "cuda" and cuda_ipc.available()  # the driver API loaded before the seal
+    cand_so = module_paths(request, box)
     box.seal()
-    modules = {variant: load_module(path) for variant, path in request["cand_so"].items()}
+    modules = {variant: load_module(path) for variant, path in cand_so.items()}
     box.lock_exec()
     signatures = {variant: export_signatures(modules[variant], request["exports"][variant]) for variant in modules}
     write_json_atomic(work / SIGNATURES, signatures)
@@ -231,7 +258,9 @@ def main(request_path: str, work: str, phase: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     request = json.loads(Path(request_path).read_text())
     work_dir = Path(work)
-    box = Confinement(request.get("sandbox"), writable=[Path.cwd(), work_dir], readable=request["cand_so"].values())
+    # before the modules are known (a process started beside their build): their directory, until the seal
+    readable = request["cand_so"].values() if request.get("cand_so") else [request["modules_dir"], request["control"]]
+    box = Confinement(request.get("sandbox"), writable=[Path.cwd(), work_dir], readable=readable)
     try:
         box.begin()
     except SandboxUnavailable as error:

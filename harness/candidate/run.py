@@ -11,6 +11,9 @@ judge dies. `wrap` is the compute-sanitizer prefix when the judge runs under `ha
 (from the judge's private config, harness.worker.judge_channel). Never given: the HMAC key, the judge's verdict path.
 The request says whether the candidate process must sandbox itself ("sandbox": "enforce" or "off").
 
+`modules_dir` instead of `cand_so` starts an `outputs` process before its modules are built (its start, torch and
+CUDA, overlaps the build); `go(cand_so)` then hands it the built and scanned modules (harness.candidate.process).
+
 `failure()` turns an ended or stuck process into (status, reason): "timeout" when it made no progress
 in time (its group is killed), "crashed" when it died (the most telling line of its stderr).
 
@@ -30,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.candidate.exchange import wait_for
+from harness.candidate.exchange import GO, wait_for, write_json_atomic
 from harness.job import Job
 from harness.sandbox import decide, request_mode
 from harness.timing.quiet_gpu import GroupPause
@@ -45,16 +48,20 @@ SANITIZER_SLOWDOWN = 50.0  # sanitized runs are 10-100x slower
 class CandidateRun:
     """One candidate process of one phase; use as a context manager (the group is killed on exit)."""
 
-    def __init__(self, job: Job, phase: str, *, device: str, cand_so: dict[str, str], deadline: float,
+    def __init__(self, job: Job, phase: str, *, device: str, cand_so: dict[str, str] | None, deadline: float,
                  exports: dict[str, list[str]] | None = None, trials: list[list[tuple[str, int]]] | None = None,
                  timed: list[str] | None = None, link: bool = False, python: str = sys.executable,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, modules_dir: str | None = None) -> None:
         self.job, self.phase, self.deadline = job, phase, deadline
         self.root = Path(tempfile.mkdtemp(prefix=f"astra-cand-{phase}-", dir=exchange_base()))
         self.home, self.work = self.root / "home", self.root / "work"
-        self.home.mkdir()
-        self.work.mkdir()
-        request = {"job": json.loads(job.to_json()), "device": device, "cand_so": cand_so,
+        self.control = self.root / "control"  # what the judge hands a running process: it may read, not write
+        for folder in (self.home, self.work, self.control):
+            folder.mkdir()
+        if cand_so is None and modules_dir is None:
+            raise ValueError("a candidate process needs its modules, or the directory they are built in")
+        request = {"job": json.loads(job.to_json()), "device": device, "cand_so": cand_so, "modules_dir": modules_dir,
+                   "control": str(self.control),
                    "exports": exports or {}, "trials": trials or [], "timed": timed or [],
                    "sandbox": request_mode(decide(job.options.sandbox)[0])}
         child_fds: tuple[int, ...] = ()
@@ -90,6 +97,10 @@ class CandidateRun:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def go(self, cand_so: dict[str, str]) -> None:
+        """Send a process started before its modules were built on: their paths, once built and scanned."""
+        write_json_atomic(self.control / GO, {"cand_so": cand_so})
 
     def alive(self) -> bool:
         return self.outcome is None and not self.process.poll()

@@ -9,7 +9,8 @@ Runs in the process `harness.worker.judge_process.run_job` starts (`python -m ha
 3. load the ORIGINAL modules only (never the candidate's), load the reference ("reference_error" if
    it does not load), measure the environment (the GPU's performance model, cached per GPU beside the
    builds; harness.environment.measured, harness.timing.perf_model);
-4. start the candidate process, phase `outputs` (harness.candidate.run): compare its reported export
+4. the candidate process of phase `outputs` (harness.candidate.run; started before step 2 ends, so its start
+   overlaps the build, it loads the candidate's modules only once they are built and scanned): compare its reported export
    signatures with the original's ("missing_export", "signature_mismatch"), then per case compute the
    original's outputs on identical inputs here, read the candidate's raw outputs (harness.candidate.exchange:
    validated against the job, deleted once judged) and judge every trial (harness.judge.correctness), the two launches
@@ -36,6 +37,7 @@ import errno
 import logging
 import secrets
 import shutil
+import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import asdict
@@ -58,7 +60,7 @@ from harness.candidate.exchange import (
     read_trial,
     trial_error,
 )
-from harness.candidate.run import CandidateRun, judge_deadline, progress_timeout
+from harness.candidate.run import CandidateRun, exchange_base, judge_deadline, progress_timeout
 from harness.environment.measured import measured_environment
 from harness.job import Job
 from harness.judge import early_build, timing_gate
@@ -313,10 +315,44 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     if why:
         return _failure(job, "rejected_source", why)
     job.options.digest_key = secrets.randbits(62)  # fresh for every evaluation (harness.judge.digest)
+    # the idle GPU's latency first, before any candidate process starts (harness.timing.quiet_gpu)
+    timed = job.options.modes and device.type == "cuda" and any(case.timed for case in job.cases)
+    quiet = QuietGpu(device) if timed else None
+    outputs_run = _outputs_run_beside_the_build(job, device, deadline)
+    try:
+        return _built_and_judged(job, device, start, deadline, outputs_run, quiet)
+    finally:
+        if outputs_run is not None:
+            outputs_run.close()
+
+
+def _outputs_run_beside_the_build(job: Job, device: torch.device, deadline: float) -> CandidateRun | None:
+    """The outputs phase's candidate process, started before the build ends, so that its start (torch, CUDA,
+    the sandbox's warm-up) overlaps the build; it loads nothing until `go`. None where the outputs are not
+    checked, or where the candidate's writable directories would lie inside the build cache (the sandbox
+    would refuse to let it read there): the process then starts once the modules are built."""
+    if not job.options.outputs_checked:
+        return None
+    cache = default_cache_dir(job)
+    cache.mkdir(parents=True, exist_ok=True)
+    base = Path(exchange_base() or tempfile.gettempdir()).resolve()
+    if base.is_relative_to(cache.resolve()):
+        return None
+    return CandidateRun(job, "outputs", device=str(device), cand_so=None, modules_dir=str(cache), deadline=deadline,
+                        exports={key: _exports(job, key) for key in variants_used(job)}, trials=_trials(job))
+
+
+def _trials(job: Job) -> list[list[tuple[str, int]]]:
+    return [trials_for(case, job.options.seeds, job.options.extra_trials) for case in job.cases]
+
+
+def _built_and_judged(job: Job, device: torch.device, start: float, deadline: float,
+                      outputs_run: CandidateRun | None, quiet: QuietGpu | None) -> Verdict:
     phases: dict[str, float] = {}
     log.info("building %d module(s) (original and candidate)", len(build_requests(job)))
     paths, builds, failure = build_all(job, default_cache_dir(job))
     phases["build_s"] = time.monotonic() - start
+    phases["outputs_process_beside_build"] = float(outputs_run is not None)
     log.info("built in %.1f s", phases["build_s"])
 
     def done(verdict: Verdict) -> Verdict:
@@ -351,10 +387,9 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     cand_so = {key: paths[("cand", key)] for key in keys}
     with ExitStack() as stack:
         timing = None
-        if job.options.modes and device.type == "cuda" and any(case.timed for case in job.cases):
-            # the idle GPU's latency first, before any candidate process starts; then the timing phase's
-            # candidate process, so its start (torch, CUDA, the modules) overlaps the outputs phase
-            quiet = QuietGpu(device)
+        if quiet is not None:
+            # the timing phase's candidate process now, so its start (torch, CUDA, the modules) overlaps the
+            # outputs phase
             run = stack.enter_context(CandidateRun(job, "timing", device=str(device), cand_so=cand_so,
                                                    timed=[case.id for case in job.cases if case.timed],
                                                    deadline=deadline, link=True))
@@ -366,7 +401,7 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
         else:
             clock = PhaseClock("check_")
             outcome = _outputs_phase(job, device, deadline, keys, cand_so, modules, orig_signatures, reference, env,
-                                     clock)
+                                     clock, outputs_run)
             phases.update(clock.rounded())
             if isinstance(outcome, Verdict):
                 return done(outcome)
@@ -398,15 +433,20 @@ def _unchecked(job: Job) -> list[CaseResult]:
 
 
 def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[str], cand_so: dict,
-                   modules: dict, orig_signatures: dict, reference, env: dict, clock: PhaseClock):
+                   modules: dict, orig_signatures: dict, reference, env: dict, clock: PhaseClock,
+                   started: CandidateRun | None = None):
     """The candidate's outputs judged case by case: (results, what the timed launches are verified against,
-    signatures), or a failure."""
-    trials = [trials_for(case, job.options.seeds, job.options.extra_trials) for case in job.cases]
+    signatures), or a failure. `started`: the phase's candidate process, started beside the build, sent on to
+    the built and scanned modules here; else one is started now."""
+    trials = _trials(job)
     launches = {key: _launch(modules[key], job.entry) for key in keys}
     results: list[CaseResult] = []
     checked: dict[str, Checked] = {}
-    with CandidateRun(job, "outputs", device=str(device), cand_so=cand_so, deadline=deadline,
-                      exports={key: _exports(job, key) for key in keys}, trials=trials) as run:
+    if started is not None:
+        started.go(cand_so)
+    run = started or CandidateRun(job, "outputs", device=str(device), cand_so=cand_so, deadline=deadline,
+                                  exports={key: _exports(job, key) for key in keys}, trials=trials)
+    with run:
         with clock("candidate_start"):
             started = run.wait_for(run.work / SIGNATURES, progress_timeout(STARTUP_S))
         if not started:

@@ -6,14 +6,26 @@ output reader's validation (harness.candidate.exchange) on its own."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 import harness.judge.evaluate as judge
-from harness.candidate.exchange import CaseWriter, Malformed, case_dir, read_manifest, read_trial, tensor_file
+from harness.candidate.exchange import (
+    GO,
+    CaseWriter,
+    Malformed,
+    case_dir,
+    read_manifest,
+    read_trial,
+    tensor_file,
+    write_json_atomic,
+)
+from harness.candidate.process import module_paths
 from harness.job import ArgSpec, BuildBase, Case, Job, Options, Variant
+from harness.sandbox import Confinement
 from tests.toolchain import needs_nvcc
 
 KERNEL = r"""
@@ -158,6 +170,32 @@ def test_self_check_is_correct(source_root, cache):
     assert all(c.trials == 5 for c in verdict.cases)  # two seeds, large, small, extreme
     assert all(c.deterministic_orig and c.deterministic_cand for c in verdict.cases)
     assert verdict.signatures["v"]["scale"]["orig"] == verdict.signatures["v"]["scale"]["cand"]
+    assert verdict.phases["outputs_process_beside_build"] == 1.0  # its start overlapped the build
+
+
+@needs_nvcc
+def test_a_build_cache_holding_the_exchange_starts_the_process_after_the_build(source_root, cache, monkeypatch):
+    """The sandbox lets no process read a directory holding its writable ones: the process then starts late."""
+    monkeypatch.setattr(judge, "exchange_base", lambda: str(cache / "exchange"))
+    verdict = judge.evaluate(_job(source_root, cache), device="cpu")
+    assert verdict.status == "correct", verdict.reason
+    assert verdict.phases["outputs_process_beside_build"] == 0.0
+
+
+def test_a_process_started_beside_the_build_waits_for_its_modules(tmp_path):
+    modules, control = tmp_path / "builds", tmp_path / "control"
+    modules.mkdir()
+    control.mkdir()
+    request = {"cand_so": None, "modules_dir": str(modules), "control": str(control)}
+    box = Confinement("off", writable=[tmp_path / "home"], readable=[modules, control])
+    go = {"cand_so": {"v": str(modules / "key" / "toy.so")}}
+    timer = threading.Timer(0.2, lambda: write_json_atomic(control / GO, go))
+    timer.start()
+    assert module_paths(request, box) == go["cand_so"]  # waited for the judge's go
+    assert box.readable == [modules / "key" / "toy.so"]  # the seal's list: the module alone
+    write_json_atomic(control / GO, {"cand_so": {"v": str(tmp_path / "elsewhere.so")}})
+    with pytest.raises(SystemExit, match="not in the modules' directory"):
+        module_paths(request, box)
 
 
 @needs_nvcc
@@ -213,7 +251,7 @@ def test_fail_closed_statuses(source_root, cache, tmp_path):
     raising.write_text("def reference(args, dims):\n    raise ValueError('bad dims')\n")
     job.reference = str(raising)
     verdict = judge.evaluate(job, device="cpu")
-    assert verdict.status == "reference_error" and "bad dims" in verdict.reason
+    assert verdict.status == "reference_error" and "bad dims" in verdict.reason, verdict.reason
     original = tmp_path / "orig"
     original.mkdir()
     (original / "toy.cuh").write_text(_mutate("// BODY", "\n    if (n == 96) throw std::runtime_error(\"no\");"))
