@@ -125,7 +125,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.key is not None:
         verdict = sign(verdict, config.key)
     write_json_atomic(args.out, verdict)
+    exit_now(0)
     return 0
+
+
+def exit_now(code: int) -> None:
+    """End the judge process at once, its verdict written: the interpreter's teardown (torch, its CUDA context
+    and cached allocations, every module's finalisers) decides nothing and its time is the caller's wait. The
+    judge's candidate processes are gone by then (each is killed when its run closes, and dies with its parent),
+    their folders removed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def cmd_candidate(args: argparse.Namespace) -> int:
