@@ -26,7 +26,8 @@ holds exactly whatever order the sums take (on the CPU and on a GPU alike). The 
 `digest(tensors, key)` hashes a list of tensors (their bytes end to end, their lengths beside the sums) into one
 hex string of 64 characters, the same on the CPU and on a GPU, in a few kernel launches per STEP_ROWS rows
 and one synchronisation whatever the number of tensors; `digests(groups, key)` hashes many such lists with one
-synchronisation for all (a verification digests every timed set at once).
+synchronisation for all (a verification digests every timed set at once), the lists of one row or less all in
+one product (a decode case's sets: a few kernel launches for all of them, not a dozen for each).
 """
 
 from __future__ import annotations
@@ -140,6 +141,37 @@ def _sums(data: torch.Tensor, key: int) -> torch.Tensor:
     return total
 
 
+def _all_sums(datas: list[torch.Tensor], key: int) -> torch.Tensor:
+    """`_sums` of every flat byte tensor of `datas` (one row each, a column per stream). Data of one row or less
+    (most of a decode case's sets) is laid out one to a row of a block and hashed by one product for all,
+    STEP_ROWS rows at a time: the same values, as such data is its own row 0."""
+    rows: list[torch.Tensor | None] = [None] * len(datas)
+    small = [i for i, data in enumerate(datas) if data.numel() <= 2 * ROW]
+    for i, data in enumerate(datas):
+        if data.numel() > 2 * ROW:
+            rows[i] = _sums(data, key)
+    for first in range(0, len(small), STEP_ROWS):
+        chosen = small[first:first + STEP_ROWS]
+        for i, value in zip(chosen, _one_row_sums([datas[i] for i in chosen], key)):
+            rows[i] = value
+    return torch.stack([row for row in rows if row is not None])
+
+
+def _one_row_sums(datas: list[torch.Tensor], key: int) -> torch.Tensor:
+    """`_sums` of flat byte tensors of at most one row each, by one product: row r of a zeroed block holds the
+    bytes of `datas[r]` (an odd length's last byte pairs with a zero, as `_halfwords` pads it)."""
+    device = datas[0].device
+    block = torch.zeros(len(datas), 2 * ROW, dtype=torch.uint8, device=device)
+    sizes = [data.numel() for data in datas]
+    if sum(sizes):
+        places = torch.cat([torch.arange(size, dtype=torch.int64) + r * 2 * ROW for r, size in enumerate(sizes)])
+        block.view(-1)[places.to(device)] = torch.cat(datas)
+    halves = _keys_of(key, device)["halves"]
+    inner = (block.view(torch.int16).to(torch.float64) @ halves).to(torch.int64) % P
+    inner = (inner[:, 0::2] + (inner[:, 1::2] << 16)) % P  # (rows, streams): each row's sum_j w[0, j] A_j mod P
+    return inner * _column_keys_upto(key, device, 1) % P  # times B_0
+
+
 def digest(tensors: Iterable[torch.Tensor], key: int) -> str:
     """One hex digest of the bytes of `tensors` in order: their lengths and the keyed sums of their bytes laid
     end to end (one pass over all of them)."""
@@ -150,8 +182,8 @@ def digests(groups: list[list[torch.Tensor]], key: int) -> list[str]:
     """`digest` of every group of tensors, with one synchronisation for all of them (the groups' tensors on
     one device)."""
     flats = [[_flat_bytes(t) for t in group] for group in groups]
-    sums = [_sums(f[0] if len(f) == 1 else torch.cat(f), key) for f in flats if f]
-    values = iter(torch.stack(sums).cpu().tolist() if sums else [])
+    datas = [f[0] if len(f) == 1 else torch.cat(f) for f in flats if f]
+    values = iter(_all_sums(datas, key).cpu().tolist() if datas else [])
     out = []
     for group in flats:
         if not group:

@@ -122,3 +122,29 @@ def test_cached_column_keys_grow_to_the_same_values(monkeypatch):
     assert digest([long], 6) == grown
     keys_b = keyed.column_keys(6, torch.arange(250, dtype=torch.int64)).T
     assert torch.equal(keyed._cached[(6, "cpu", 4)]["columns"][:250], keys_b)
+
+
+def test_small_groups_hashed_together_give_each_ones_own_sums(monkeypatch):
+    """Groups of one row or less share one product (`_all_sums`): each gets what `_sums` gives it alone, and the
+    Python-integer form for one row, with larger groups, empty ones and odd lengths mixed in."""
+    monkeypatch.setattr(keyed, "ROW", 4)
+    monkeypatch.setattr(keyed, "STEP_ROWS", 3)  # several blocks of small groups
+    rng = random.Random(3)
+    datas = [torch.tensor([rng.randrange(256) for _ in range(n)], dtype=torch.uint8)
+             for n in (0, 1, 2, 7, 8, 9, 3, 8, 30, 5, 8, 0, 17)]
+    together = keyed._all_sums(datas, 9)
+    assert together.shape == (len(datas), 2)
+    for data, sums in zip(datas, together.tolist()):
+        assert sums == keyed._sums(data, 9).tolist()
+    keys_a = keyed.row_keys(9, torch.device("cpu")).tolist()
+    keys_b = keyed.column_keys(9, torch.arange(1, dtype=torch.int64)).tolist()
+    for data, sums in zip(datas, together.tolist()):
+        if data.numel() > 8:
+            continue
+        padded = data.tolist() + [0] * (8 - data.numel())
+        words = [int.from_bytes(bytes(padded[k:k + 2]), "little", signed=True) for k in range(0, 8, 2)]
+        for stream in range(2):
+            inner = sum(w * a for w, a in zip(words, keys_a[stream])) % P
+            assert sums[stream] == keys_b[stream][0] * inner % P
+    groups = [[d] for d in datas] + [[datas[3], datas[8]], []]
+    assert keyed.digests(groups, 9) == [digest(g, 9) for g in groups]
