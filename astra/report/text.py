@@ -43,12 +43,33 @@ def format_check(verdict: Verdict) -> str:
     out.append(FLOORS_NOTE if rows and modes else "")
     out.append(bands_text(verdict))
     out.append(environment(verdict))
+    out.append(time_line(verdict))
     speed = {True: "faster", False: "not faster", None: "speed not measured"}[verdict.faster]
     out.append(f"verdict: {verdict.status} ({verdict.reason}); {speed}")
     if verdict.slower_shapes:
         out.append("slower shapes: " + ", ".join(f"{s['id']} ({s['mode']} x{s['speedup']:.3f})"
                                                  for s in verdict.slower_shapes[:8]))
     return "\n".join(o for o in out if o)
+
+
+# The judge's phases a check's time line names, in order (verdict.phases, seconds).
+_TIME_PARTS = (("build_s", "build"), ("check_s", "checks"), ("time_s", "paired timing"))
+
+
+def time_line(verdict: Verdict) -> str:
+    """Where the judge's time went, from the verdict's phases ("" for a verdict without them): the judge's
+    process, its build, checks and paired timing, and compute-sanitizer beside the checks."""
+    phases = verdict.phases or {}
+    whole = phases.get("judge_process_s", phases.get("total_s"))
+    if whole is None:
+        return ""
+    parts = [f"{name} {phases[key]:.1f}" for key, name in _TIME_PARTS if key in phases]
+    line = f"judged in {whole:.1f} s" + (f" ({', '.join(parts)})" if parts else "")
+    if "sanitizer_s" in phases:
+        line += f"; compute-sanitizer {phases['sanitizer_s']:.1f} s beside the checks"
+        if phases.get("wait_sanitizer_s"):
+            line += f", waited for {phases['wait_sanitizer_s']:.1f} s"
+    return line
 
 
 FLOORS_NOTE = ("floors per view (graph: back-to-back in a CUDA graph over rotating inputs; cold: one launch "

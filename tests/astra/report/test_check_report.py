@@ -49,6 +49,19 @@ def test_check_table_names_modes_and_speedups():
     assert "Test GPU" in text and "4.20 TB/s" in text
     assert "peak 4.80 TB/s" in text and "read 4.40 TB/s" in text and "0.80 us graph, 3.00 us cold" in text
     assert "verdict: correct" in text
+    assert "judged in" not in text  # no judge_process_s or total_s: no time line
+
+
+def test_check_report_says_where_the_judges_time_went():
+    verdict = _verdict()
+    verdict.phases = {"build_s": 12.8, "check_s": 11.68, "time_s": 18.24, "total_s": 45.99, "judge_process_s": 48.47,
+                      "sanitizer_s": 13.66, "wait_sanitizer_s": 2.06}
+    line = check_cmd.time_line(verdict)
+    assert line == ("judged in 48.5 s (build 12.8, checks 11.7, paired timing 18.2); compute-sanitizer 13.7 s "
+                    "beside the checks, waited for 2.1 s")
+    assert line in check_cmd.format_check(verdict)
+    verdict.phases = {"build_s": 0.1, "total_s": 5.4}  # --quick: no sanitizer, an in-process total
+    assert check_cmd.time_line(verdict) == "judged in 5.4 s (build 0.1)"
 
 
 def test_bench_table_reports_both_floors_per_view_and_the_copy_ratio():
