@@ -52,14 +52,14 @@ class CandidateRun:
                  exports: dict[str, list[str]] | None = None, trials: list[list[tuple[str, int]]] | None = None,
                  timed: list[str] | None = None, link: bool = False, python: str = sys.executable,
                  env: dict[str, str] | None = None, modules_dir: str | None = None) -> None:
+        if cand_so is None and modules_dir is None:
+            raise ValueError("a candidate process needs its modules, or the directory they are built in")
         self.job, self.phase, self.deadline = job, phase, deadline
         self.root = Path(tempfile.mkdtemp(prefix=f"astra-cand-{phase}-", dir=exchange_base()))
         self.home, self.work = self.root / "home", self.root / "work"
         self.control = self.root / "control"  # what the judge hands a running process: it may read, not write
         for folder in (self.home, self.work, self.control):
             folder.mkdir()
-        if cand_so is None and modules_dir is None:
-            raise ValueError("a candidate process needs its modules, or the directory they are built in")
         request = {"job": json.loads(job.to_json()), "device": device, "cand_so": cand_so, "modules_dir": modules_dir,
                    "control": str(self.control),
                    "exports": exports or {}, "trials": trials or [], "timed": timed or [],

@@ -162,10 +162,13 @@ def _one_row_sums(datas: list[torch.Tensor], key: int) -> torch.Tensor:
     bytes of `datas[r]` (an odd length's last byte pairs with a zero, as `_halfwords` pads it)."""
     device = datas[0].device
     block = torch.zeros(len(datas), 2 * ROW, dtype=torch.uint8, device=device)
-    sizes = [data.numel() for data in datas]
-    if sum(sizes):
-        places = torch.cat([torch.arange(size, dtype=torch.int64) + r * 2 * ROW for r, size in enumerate(sizes)])
-        block.view(-1)[places.to(device)] = torch.cat(datas)
+    sizes = torch.tensor([data.numel() for data in datas], dtype=torch.int64, device=device)
+    total = sum(data.numel() for data in datas)
+    if total:  # byte k of datas[r] goes to row r, column k: made on the device (no host-sized index)
+        starts = torch.cumsum(sizes, 0) - sizes
+        rows = torch.arange(len(datas), dtype=torch.int64, device=device) * (2 * ROW)
+        shift = torch.repeat_interleave(rows - starts, sizes, output_size=total)
+        block.view(-1)[torch.arange(total, dtype=torch.int64, device=device) + shift] = torch.cat(datas)
     halves = _keys_of(key, device)["halves"]
     inner = (block.view(torch.int16).to(torch.float64) @ halves).to(torch.int64) % P
     inner = (inner[:, 0::2] + (inner[:, 1::2] << 16)) % P  # (rows, streams): each row's sum_j w[0, j] A_j mod P

@@ -15,7 +15,8 @@ _DANGEROUS_IMPORTS = re.compile(
     r"^(dlopen|dlmopen|dlsym|dlvsym|dl_iterate_phdr|system|popen|fork|vfork|_Fork|clone3?|exec[lv]p?e?|fexecve|"
     r"posix_spawnp?|fopen|fopen64|freopen|freopen64|fdopen|open|open64|__open_2|__open64_2|openat|openat64|"
     r"__openat_2|__openat64_2|creat|creat64|unlink|unlinkat|rename|mkdir|socket|socketpair|connect|bind|sendto|"
-    r"recvfrom|getenv|secure_getenv|setenv|putenv|environ|__environ|syscall|ptrace|_?Py\w+)$")
+    r"recvfrom|getenv|secure_getenv|setenv|putenv|environ|__environ|syscall|ptrace|_?Py\w+|"
+    r"(cuModuleLoad|cuLibraryLoad|cudaLibraryLoad|cuLink|nvrtc|nvJitLink)\w*)$")
 
 
 def elf_tools_available() -> bool:

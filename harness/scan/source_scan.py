@@ -11,7 +11,9 @@ not count; the rules that need a literal (includes, asm templates, `getenv("SGLA
 it. Rejected: static constructors and destructors (`__attribute__((constructor/destructor/section/ifunc))`,
 `.init_array`, `atexit`), namespace-scope variables initialized by a call or a lambda at load time (a
 heuristic: not `constexpr`/`constinit`, not `using`/`template`/functions/classes), the Python C API,
-dynamic loading (`dlsym` only with a literal CUDA symbol name, as SGLang's staged_write_back does), process
+dynamic loading (`dlsym` only with a literal CUDA symbol name, as SGLang's staged_write_back does), run-time
+loading of GPU code (`cuModuleLoad*`, `cuLibraryLoad*`, `cudaLibraryLoad*`, `cuLink*`, nvrtc, nvJitLink, called
+or fetched through `dlsym`, `cudaGetDriverEntryPoint*` or `cuGetProcAddress*`, which take a literal name only), process
 creation, file and socket access, the environment (`getenv` only of SGLANG_* names, as SGLang's debug
 switches do), raw syscalls, host-ISA inline assembly (PTX and AMD GCN `asm` in device code is allowed unless its
 template shows syscall/int 0x80/x86 registers/call/jmp/section directives), `#include`/`#embed` of headers
@@ -49,6 +51,14 @@ __all__ = ["scan_candidate"]
 # --------------------------------------------------------------------------------------------------------------
 
 _NOT_MEMBER = r"(?<![\w.>])(?<!->)"  # not `obj.open(`, `p->bind(`
+# Run-time loading of GPU code (PTX or a cubin handed to the driver, or a driver entry point fetched by name): a
+# kernel loaded so has no name ptxas reported for the build, which racecheck's watch list comes from.
+_GPU_CODE_LOADERS = (r"(cuModuleLoad|cuLibraryLoad|cudaLibraryLoad|cuLink(Create|AddData|AddFile|Complete)|nvrtc|"
+                     r"nvJitLink)")
+# A driver entry point fetched by name (SGLang's TMA kernels fetch cuTensorMapEncodeTiled so): only with a literal
+# name, and not one of the loaders above.
+_ENTRY_POINT = re.compile(r"\b(cudaGetDriverEntryPoint|cuGetProcAddress)\w*\s*\(")
+_ENTRY_POINT_OK = re.compile(r'(cudaGetDriverEntryPoint|cuGetProcAddress)\w*\s*\(\s*"(\w+)"')
 _CODE_RULES: list[tuple[re.Pattern, str]] = [
     (re.compile(r"__attribute__\s*\(\(.*\b(constructor|destructor)\b"), "a static constructor/destructor attribute"),
     (re.compile(r"\[\[\s*(gnu|clang)::(constructor|destructor)"), "a static constructor/destructor attribute"),
@@ -75,12 +85,14 @@ _CODE_RULES: list[tuple[re.Pattern, str]] = [
      "environment access"),
     (re.compile(r"\bsyscall\s*\(|\b__NR_\w+|\bSYS_[a-z]\w*"), "a raw syscall"),
     (re.compile(r"^\s*#\s*(embed|include_next|import)\b"), "an #embed/#include_next/#import directive"),
+    (re.compile(r"\b" + _GPU_CODE_LOADERS + r"\w*"), "run-time loading of GPU code"),
 ]
 _REMOVE = re.compile(_NOT_MEMBER + r"\bremove\s*\(")
 _GETENV = re.compile(r"\bgetenv\s*\(")
 _GETENV_OK = re.compile(r'getenv\s*\(\s*"SGLANG_\w*"\s*\)')
 _DLSYM = re.compile(r"\bdlsym\b")
-_DLSYM_OK = re.compile(r'dlsym\s*\(\s*RTLD_(DEFAULT|NEXT)\s*,\s*"(cu|cuda|nccl|nvrtc)[A-Za-z]\w*"\s*\)')
+_DLSYM_OK = re.compile(r'dlsym\s*\(\s*RTLD_(DEFAULT|NEXT)\s*,\s*"((cu|cuda|nccl|nvrtc)[A-Za-z]\w*)"\s*\)')
+_GPU_CODE_LOADER_NAME = re.compile(_GPU_CODE_LOADERS)
 _STRS_RULES: list[tuple[re.Pattern, str]] = [
     (re.compile(r"\.(init_array|preinit_array|fini_array|ctors|dtors)\b"), "an .init_array/.ctors section"),
 ]
@@ -104,8 +116,17 @@ def _line_rule(code: str, strs: str, nxt: str, window: str) -> str | None:
         if not _GETENV_OK.match(window, m.start()):
             return "environment access (getenv of a non-SGLANG_ name)"
     for m in _DLSYM.finditer(code):
-        if not _DLSYM_OK.match(window, m.start()):
+        allowed = _DLSYM_OK.match(window, m.start())
+        if not allowed:
             return "dlsym (dynamic symbol lookup)"
+        if _GPU_CODE_LOADER_NAME.match(allowed.group(2)):
+            return "run-time loading of GPU code (dlsym)"
+    for m in _ENTRY_POINT.finditer(code):
+        named = _ENTRY_POINT_OK.match(window, m.start())
+        if not named:
+            return "a driver entry point fetched by a name that is not a literal"
+        if _GPU_CODE_LOADER_NAME.match(named.group(2)):
+            return "run-time loading of GPU code (a driver entry point)"
     if _UCN.search(code):
         return "a universal character name outside a literal"
     if _SPLICE_IN_TOKEN.search(code.rstrip(" \t")) and code.rstrip(" \t") == code.rstrip() and re.match(r"\w", nxt):

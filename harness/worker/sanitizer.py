@@ -14,8 +14,7 @@ case of every band (decode, middle, prefill: harness.job.band_of) and of every b
 leave out, so an access that only a larger shape or another variant makes (tests/adversarial:
 zb_oob_from_128_rows) is run under the tools; one seed, no timing (`modes=[]`) and no nested sanitizer.
 Time stays bounded: the smallest case per band, the extra trials only while every kept case is small
-(`TRIALS_MAX_BYTES`), `timeout_s` per tool, and memcheck and racecheck watching the candidate's kernels
-alone (below).
+(`TRIALS_MAX_BYTES`), `timeout_s` per tool, and racecheck watching the candidate's kernels alone (below).
 
 What each tool can see:
 - memcheck: invalid global/shared/local accesses, misaligned accesses, hardware exceptions. torch's
@@ -23,12 +22,14 @@ What each tool can see:
   `PADDING_BYTES` of guard, so reading one element past a tensor is caught rather than landing in a
   neighbour inside the same cached block. CUDA API errors are not reported (torch makes some on
   purpose); a fault still shows as the invalid access that caused it.
-- memcheck and racecheck watch the candidate's own kernels alone where their names are known (`kernels`:
-  every entry function ptxas reported for the candidate's builds, each given as `--kernel-name kne=NAME`);
-  torch's kernels in the candidate process (inputs drawn, outputs poisoned, copies) then run unwatched, which
-  shortens those runs (docs/results.md).
-  initcheck watches every kernel: a write by an unwatched kernel would not count as initialising memory, so
-  what torch's kernels write would read as uninitialised.
+- racecheck watches the candidate's own kernels alone where their names are known (`kernels`: every entry
+  function ptxas reported for the candidate's builds, each given as `--kernel-name kne=NAME`); torch's kernels
+  in the candidate process (inputs drawn, outputs poisoned, copies) then run unwatched by it, which shortens
+  its run (docs/results.md). memcheck watches every kernel: a kernel the candidate loads at run time (PTX or a
+  cubin handed to the driver) has no name ptxas reported, and an out-of-bounds access must not hide in one
+  (the static scan refuses such loading too: harness.scan). initcheck watches every kernel: a write by an
+  unwatched kernel would not count as initialising memory, so what torch's kernels write would read as
+  uninitialised.
 - racecheck: hazards on SHARED memory only (RAW/WAR/WAW between threads of a block without a
   barrier). Races on global memory, across blocks, or between streams are invisible to it (two launches
   racing each other are checked by value instead: harness.back_to_back).
@@ -77,7 +78,7 @@ PRINT_LIMIT = 20
 PADDING_BYTES = 256
 DEFAULT_TOOLS = ("memcheck", "racecheck", "initcheck")
 # The tools that watch the candidate's own kernels alone when their names are known (see the module docstring).
-WATCHED_ONLY = ("memcheck", "racecheck")
+WATCHED_ONLY = ("racecheck",)
 TRIALS_MAX_BYTES = 64 << 20  # above this, the sanitizer runs one seed per case and no extra trials
 _PREFIX = "========="
 _SKIP_HEADERS = re.compile(r"^(COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Saved host backtrace)")
@@ -218,7 +219,7 @@ def error_count(text: str) -> int | None:
 
 def sanitizer_prefix(exe: str, tool: str, log: Path, kernels: list[str] | None = None) -> list[str]:
     """The compute-sanitizer command prefix for one tool (the candidate command follows it). `kernels`: the
-    candidate's kernels (mangled names), which memcheck and racecheck then watch alone (`WATCHED_ONLY`)."""
+    candidate's kernels (mangled names), which racecheck then watches alone (`WATCHED_ONLY`)."""
     command = [exe, "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE), "--print-limit", str(PRINT_LIMIT),
                "--log-file", str(log), "--launch-timeout", "0"]
     if tool == "memcheck":
@@ -280,7 +281,7 @@ def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float 
     """Run each tool over `small_job(job)`; returns {findings, ok, skipped, runs}.
 
     `kernels`: the mangled names of the candidate's kernels (harness.judge.timing_gate.built_kernels), which
-    memcheck and racecheck then watch alone; None: they watch every kernel of the candidate process.
+    racecheck then watches alone; None: it watches every kernel of the candidate process.
 
     `timeout_s` bounds each tool's run (sanitized runs are 10-100x slower than plain ones).
     Racecheck only checks shared-memory races (see the module docstring). `cancel` (a threading.Event):

@@ -23,6 +23,7 @@ from rowscale_job import (  # noqa: E402
     rowscale_job,
 )
 
+from harness.judge.evaluate import build_all, candidate_kernels, default_cache_dir  # noqa: E402
 from harness.worker.judge_process import run_job, verify_job  # noqa: E402
 from harness.worker.sanitizer import DEFAULT_TOOLS, sanitize, sanitizer_path  # noqa: E402
 
@@ -100,9 +101,17 @@ def test_sanitizer_catches(expect):
     tools = (expect.sanitizer_tool,)
     verdict = verify_job(job, timeout_s=JOB_TIMEOUT_S, sanitizer_timeout_s=SANITIZER_TIMEOUT_S, tools=tools)
     assert_verdict(verdict, expect)
-    report = verdict.sanitizer or sanitize(job, tools=tools, timeout_s=SANITIZER_TIMEOUT_S)
+    # the judge's verdict may come first (crashed, incorrect) and cancel the sanitizer: then the tool runs here,
+    # watching what the judge would have named at its gate (racecheck: the candidate's own kernels alone)
+    _, builds, failure = build_all(job, default_cache_dir(job))
+    assert failure is None
+    kernels = candidate_kernels(job, builds)
+    assert kernels, "ptxas reported no kernel for the candidate's build"
+    report = verdict.sanitizer or sanitize(job, tools=tools, timeout_s=SANITIZER_TIMEOUT_S, kernels=kernels)
     kinds = [(f["tool"], f["kind"]) for f in report["findings"]]
     assert any(tool == expect.sanitizer_tool and kind.startswith(expect.finding_kind) for tool, kind in kinds), report
+    watched = {run["tool"]: run["kernels"] for run in report["runs"]}
+    assert watched.get("racecheck", len(kernels)) == len(kernels)  # the filtered path, where racecheck ran
 
 
 def test_legitimate_candidate_is_sanitizer_clean():

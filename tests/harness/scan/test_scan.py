@@ -97,6 +97,16 @@ REJECTED = [
     ("host", "    recvfrom(s, nullptr, 0, 0, nullptr, nullptr);  // <-", "socket"),
     # the environment
     ("host", "    const char* home = getenv(\"HOME\");  // <-", "getenv"),
+    # run-time loading of GPU code: a kernel loaded so has no name ptxas reported (racecheck's watch list)
+    ("host", "    CUmodule m;\n    cuModuleLoadData(&m, kPtx);  // <-", "run-time loading of GPU code"),
+    ("host", "    cudaLibrary_t lib;\n    cudaLibraryLoadData(&lib, kCubin, 0, 0, 0, 0, 0, 0);  // <-",
+     "run-time loading of GPU code"),
+    ("host", "    nvrtcCompileProgram(program, 0, nullptr);  // <-", "run-time loading of GPU code"),
+    ("host", "    cuLinkCreate(0, nullptr, nullptr, &state);  // <-", "run-time loading of GPU code"),
+    ("host", "    void* fn = dlsym(RTLD_DEFAULT, \"cuModuleLoadData\");  // <-", "run-time loading of GPU code"),
+    ("host", "    cudaGetDriverEntryPoint(\"cuLibraryLoadData\", &fn, cudaEnableDefault);  // <-",
+     "run-time loading of GPU code"),
+    ("host", "    cuGetProcAddress(name, &fn, 12000, 0, nullptr);  // <-", "not a literal"),
     ("host", "    const char* key = std::getenv(\"OPENAI_API_KEY\");  // <-", "getenv"),
     ("host", "    const char* key = secure_getenv(\"X\");  // <-", "environment"),
     ("host", "    char** env = environ;  // <-", "environment"),
@@ -166,6 +176,8 @@ ACCEPTED = [
     ("host", "    const char* debug = std::getenv(\"SGLANG_DEBUG_ROWSCALE\");"),
     ("host", "    void* fn = dlsym(RTLD_DEFAULT, \"cudaMemcpyBatchAsync\");"),
     ("host", "    void* fn = dlsym(RTLD_DEFAULT,\n                     \"cuTensorMapEncodeTiled\");"),
+    ("host", "    cudaGetDriverEntryPointByVersion(\n        \"cuTensorMapEncodeTiled\", &fn, 12000, cudaEnableDefault, "
+             "&status);"),
     ("host", "    static const char* kPy = R\"PY(\nimport os\nos.system(\"ls\")\n)PY\";"),
     ("host", "    std::vector<int> v;\n    v.erase(std::remove(v.begin(), v.end(), 0), v.end());"),
     ("host", "    auto bound = std::bind(check_cuda, cudaSuccess, \"x\");"),
