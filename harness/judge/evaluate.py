@@ -388,6 +388,10 @@ def _built_and_judged(job: Job, device: torch.device, start: float, deadline: fl
     with ExitStack() as stack:
         timing = None
         if quiet is not None:
+            # the idle latency once more, now that nvcc no longer loads the host (the outputs phase's process,
+            # started beside the build, runs no candidate code before `go`; its warm-up is a few tiny kernels): the
+            # lower of the two measurements counts
+            quiet.refine()
             # the timing phase's candidate process now, so its start (torch, CUDA, the modules) overlaps the
             # outputs phase
             run = stack.enter_context(CandidateRun(job, "timing", device=str(device), cand_so=cand_so,

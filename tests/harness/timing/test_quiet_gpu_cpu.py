@@ -78,3 +78,18 @@ def test_work_that_keeps_the_gpu_busy_interferes():
     busy = FakeQuiet(iter(lambda: 2000.0, None))
     with pytest.raises(Interference, match="stayed busy"):
         busy.wait(limit_s=0.05)
+
+
+def test_a_second_measurement_keeps_the_lower_baseline():
+    """Measured while nvcc loads the host, then again after the build: the lower baseline, the tighter bound."""
+    quiet = FakeQuiet([])
+    quiet.baseline_us = float("inf")
+    quiet.latencies = iter([16.0, 15.5, 18.0])
+    quiet.refine(probes=3)
+    assert quiet.baseline_us == 15.5 and quiet.bound_us == 65.5  # baseline + QUIET_MARGIN_US
+    quiet.latencies = iter([9.5, 9.1, 30.0])
+    quiet.refine(probes=3)
+    assert quiet.baseline_us == 9.1 and quiet.bound_us == pytest.approx(59.1)
+    quiet.latencies = iter([40.0, 41.0, 42.0])  # a slower second look never loosens the bound
+    quiet.refine(probes=3)
+    assert quiet.baseline_us == 9.1 and quiet.bound_us == pytest.approx(59.1)
