@@ -80,3 +80,19 @@ class ParsedPass:
         if not edits:
             raise Refusal(("; ".join(reasons) if every_reason else reasons[0]) if reasons else nothing)
         return splice(unit, edits), f"{what}: {', '.join(done)}"
+
+
+def tolerated(spec: dict | None, change: str) -> tuple[bool, str]:
+    """Whether the spec's tolerance admits results a few ulp off the original's (`change` names what would
+    move them, for the reason), and why (one line): refused for a spec that compares outputs exactly (no
+    tolerance, or atol = rtol = 0 for some dtype); without a spec the harness's tolerance decides. The one
+    home of that rule (fast_math's intrinsics, vectorize's reordered float sums)."""
+    if spec is None:
+        return True, "no spec given: the harness's tolerance decides"
+    tolerance = spec.get("tolerance")
+    if not tolerance:
+        return False, f"the spec compares outputs exactly (no tolerance): {change} would change them"
+    for dtype, tol in sorted(tolerance.items()):
+        if isinstance(tol, dict) and not tol.get("atol") and not tol.get("rtol"):
+            return False, f"the spec is bit-exact for {dtype} (atol = rtol = 0): {change} would change results"
+    return True, "the spec's tolerance admits a few ulp"

@@ -10,12 +10,12 @@ do not exist on the host), to calls of the plain C names and to divisions libcla
 which an intrinsic cannot initialise). The intrinsics differ from the IEEE results by a few ulp (and
 `__fdividef` returns 0 for divisors above 2^126), so the pass asks the spec first (`allows`): it refuses
 for a spec that compares outputs exactly (no tolerance, or atol = rtol = 0 for some dtype); without a
-spec the harness's tolerance decides. This is the one home of that rule.
+spec the harness's tolerance decides (the rule lives in passes.base.tolerated, which vectorize shares).
 """
 
 from __future__ import annotations
 
-from astra.optimize.passes.base import ParsedPass, Refusal
+from astra.optimize.passes.base import ParsedPass, Refusal, tolerated
 from astra.optimize.passes.syntax import Unit, attrs, body, operator, parents, splice, walk
 
 _INTRINSICS = {"expf": "__expf", "logf": "__logf", "sinf": "__sinf", "cosf": "__cosf", "tanf": "__tanf",
@@ -24,15 +24,7 @@ _INTRINSICS = {"expf": "__expf", "logf": "__logf", "sinf": "__sinf", "cosf": "__
 
 def allows(spec: dict | None) -> tuple[bool, str]:
     """Whether the spec's tolerance admits approximate math, and why (one line)."""
-    if spec is None:
-        return True, "no spec given: the harness's tolerance decides"
-    tolerance = spec.get("tolerance")
-    if not tolerance:
-        return False, "the spec compares outputs exactly (no tolerance): fast math would change them"
-    for dtype, tol in sorted(tolerance.items()):
-        if isinstance(tol, dict) and not tol.get("atol") and not tol.get("rtol"):
-            return False, f"the spec is bit-exact for {dtype} (atol = rtol = 0): fast math would change results"
-    return True, "the spec's tolerance admits a few ulp"
+    return tolerated(spec, "fast math")
 
 
 class FastMath(ParsedPass):

@@ -41,9 +41,33 @@ Applies to a `for` loop in a `__global__` or `__device__` function when:
   `__nv_bfloat16`): a defaulted copy or move writes the whole element, a class's own `operator=` may keep
   some of its bytes, so that base's pack is loaded before the body runs; no element is given to a call
   by non-`const` reference, has its address taken, or has a field or non-`const` method used;
-- the body writes no variable declared outside the loop (no reduction) and has no `break`,
-  `continue`, `return`, barrier, atomic, inline assembly or lambda.
-The element order each thread visits changes (pack by pack), which an element-wise body cannot see.
+- the body writes nothing but the elements it packs, the locals it declares (register arrays and struct
+  fields included) and accumulators, and has no `break`, `continue`, `return`, barrier, atomic, inline
+  assembly or lambda. An accumulator is a scalar local of the function, of an integer or floating type
+  (not `__shared__`, `static`, a parameter, pointer, array, reference or class; its address never taken
+  nor bound to a reference), that one statement of the body's own (not under a condition) updates as
+  `x += e;`, `x -= e;`, `x *= e;`, `x = x + e;` (`x = e + x`, `x = x - e`, `x = x * e`, `x = e * x`) or
+  `x = fmaxf(x, e);` (`fminf`, `fmax`, `fmin`, `max`, `min`, either order), `e` reading no accumulator and
+  `x` read nowhere else in the loop: the per-thread partial of a block reduction (`sum += v * v;` of an
+  RMS norm, `amax = fmaxf(amax, fabsf(v));` of a quantization scale).
+  In a strided loop packs give each thread other elements, so a thread's partial changes: only the
+  CTA's combination of the partials is the same. So the loop is a CTA's (`threadIdx.x`; the grid's index
+  is refused: a combination over CTAs is not proven), the accumulator is declared inside every loop around
+  it, and its first read after the loop is the argument of a call every thread of the CTA reaches that
+  combines it over the CTA with its own kind: a call named a block reduction of it (`block` or `cta`,
+  `reduce`, and `sum`/`add`, `max` or `min`: `sum = blockReduceSum(sum)`, `cta::reduce_max(m, smem)`; the
+  name is trusted), or `atomicAdd`/`atomicMax`/`atomicMin` into a target made of `__shared__` variables,
+  parameters and `blockIdx` alone. A serial loop (`++i`) keeps its elements on one thread.
+The element order each thread visits changes (pack by pack), which an element-wise body cannot see. An
+accumulator sees it only through the order of its updates: each thread still takes each of its elements
+once and the threads together every element, so what the CTA's combination gathers is the same set, in
+another grouping. That leaves an integer updated with integers (+, -, *, max and min wrap or
+compare the same in any order) and a float by fmaxf/fminf/fmax/fmin (IEEE maxNum/minNum: order-free, NaNs
+ignored) exact; a float sum or product rounds differently, and a float `max`/`min` that may not be IEEE's
+may keep another NaN, so those ask the spec (`base.tolerated`, fast_math's rule: refused for a spec that
+compares outputs exactly; without a spec the harness's tolerance decides), except in a serial loop
+(`++i`), which visits its elements in the same order packed. An integer updated with a non-integer value
+is refused (each step rounds).
 """
 
 from __future__ import annotations
@@ -51,7 +75,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from astra.optimize.passes.base import ParsedPass, Refusal, Site
+from astra.optimize.passes.base import ParsedPass, Refusal, Site, tolerated
 from astra.optimize.passes.block_size import extents as block_extents
 from astra.optimize.passes.block_size import launch_block as launch_bound
 from astra.optimize.passes.block_size import value as block_value
@@ -59,6 +83,7 @@ from astra.optimize.passes.launches import QUERIES, uses
 from astra.optimize.passes.syntax import (
     Unit,
     assignment,
+    attrs,
     bare,
     body,
     callee,
@@ -85,11 +110,11 @@ class Vectorize(ParsedPass):
     family = "vectorize"
 
     def rewrite(self, unit: Unit, spec: dict | None) -> tuple[str, str]:
-        return self.rewrite_each(unit, _loops(unit), "16-byte packed loads/stores with a scalar fallback",
+        return self.rewrite_each(unit, _loops(unit, spec), "16-byte packed loads/stores with a scalar fallback",
                                  "no for loop in device code")
 
 
-def _loops(unit: Unit) -> Iterator[Site]:
+def _loops(unit: Unit, spec: dict | None) -> Iterator[Site]:
     """Every `for` loop of the file's device code, outermost first."""
     for function in unit.device_functions():
         if body(function) is None:
@@ -98,8 +123,8 @@ def _loops(unit: Unit) -> Iterator[Site]:
         taken = {t.spelling for t in function.get_tokens() if t.kind.name == "IDENTIFIER"}
         for loop in [n for n in walk(body(function)) if n.kind.name == "FOR_STMT" and unit.in_main(n)]:
             yield (f"{function.spelling} line {unit.line_of(unit.span(loop)[0])}", loop,
-                   lambda loop=loop, up=up, taken=taken, function=function: (
-                       *_vectorize(unit, function, loop, up, taken), ""))
+                   lambda loop=loop, up=up, taken=taken, function=function: _vectorize(
+                       unit, function, loop, up, taken, spec))
 
 
 class _Access:
@@ -117,7 +142,7 @@ class _Access:
         return pointer_stem(words[-1]) if words else "p"
 
 
-def _vectorize(unit: Unit, function, loop, up: dict, taken: set) -> tuple[int, int, str]:
+def _vectorize(unit: Unit, function, loop, up: dict, taken: set, spec: dict | None) -> tuple[int, int, str, str]:
     if not own_statement(unit, loop, up):
         raise Refusal("the loop is not a statement of its own")
     children = list(loop.get_children())
@@ -130,17 +155,55 @@ def _vectorize(unit: Unit, function, loop, up: dict, taken: set) -> tuple[int, i
     off, place = _split_start(unit, first, stride, up)
     if place != "0":
         _every_place(unit, function, loop, first, step, up)
-    _check_body(unit, loop_body, loop)
+    outside = _check_body(unit, loop_body, loop)
+    accumulators = _accumulators(unit, function, loop_body, outside, up)
+    note = ""
+    if accumulators and place != "0":
+        cta = _plain(_origin(unit, _place_node(unit, first))) == "threadIdx.x"
+        for decl, (_, op) in accumulators.items():
+            _combined(unit, function, loop, decl, op, cta, up)
+    ordered = [(d, what) for d, (what, _) in accumulators.items() if what]
+    if ordered and place != "0":  # a serial loop keeps its order: packs in turn, elements in turn, the tail
+        decl, what = ordered[0]
+        ok, why = tolerated(spec, "regrouping it")
+        if not ok:
+            how = ("whose rounding depends on which elements each thread takes" if what in ("sum", "product")
+                   else f"through `{what}`, not fmaxf/fminf (its NaNs may depend on the order)")
+            raise Refusal(f"{decl.spelling} accumulates a float {_WHAT.get(what, what)}, {how}: {why}")
+        note = f"the float {what} into {decl.spelling} regrouped: {why}"
     aliases = _aliases(unit, loop_body, var, up)
-    accesses, valued = _accesses(unit, loop_body, var, aliases, up)
+    accesses, valued = _accesses(unit, loop_body, var, aliases, up, bool(accumulators))
     if valued and ("auto" in var.type.spelling or "dependent" in var.type.spelling):
         raise Refusal(f"{var.spelling} is used as a value and its type is deduced")
     sizes = {a.element: a.size for a in accesses.values()}
     if len(sizes) > 1 and not all(sizes.values()):
         unknown = sorted(e for e, size in sizes.items() if not size)
         raise Refusal(f"pointers of different element types, {unknown[0]} of a size unknown before instantiation")
+    _own_writes(unit, loop_body, accesses, accumulators)
     _apart(unit, loop_body, accesses)
-    return _emit(unit, loop, loop_body, var, (first, off, place, valued), bound, stride, accesses, aliases, taken)
+    return (*_emit(unit, loop, loop_body, var, (first, off, place, valued), bound, stride, accesses, aliases, taken),
+            note)
+
+
+def _own_writes(unit: Unit, loop_body, accesses: dict, accumulators: dict) -> None:
+    """Refuses a body that writes anything but the elements it packs, its accumulators and the locals
+    (register arrays, struct fields) it declares itself: a store to other memory or an element of an outer
+    array or struct (`s[0] += x[i]`, `last[threadIdx.x] = x[i]`) accumulates or keeps the last value, and
+    packs change which elements a thread sees last."""
+    packed = {n for a in accesses.values() for n in a.nodes}
+    _, made = written(unit, loop_body)
+    for node in walk(loop_body):
+        target = bare(next(node.get_children())) if assignment(unit, node) else stepped(unit, node)
+        if target is None or target in packed or refers_to(target) in accumulators:
+            continue
+        base = target
+        while base.kind.name in ("MEMBER_REF_EXPR", "ARRAY_SUBSCRIPT_EXPR") and "*" not in next(
+                base.get_children()).type.spelling and "->" not in unit.code(base):
+            base = bare(next(base.get_children()))
+        if refers_to(base) not in made:
+            text = re.sub(r"\s+", " ", unit.code(target)).strip()
+            raise Refusal(f"the body writes {text}, neither an "
+                          "element it packs nor a local of its own (packs change which elements a thread sees last)")
 
 
 def _apart(unit: Unit, loop_body, accesses: dict) -> None:
@@ -345,7 +408,9 @@ def _stride(unit: Unit, step, var) -> str:
     raise Refusal("the loop step is not `i += D` or `++i`")
 
 
-def _check_body(unit: Unit, loop_body, loop) -> None:
+def _check_body(unit: Unit, loop_body, loop) -> list:
+    """Refuses a body that jumps, loops, synchronises or uses atomics or inline assembly; returns the
+    variables declared outside the loop that it writes (each must be an accumulator: `_accumulators`)."""
     kinds = {n.kind.name for n in walk(loop_body)}
     if kinds & {"BREAK_STMT", "CONTINUE_STMT", "RETURN_STMT", "GOTO_STMT", "LAMBDA_EXPR", "FOR_STMT", "WHILE_STMT",
                 "DO_STMT"}:
@@ -355,9 +420,196 @@ def _check_body(unit: Unit, loop_body, loop) -> None:
                                        for n in names):
         raise Refusal("the body synchronises, uses atomics or inline assembly")
     assigned, made = written(unit, loop_body)
-    outside = [d for d in assigned if d not in made]
-    if outside:
-        raise Refusal(f"the body writes {outside[0].spelling}, declared outside the loop (a reduction)")
+    return sorted((d for d in assigned if d not in made), key=lambda d: unit.span(d)[0])
+
+
+_INTEGERS = ("BOOL", "CHAR_U", "UCHAR", "CHAR16", "CHAR32", "USHORT", "UINT", "ULONG", "ULONGLONG", "UINT128",
+             "CHAR_S", "SCHAR", "WCHAR", "SHORT", "INT", "LONG", "LONGLONG", "INT128")
+_FLOATS = ("FLOAT", "DOUBLE", "LONGDOUBLE", "HALF", "FLOAT16", "FLOAT128", "BFLOAT16")
+_IEEE_MAX_MIN = ("fmaxf", "fminf", "fmax", "fmin")  # IEEE maxNum/minNum: order-free, NaN-ignoring
+_MAX_MIN = (*_IEEE_MAX_MIN, "max", "min")
+_WHAT = {"+": "sum", "-": "sum", "*": "product", "max": "max", "min": "min"}
+
+
+def _accumulators(unit: Unit, function, loop_body, outside: list, up: dict) -> dict:
+    """The variables declared outside the loop that the body writes, each an accumulator: a scalar local of
+    the function (integer or floating, not `__shared__`, `static`, a parameter, pointer, array, reference
+    or class, its address never taken nor bound to a reference) that one statement of the body's own
+    updates (`x += e;`, `x -= e;`, `x *= e;`, `x = x + e;`, `x = fmaxf(x, e);`, `fminf`, `fmax`, `fmin`,
+    `max`, `min`, either order), `e` reading no accumulator and `x` read nowhere else in the loop. Each is
+    mapped to ("" where the order its elements come in cannot change the result (an integer updated with an
+    integer, a float by fmaxf/fminf/fmax/fmin), else what it accumulates ("sum", "product", "max" through a
+    `max` that may not be IEEE's): a float the packs may round differently; the update's operator or
+    function)."""
+    if not outside:
+        return {}
+    statements = list(loop_body.get_children()) if loop_body.kind.name == "COMPOUND_STMT" else [loop_body]
+    updates: dict = {}
+    for decl in outside:
+        name = decl.spelling
+        _scalar_local(unit, function, decl, up)
+        writes = [n for n in walk(loop_body) if _target(unit, n) == decl]
+        if len(writes) > 1:
+            raise Refusal(f"the body writes {name} (declared outside the loop) more than once: not one accumulator "
+                          "update")
+        mine = [s for s in statements if bare(s) == writes[0]]
+        if not mine:
+            raise Refusal(f"the body writes {name} (declared outside the loop) under a condition, in a nested "
+                          "statement or inside an expression: not an accumulator update")
+        found = _update(unit, writes[0], decl)
+        if found is None:
+            raise Refusal(f"the body writes {name} (declared outside the loop) other than as an accumulator update "
+                          "(`x += e;`, `x -= e;`, `x *= e;`, `x = x + e;`, `x = fmaxf(x, e);`, min/max)")
+        updates[decl] = found
+    for decl, (op, own, value, whole) in updates.items():
+        for node in walk(value):
+            if refers_to(node) in updates:
+                other = refers_to(node).spelling
+                raise Refusal(f"the update of {decl.spelling} reads {other}" + (
+                    "" if other == decl.spelling else ", another accumulator (its partial value differs per pack)"))
+    out: dict = {}
+    for decl, (op, own, value, whole) in updates.items():
+        name = decl.spelling
+        stray = [n for n in walk(loop_body) if refers_to(n) == decl and n not in own]
+        if stray:
+            raise Refusal(f"{name} is read elsewhere in the loop (its partial value differs per pack), not only "
+                          "by its accumulator update")
+        kind = decl.type.get_canonical().kind.name
+        if kind in _INTEGERS:
+            typed = [bare(whole).type.get_canonical().kind.name, bare(value).type.get_canonical().kind.name]
+            if any(t not in _INTEGERS for t in typed):
+                raise Refusal(f"{name} is an integer updated with a value of type {bare(value).type.spelling} "
+                              "(each step rounds: the order matters)")
+            out[decl] = ("", op)
+        else:
+            out[decl] = ("" if op in _IEEE_MAX_MIN else _WHAT.get(op, op), op)  # "sum", "product", "max" or "min"
+    return out
+
+
+_LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT", "CXX_FOR_RANGE_STMT")
+
+
+def _combined(unit: Unit, function, loop, decl, op: str, cta: bool, up: dict) -> None:
+    """Refuses an accumulator of a strided loop unless what reads it after the loop is a reduction over the
+    CTA of the same kind: packs give each thread other elements, so one thread's partial changes and only
+    the CTA's combination of them is the same. That is: a CTA's loop (`threadIdx.x`, not the grid's index:
+    the combination over CTAs is not proven), the accumulator declared inside every loop around this one
+    (no partial carried into the next round), and its first reference after the loop an argument of a call
+    whose name says a block-wide reduction of its kind (`blockReduceSum(sum)`, `cta::reduce_max(m, smem)`:
+    `block` or `cta`, `reduce`, and `sum`/`add`, `max` or `min`)."""
+    name = decl.spelling
+    if not cta:
+        raise Refusal(f"{name} accumulates per thread of the grid: packs change each thread's partial, and their "
+                      "combination over CTAs is not proven")
+    node = loop
+    while node in up:
+        node = up[node]
+        if node.kind.name in _LOOPS and unit.span(decl)[0] < unit.span(node)[0]:
+            raise Refusal(f"{name} is declared outside a loop around this one: its per-thread partial carries on")
+    end = unit.span(loop)[1]
+    later = sorted((n for n in walk(body(function)) if refers_to(n) == decl and unit.span(n)[0] >= end),
+                   key=lambda n: unit.span(n)[0])
+    if not later:
+        return  # never read again: its value is no result
+    kind = {"+": "sum", "-": "sum", "*": "product"}.get(op, "max" if "max" in op else "min")
+    words = {"sum": ("sum", "add"), "max": ("max",), "min": ("min",)}.get(kind, ())
+    first = later[0]
+    top = up.get(first)
+    while top is not None and top.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
+        top = up.get(top)
+    if top is not None and assignment(unit, top) == "=" and bare(next(top.get_children())) == first and len(later) > 1:
+        first = later[1]  # `x = blockReduceSum(x);`: its read is the call's argument
+        if not unit.span(top)[0] <= unit.span(first)[0] < unit.span(top)[1]:
+            first = later[0]
+    call = up.get(first)
+    while call is not None and call.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
+        call = up.get(call)
+    head = unit.data[unit.span(call)[0]:unit.span(first)[0]].decode().lower() if (
+        call is not None and call.kind.name == "CALL_EXPR") else ""
+    named = ("block" in head or "cta" in head) and "reduce" in head and any(w in head for w in words)
+    if not (head and (named or _atomic_total(unit, call, first, kind))):
+        raise Refusal(f"{name} is read after the loop other than by a block-wide {kind} reduction "
+                      "(`blockReduceSum(x)`, `cta::reduce_max(x, smem)`, `atomicAdd(&total, x)`): packs change "
+                      "each thread's partial")
+    why = Threads(unit, function).converged(call, warp=False)
+    if why:
+        raise Refusal(f"not every thread of the CTA reaches the reduction of {name}: {why}")
+
+
+def _atomic_total(unit: Unit, call, arg, kind: str) -> bool:
+    """Whether `call` is `atomicAdd(target, arg)` (`atomicMax`, `atomicMin` for those kinds) into one place
+    for every thread: a target of `__shared__` variables, parameters and `blockIdx` alone."""
+    args = [bare(a) for a in call.get_arguments()]
+    if callee(call) != {"sum": "atomicAdd", "max": "atomicMax", "min": "atomicMin"}.get(kind) or len(args) != 2 or (
+            args[1] != arg):
+        return False
+    names = [refers_to(n) for n in walk(args[0]) if refers_to(n) is not None]
+    return "threadIdx" not in unit.code(args[0]) and all(
+        d.kind.name == "PARM_DECL" or "CUDASHARED_ATTR" in attrs(d) for d in names)
+
+
+def _target(unit: Unit, node):
+    """The declaration `node` assigns, increments or takes the address of, or None (as `written` sees it)."""
+    target = bare(next(node.get_children())) if assignment(unit, node) else stepped(unit, node)
+    return refers_to(target) if target is not None else None
+
+
+def _scalar_local(unit: Unit, function, decl, up: dict) -> None:
+    """Refuses a variable written in the loop that is not an integer or floating local of the function whose
+    address is never taken nor bound to a reference (so the loop reaches it by its name alone)."""
+    name = decl.spelling
+    if decl.kind.name == "PARM_DECL":
+        raise Refusal(f"the body writes {name}, a parameter (only a local scalar may accumulate)")
+    f0, f1 = unit.span(function)
+    if decl.kind.name != "VAR_DECL" or not f0 <= unit.span(decl)[0] < f1:
+        raise Refusal(f"the body writes {name}, declared outside the function (only a local scalar may accumulate)")
+    if "CUDASHARED_ATTR" in attrs(decl) or decl.storage_class.name == "STATIC":
+        raise Refusal(f"the body writes {name}, `__shared__` or `static` memory (only a thread's own scalar may "
+                      "accumulate)")
+    kind = decl.type.get_canonical().kind.name
+    if kind not in _INTEGERS + _FLOATS or kind == "BOOL":
+        what = {"POINTER": "a pointer", "LVALUEREFERENCE": "a reference", "RVALUEREFERENCE": "a reference",
+                "CONSTANTARRAY": "an array", "INCOMPLETEARRAY": "an array", "RECORD": "a class or struct"}.get(
+                    kind, f"of type {decl.type.spelling}")
+        raise Refusal(f"the body writes {name}, declared outside the loop and {what}: not an integer or floating "
+                      "scalar accumulator")
+    for node in walk(body(function)):
+        if refers_to(node) != decl:
+            continue
+        parent = up.get(node)
+        while parent is not None and parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
+            parent = up.get(parent)
+        if parent is not None and ((parent.kind.name == "UNARY_OPERATOR" and operator(unit, parent) == "&") or (
+                parent.kind.name == "VAR_DECL" and "REFERENCE" in parent.type.get_canonical().kind.name)):
+            raise Refusal(f"{name}'s address is taken or a reference is bound to it: the loop may reach it "
+                          "otherwise than by its name")
+
+
+def _update(unit: Unit, node, decl):
+    """(operator or function, the accumulator's own references, `e`, the whole value assigned) of an
+    accumulator update of `decl` (`x += e`, `x = x * e`, `x = fmaxf(e, x)`, ...), or None."""
+    op = assignment(unit, node)
+    if node.kind.name not in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR") or not op:
+        return None
+    lhs, rhs = list(node.get_children())
+    target = bare(lhs)
+    if op in ("+=", "-=", "*="):
+        return op[0], {target}, rhs, rhs
+    if op != "=":
+        return None
+    value = bare(rhs)
+    if value.kind.name == "BINARY_OPERATOR" and operator(unit, value) in ("+", "-", "*"):
+        pair = [bare(c) for c in value.get_children()]
+        how = operator(unit, value)
+    elif value.kind.name == "CALL_EXPR" and callee(value) in _MAX_MIN and len(list(value.get_arguments())) == 2:
+        pair = [bare(a) for a in value.get_arguments()]
+        how = callee(value)
+    else:
+        return None
+    for mine, other in [pair] if how == "-" else [pair, pair[::-1]]:
+        if refers_to(mine) == decl:
+            return how, {target, mine}, other, rhs
+    return None
 
 
 def _aliases(unit: Unit, loop_body, var, up: dict) -> dict:
@@ -384,7 +636,7 @@ def _aliases(unit: Unit, loop_body, var, up: dict) -> dict:
     return out
 
 
-def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> tuple[dict, bool]:
+def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict, accumulates: bool) -> tuple[dict, bool]:
     """Each base the loop variable indexes (directly or through an alias): its offset, element type,
     whether read and written; and whether the variable is also used as a value (`(i < n) ? i : -1`)."""
     out: dict = {}
@@ -430,7 +682,7 @@ def _accesses(unit: Unit, loop_body, var, aliases: dict, up: dict) -> tuple[dict
         access.write |= role in ("write", "update")
     if not out:
         raise Refusal("the loop indexes no pointer with its variable")
-    if not any(a.write for a in out.values()):
+    if not accumulates and not any(a.write for a in out.values()):
         raise Refusal("the loop stores nothing through the pointers it indexes")
     return out, valued
 

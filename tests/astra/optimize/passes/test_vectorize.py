@@ -1,6 +1,9 @@
 """vectorize: element-wise strided loops get 16-byte packed accesses behind a run-time alignment check."""
 
 from astra.optimize.passes import all_passes
+from astra.optimize.passes.base import PassResult, Refusal
+from astra.optimize.passes.syntax import parse
+from astra.optimize.passes.vectorize import _loops
 from tests.astra.optimize.passes.nvcc import compiles
 from tests.astra.optimize.passes.test_coarsen import LAUNCHER
 
@@ -59,9 +62,9 @@ __global__ void fill_tail(float* __restrict__ out, const float* __restrict__ in,
 
 def test_refusals_say_which_precondition_failed():
     cases = {
-        "a reduction": ("__global__ void k(const float* x, float* y, int n) {\n  float s = 0.f;\n"
-                        "  for (int i = threadIdx.x; i < n; i += blockDim.x) { s += x[i]; y[i] = s; }\n}\n",
-                        "a reduction"),
+        "a running sum": ("__global__ void k(const float* x, float* y, int n) {\n  float s = 0.f;\n"
+                          "  for (int i = threadIdx.x; i < n; i += blockDim.x) { s += x[i]; y[i] = s; }\n}\n",
+                          "s is read elsewhere in the loop"),
         "a conditional store": ("__global__ void k(const float* x, float* y, int n) {\n"
                                 "  for (int i = threadIdx.x; i < n; i += blockDim.x) { if (x[i] > 0) y[i] = x[i]; }\n}\n",
                                 "under a condition"),
@@ -289,3 +292,182 @@ template void run<4>(float*, int, cudaStream_t);
     assert compiles(tmp_path, result.source) == ""
     other = all_passes()["vectorize"].apply(source.replace("LaunchKernel(1, kWarps * 32", "LaunchKernel(1, kWarps * 64"))
     assert not other.applies and "is not known to be the number of places" in other.reason
+
+
+LOOSE = {"tolerance": {"bfloat16": {"atol": 1e-2, "rtol": 1e-2}, "float32": {"atol": 1e-5, "rtol": 1e-5}}}
+EXACT = {"tolerance": {"bfloat16": {"atol": 0.0, "rtol": 0.0}}}
+REDUCE = """
+#include <cstdint>
+#include <cuda_bf16.h>
+template <typename T, typename Op>
+__device__ T block_combine(T v, Op op) {
+  __shared__ T parts[1024];
+  parts[threadIdx.x] = v;
+  __syncthreads();
+  T total = parts[0];
+  int k = 1;
+  while (k < blockDim.x) total = op(total, parts[k++]);  // a while loop: no site of the pass
+  __syncthreads();
+  return total;
+}
+template <typename T>
+__device__ T blockReduceSum(T v) { return block_combine(v, [](T a, T b) { return a + b; }); }
+__device__ float blockReduceMax(float v) { return block_combine(v, [](float a, float b) { return fmaxf(a, b); }); }
+"""
+RMSNORM = REDUCE + """
+__global__ void rms_partial(const __nv_bfloat16* __restrict__ x, float* __restrict__ partial, int d) {
+  float sum_sq = 0.f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = __bfloat162float(x[blockIdx.x * d + i]);
+    sum_sq += v * v;
+  }
+  sum_sq = blockReduceSum(sum_sq);
+  if (threadIdx.x == 0) partial[blockIdx.x] = rsqrtf(sum_sq / d + 1e-6f);
+}
+"""
+ABSMAX = REDUCE + """
+__global__ void absmax(const float* __restrict__ x, float* __restrict__ scale, int n) {
+  float amax = 0.f;
+  int nonzero = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    amax = fmaxf(fabsf(x[blockIdx.x * n + i]), amax);
+    nonzero += x[blockIdx.x * n + i] != 0.f;
+  }
+  amax = blockReduceMax(amax);
+  nonzero = blockReduceSum(nonzero);
+  if (threadIdx.x == 0) scale[blockIdx.x] = amax * nonzero;
+}
+"""
+
+
+def test_a_float_sum_of_squares_is_packed_where_the_tolerance_admits_regrouping(tmp_path):
+    result = all_passes()["vectorize"].apply(RMSNORM, LOOSE)
+    assert result.applies, result.reason
+    assert "the float sum into sum_sq regrouped: the spec's tolerance admits a few ulp" in result.reason
+    out = result.source
+    assert "*reinterpret_cast<uint4*>(x_pack) = *reinterpret_cast<const uint4*>(&x[blockIdx.x * d + i_first]);" in out
+    assert "const float v = __bfloat162float(x_pack[lane]);" in out
+    assert out.count("sum_sq += v * v;") == 3  # the packs, the tail, the fallback: one accumulator throughout
+    assert "float sum_sq = 0.f;" in out and out.count("float sum_sq") == 1
+    assert compiles(tmp_path, out) == ""
+    # no spec: the harness's tolerance decides, as for fast_math
+    unchecked = all_passes()["vectorize"].apply(RMSNORM)
+    assert unchecked.applies and "no spec given: the harness's tolerance decides" in unchecked.reason
+
+
+def test_a_float_sum_is_refused_on_a_bit_exact_spec():
+    for spec in (EXACT, {"tolerance": {}}):
+        result = all_passes()["vectorize"].apply(RMSNORM, spec)
+        assert not result.applies
+        assert "sum_sq accumulates a float sum, whose rounding depends on which elements each thread takes" \
+            in result.reason
+        assert "exact" in result.reason
+
+
+def test_max_and_integer_accumulators_need_no_tolerance(tmp_path):
+    result = all_passes()["vectorize"].apply(ABSMAX, EXACT)
+    assert result.applies, result.reason
+    assert "regrouped" not in result.reason
+    out = result.source
+    assert "amax = fmaxf(fabsf(x_pack[lane]), amax);" in out and "nonzero += x_pack[lane] != 0.f;" in out
+    assert compiles(tmp_path, out) == ""
+    # a float max through a `max` that may not be IEEE's maxNum asks the spec, as a sum does
+    generic = ABSMAX.replace("fmaxf(fabsf(", "max(fabsf(")
+    refused = all_passes()["vectorize"].apply(generic, EXACT)
+    assert not refused.applies and "amax accumulates a float max, through `max`" in refused.reason
+
+
+def test_a_serial_loop_keeps_its_order_and_its_float_sum():
+    source = ("__global__ void k(const float* __restrict__ x, float* __restrict__ y, int n) {\n  float s = 0.f;\n"
+              "  for (int i = 0; i < n; ++i) s += x[i];\n  y[0] = s;\n}\n")
+    result = all_passes()["vectorize"].apply(source, EXACT)
+    assert result.applies, result.reason
+    assert "for (int i_pack = 0; i_pack < (n) / kPack; ++i_pack)" in result.source
+
+
+def test_writes_that_are_not_accumulator_updates_are_refused():
+    head = ("__device__ float blockReduceSum(float);\n__device__ float blockReduceMax(float);\n"
+            "__device__ float warpReduceSum(float);\n"
+            "__global__ void k(const float* __restrict__ x, float* __restrict__ y, int n{}) {{\n{}")
+    loop = "  for (int i = threadIdx.x; i < n; i += blockDim.x) {{ {} }}\n  y[blockIdx.x] = blockReduceSum(s);\n}}\n"
+    cases = {
+        "read elsewhere": ("  float s = 0.f;\n", "s += x[i]; if (s > 1.f) y[i] = x[i];",
+                           "s is read elsewhere in the loop"),
+        "a conditional update": ("  float s = 0.f;\n", "if (x[i] > 0.f) s += x[i];", "under a condition"),
+        "an update reading another accumulator": ("  float s = 0.f, m = 1.f;\n", "m = fmaxf(m, x[i]); s += x[i] / m;",
+                                                  "the update of s reads m, another accumulator"),
+        "an update reading itself": ("  float s = 0.f;\n", "s += s * x[i];", "the update of s reads s"),
+        "two updates": ("  float s = 0.f;\n", "s += x[i]; s *= 0.5f;", "writes s (declared outside the loop) more than once"),
+        "not an update form": ("  float s = 0.f;\n", "s = x[i] - s;", "other than as an accumulator update"),
+        "an integer rounding a float": ("  int s = 0;\n", "s += x[i];", "s is an integer updated with a value of type"),
+        "a pointer": ("  const float* s = x;\n", "s += 1; y[i] = x[i];", "declared outside the loop and a pointer"),
+        "__shared__": ("  __shared__ float s;\n", "s += x[i];", "`__shared__` or `static` memory"),
+        "an array element": ("  float a[2] = {0.f, 0.f};\n  float s = 0.f;\n", "y[i] = x[i]; a[0] += x[i];",
+                             "the body writes a[0], neither an element it packs nor a local of its own"),
+        "a reference": ("  float t = 0.f;\n  float& s = t;\n", "s += x[i];",
+                        "declared outside the loop and a reference"),
+        "bound to a reference": ("  float s = 0.f;\n  float& r = s;\n", "s += x[i] * r;",
+                                 "s's address is taken or a reference is bound to it"),
+        "a parameter": ("", "s += x[i];", "the body writes s, a parameter"),
+        "the last value stored": ("  float s = 0.f;\n", "y[i] = x[i]; y[n + threadIdx.x] = x[i];",
+                                  "the body writes y[n + threadIdx.x], neither an element it packs"),
+    }
+    # a strided loop's partials are per thread: packs change them, and only the CTA's combination is the same
+    partial = "  float s = 0.f;\n  for (int i = threadIdx.x; i < n; i += blockDim.x) {{ s += x[i]; }}\n{}}}\n"
+    combined = {
+        "a thread's own partial stored": ("", partial.format("  y[threadIdx.x] = s;\n"),
+                                          "s is read after the loop other than by a block-wide sum reduction"),
+        "a warp's reduction": ("", partial.format("  y[threadIdx.x] = warpReduceSum(s);\n"),
+                               "other than by a block-wide sum reduction"),
+        "a block reduction of another kind": ("", partial.format("  y[0] = blockReduceMax(s);\n"),
+                                              "other than by a block-wide sum reduction"),
+        "the grid's index": ("", "  float s = 0.f;\n  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; "
+                                 "i += blockDim.x * gridDim.x) { s += x[i]; }\n  y[0] = blockReduceSum(s);\n}\n",
+                             "accumulates per thread of the grid"),
+        "a partial carried over rounds": ("", "  float s = 0.f;\n  for (int r = 0; r < 4; ++r) {\n"
+                                              "    for (int i = threadIdx.x; i < n; i += blockDim.x) { s += x[r * n + i]; }\n"
+                                              "    y[r] = blockReduceSum(s);\n  }\n}\n",
+                                          "s is declared outside a loop around this one"),
+    }
+    for name, (before, statements, reason) in {**cases, **combined}.items():
+        tail = statements if name in combined else loop.format(statements)
+        source = head.format(", float s" if name == "a parameter" else "", before) + tail
+        result = all_passes()["vectorize"].apply(source, LOOSE)
+        if name == "a partial carried over rounds":  # the outer loop refuses first: the inner one's reason
+            unit = parse(source)
+            reasons = []
+            for _, _, edit in _loops(unit, LOOSE):
+                try:
+                    edit()
+                except Refusal as refusal:
+                    reasons.append(str(refusal))
+            result = PassResult(False, None, "; ".join(reasons))
+        assert not result.applies and reason in result.reason, (name, result.reason)
+
+
+def test_an_integer_count_combined_by_an_atomic_into_shared_memory(tmp_path):
+    source = """
+#include <cstdint>
+__global__ void count_routes(const int32_t* __restrict__ ids, int32_t* __restrict__ counts, int32_t n) {
+  __shared__ int32_t count;
+  if (threadIdx.x == 0) count = 0;
+  __syncthreads();
+  int32_t local_count = 0;
+  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+    local_count += ids[i] == static_cast<int32_t>(blockIdx.x);
+  }
+  atomicAdd(&count, local_count);
+  __syncthreads();
+  if (threadIdx.x == 0) counts[blockIdx.x] = count;
+}
+"""
+    result = all_passes()["vectorize"].apply(source, EXACT)
+    assert result.applies, result.reason
+    assert "local_count += ids_pack[lane] == static_cast<int32_t>(blockIdx.x);" in result.source
+    assert compiles(tmp_path, result.source) == ""
+    per_thread = source.replace("atomicAdd(&count, local_count);", "atomicAdd(&counts[threadIdx.x], local_count);")
+    refused = all_passes()["vectorize"].apply(per_thread, EXACT)
+    assert not refused.applies and "other than by a block-wide sum reduction" in refused.reason
+    guarded = source.replace("atomicAdd(&count, local_count);", "if (threadIdx.x < 32) atomicAdd(&count, local_count);")
+    refused = all_passes()["vectorize"].apply(guarded, EXACT)
+    assert not refused.applies and "not every thread of the CTA reaches the reduction of local_count" in refused.reason
