@@ -40,9 +40,9 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
 
 # The passes whose candidates built for at least ten modules of SGLang 0.5.23 (`astra passes`,
 # docs/results/passes-0.5.23.json; tests/astra/optimize/passes/test_catalog.py holds the two together).
-# vectorize, reuse, warp_reduce and parallelize find their patterns in a few modules only: SGLang's kernels
-# already load through packed vectors, hoist their loads and reduce with warp shuffles.
-DEFAULT = ("fast_math", "coarsen", "launch_bounds")
+# reuse, warp_reduce and parallelize find their patterns in a few modules only: SGLang's kernels already hoist
+# their loads and reduce with warp shuffles.
+DEFAULT = ("fast_math", "coarsen", "launch_bounds", "vectorize")
 
 
 def all_passes() -> dict[str, RewritePass]:
