@@ -93,6 +93,11 @@ _GETENV_OK = re.compile(r'getenv\s*\(\s*"SGLANG_\w*"\s*\)')
 _DLSYM = re.compile(r"\bdlsym\b")
 _DLSYM_OK = re.compile(r'dlsym\s*\(\s*RTLD_(DEFAULT|NEXT)\s*,\s*"((cu|cuda|nccl|nvrtc)[A-Za-z]\w*)"\s*\)')
 _GPU_CODE_LOADER_NAME = re.compile(_GPU_CODE_LOADERS)
+# Calls that fetch a symbol by name: (the call, the call with a literal name as group 2, the reason when the
+# name is not a literal, how a loader's name was fetched).
+_BY_NAME = [(_DLSYM, _DLSYM_OK, "dlsym (dynamic symbol lookup)", "dlsym"),
+            (_ENTRY_POINT, _ENTRY_POINT_OK, "a driver entry point fetched by a name that is not a literal",
+             "a driver entry point")]
 _STRS_RULES: list[tuple[re.Pattern, str]] = [
     (re.compile(r"\.(init_array|preinit_array|fini_array|ctors|dtors)\b"), "an .init_array/.ctors section"),
 ]
@@ -115,18 +120,13 @@ def _line_rule(code: str, strs: str, nxt: str, window: str) -> str | None:
     for m in _GETENV.finditer(code):
         if not _GETENV_OK.match(window, m.start()):
             return "environment access (getenv of a non-SGLANG_ name)"
-    for m in _DLSYM.finditer(code):
-        allowed = _DLSYM_OK.match(window, m.start())
-        if not allowed:
-            return "dlsym (dynamic symbol lookup)"
-        if _GPU_CODE_LOADER_NAME.match(allowed.group(2)):
-            return "run-time loading of GPU code (dlsym)"
-    for m in _ENTRY_POINT.finditer(code):
-        named = _ENTRY_POINT_OK.match(window, m.start())
-        if not named:
-            return "a driver entry point fetched by a name that is not a literal"
-        if _GPU_CODE_LOADER_NAME.match(named.group(2)):
-            return "run-time loading of GPU code (a driver entry point)"
+    for call, named_so, unnamed, how in _BY_NAME:  # a symbol fetched by name: a literal, and not a loader
+        for m in call.finditer(code):
+            named = named_so.match(window, m.start())
+            if not named:
+                return unnamed
+            if _GPU_CODE_LOADER_NAME.match(named.group(2)):
+                return f"run-time loading of GPU code ({how})"
     if _UCN.search(code):
         return "a universal character name outside a literal"
     if _SPLICE_IN_TOKEN.search(code.rstrip(" \t")) and code.rstrip(" \t") == code.rstrip() and re.match(r"\w", nxt):
