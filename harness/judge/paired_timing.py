@@ -26,7 +26,9 @@ set, when memory is short, rounds are one sample and a verification sees a turn'
 the original's turns the candidate process is stopped and the GPU checked quiet (harness.quiet_gpu: an
 `Interference` rejects the candidate); before each command to the candidate it is resumed. The stop rule is
 harness.timing's (`stop_reason`) over both sides' samples of the block, with the block's share of the case's
-budget per side.
+budget per side, checked every BATCH rounds and at the round where each side first has `min_samples` (rounded up
+to an even number of rounds, so each side goes first as often as the other): a block that converges stops at its
+minimum instead of at the next multiple of BATCH.
 
 Verification (harness.timed_outputs.LaunchCheck): after one round drawn at random among the first
 `min_samples` rounds of a block drawn at random, and after the last sample of every block, both sides'
@@ -151,6 +153,12 @@ def cold_sets(footprint: int, budget: int) -> int:
     return max(1, min(COLD_SETS, room))
 
 
+def minimum_rounds(min_samples: int, per_round: int) -> int:
+    """The first round after which each side has `min_samples` samples (`per_round` a round), rounded up to an
+    even number of rounds: ABBA then has each side first as often as the other."""
+    return 2 * math.ceil(min_samples / (2 * max(1, per_round)))
+
+
 def abba(first_round: int, end_round: int, per_round: int = 1) -> list[tuple[str, int]]:
     """Turns (side, samples) of rounds [first_round, end_round), each side `per_round` samples a round:
     o c, c o, o c, ..., runs of one side merged (so a turn is at most 2 x per_round samples)."""
@@ -228,7 +236,7 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
         with pair.clock("prepare"):
             info = dict(pair.both("prepare", view, seeds, layout)[0])
         block_probe = probe[1] if probe[0] == block else None
-        taken, stop = _sample_block(pair, options, check, min_samples, block_probe, block, len(layouts),
+        taken, stop = sample_block(pair, options, check, min_samples, block_probe, block, len(layouts),
                                     failures, verified, per_round)
         rounds += taken["rounds"]
         stops.append(stop)
@@ -251,7 +259,7 @@ def _time_view(case, view: str, pair: Pair, options, make_check, device: torch.d
     return ViewOutcome(entry, failures)
 
 
-def _sample_block(pair: Pair, options, check, min_samples: int, probe: int | None, block: int, blocks: int,
+def sample_block(pair: Pair, options, check, min_samples: int, probe: int | None, block: int, blocks: int,
                   failures: list[str], verified: list[str], per_round: int = 1) -> tuple[dict[str, Any], str]:
     """Block `block` of `blocks`: ABBA rounds until the stop rule holds on this block's samples (its share
     of the budget); verifies after round `probe` (None: not in this block) and after the block's last sample."""
@@ -259,8 +267,9 @@ def _sample_block(pair: Pair, options, check, min_samples: int, probe: int | Non
     budget_s = options.budget_ms_per_case / 1000.0 * 2 / blocks
     rounds, stop, start, verifying = 0, None, time.perf_counter(), 0.0
     last_label = "the last sample" if block == blocks - 1 else f"the last sample of block {block + 1}"
+    minimum = minimum_rounds(min_samples, per_round)
     while stop is None:
-        end = rounds + BATCH
+        end = rounds + BATCH if rounds >= minimum else min(rounds + BATCH, minimum)
         if probe is not None and rounds <= probe < end:
             end = probe + 1
         for side, count in abba(rounds, end, per_round):

@@ -145,7 +145,7 @@ def test_timed_work_restore_keeps_in_place_kernels_off_their_own_outputs(monkeyp
         ratio, failures = timed(view)
         print(f"restored {view}: x{ratio:.3f}")
         assert failures == [] and 0.7 < ratio < 1.05, (view, ratio, failures)
-    monkeypatch.setattr(TimedSets, "restore", lambda self: None)
+    monkeypatch.setattr(TimedSets, "restore", lambda self, index=None: None)
     ratio, failures = timed("graph")
     print(f"not restored graph: x{ratio:.3f}; {failures[:1]}")
     assert ratio > 1.5 and failures, (ratio, failures)

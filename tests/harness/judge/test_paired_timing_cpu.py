@@ -20,6 +20,8 @@ from harness.judge.paired_timing import (
     abba,
     cold_sets,
     graph_sets,
+    minimum_rounds,
+    sample_block,
     time_view,
 )
 from harness.judge.timed_outputs import Checked, LaunchCheck
@@ -230,6 +232,28 @@ def test_turns_alternate_abba_and_merge():
     assert abba(0, 3) == [("orig", 1), ("cand", 2), ("orig", 2), ("cand", 1)]
     assert abba(1, 2) == [("cand", 1), ("orig", 1)]
     assert abba(0, 3, 4) == [("orig", 4), ("cand", 8), ("orig", 8), ("cand", 4)]  # never longer than COLD_SETS
+
+
+def test_a_converged_block_stops_at_its_minimum_not_at_the_next_batch():
+    class Constant:  # every sample the same: the stop rule holds as soon as the minimum is reached
+        def sample(self, count):
+            return [5.0] * count
+
+        def digests(self):
+            return []
+
+    class NoCheck:
+        def verify(self, label, orig, cand):
+            return []
+
+    options = _job(_case()).options
+    for min_samples, per_round, rounds in ((10, 1, 10), (100, COLD_TURN, 26), (9, 1, 10), (3, 1, 4)):
+        assert minimum_rounds(min_samples, per_round) == rounds
+        verified: list[str] = []
+        taken, stop = sample_block(Pair(Constant(), Constant()), options, NoCheck(), min_samples, None, 0, 1, [],
+                                    verified, per_round)
+        assert stop == "converged" and taken["rounds"] == rounds and verified == ["the last sample"]
+        assert len(taken["orig"]) == len(taken["cand"]) == rounds * per_round >= min_samples
 
 
 def test_cold_sets_fit_the_memory_and_a_turn_never_outgrows_them():
