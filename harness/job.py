@@ -159,9 +159,9 @@ class Options:
     cache_dir: str | None = None  # build cache; default $ASTRA_HOME/builds or ~/.cache/astra/builds
     digest_key: int = 0  # the key of the keyed output digests (harness.judge.digest); the judge draws one per evaluation
     sandbox: bool = True  # False: candidate code runs without the OS sandbox (--no-sandbox; recorded)
-    # A folder: the judge writes `built` there once the modules are built and the idle GPU is measured, and
+    # A folder: the judge writes `measured` there once the idle GPU is measured (its builds still running), and
     # waits for `sanitized` before its timing phase (harness.worker.judge_process.verify_job runs
-    # compute-sanitizer in between, beside the outputs phase); None: no wait
+    # compute-sanitizer in between, beside the build and the outputs phase); None: no wait
     timing_gate: str | None = None
 
 

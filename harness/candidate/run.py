@@ -8,7 +8,9 @@
 with `harness.worker.process_group.Isolated`: a new process group, a scrubbed environment (`scrub_env`: no keys,
 tokens or secrets, nothing of ASTRA_ but the timing diagnostics), stdin /dev/null, SIGKILL when the
 judge dies. `wrap` is the compute-sanitizer prefix when the judge runs under `harness.worker.sanitizer`
-(from the judge's private config, harness.worker.judge_channel). Never given: the HMAC key, the judge's verdict path.
+(from the judge's private config, harness.worker.judge_channel); where that tool watches the candidate's own
+kernels alone, `kernels` (their mangled names, from ptxas's report of the builds) go into it
+(`candidate_prefix`). Never given: the HMAC key, the judge's verdict path.
 The request says whether the candidate process must sandbox itself ("sandbox": "enforce" or "off").
 
 `modules_dir` instead of `cand_so` starts an `outputs` process before its modules are built (its start, torch and
@@ -51,7 +53,8 @@ class CandidateRun:
     def __init__(self, job: Job, phase: str, *, device: str, cand_so: dict[str, str] | None, deadline: float,
                  exports: dict[str, list[str]] | None = None, trials: list[list[tuple[str, int]]] | None = None,
                  timed: list[str] | None = None, link: bool = False, python: str = sys.executable,
-                 env: dict[str, str] | None = None, modules_dir: str | None = None) -> None:
+                 env: dict[str, str] | None = None, modules_dir: str | None = None,
+                 kernels: list[str] | None = None) -> None:
         if cand_so is None and modules_dir is None:
             raise ValueError("a candidate process needs its modules, or the directory they are built in")
         self.job, self.phase, self.deadline = job, phase, deadline
@@ -79,7 +82,7 @@ class CandidateRun:
         request_path = self.root / "request.json"
         request_path.write_text(json.dumps(request))
         self.wrap_exitcode = config.wrap_exitcode
-        command = [*config.wrap, python, "-m", "harness", "candidate", str(request_path), "--work", str(self.work),
+        command = [*candidate_prefix(kernels), python, "-m", "harness", "candidate", str(request_path), "--work", str(self.work),
                    "--phase", phase]
         try:
             self.process = Isolated(command, env=scrub_env(dict(os.environ if env is None else env), self.home),
@@ -166,6 +169,18 @@ class CandidateRun:
                 os.close(fd)
             self.link_fds = None
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def candidate_prefix(kernels: list[str] | None) -> list[str]:
+    """The command prefix a candidate process starts under: the config's `wrap` (compute-sanitizer's, or
+    nothing), with one kernel filter per name of `kernels` where the tool watches the candidate's own kernels
+    alone (`JudgeConfig.watch_own_kernels`). Names not known (None, or none reported): every kernel is watched."""
+    config = current()
+    if not (config.wrap and config.watch_own_kernels and kernels):
+        return list(config.wrap)
+    from harness.worker.sanitizer import kernel_filter
+
+    return [*config.wrap, *kernel_filter(kernels)]
 
 
 SHM_MIN_FREE = 8 << 30  # /dev/shm holds the exchange when it has this much room (memory, not disk)

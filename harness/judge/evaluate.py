@@ -6,9 +6,11 @@ Runs in the process `harness.worker.judge_process.run_job` starts (`python -m ha
 2. build the original and the candidate (nvcc only: building is not executing) through the build cache
    (started before torch loads, by harness.judge.early_build, in the same process);
    a full disk is "environment_error", an original that fails to build is "original_failed";
-3. load the ORIGINAL modules only (never the candidate's), load the reference ("reference_error" if
-   it does not load), measure the environment (the GPU's performance model, cached per GPU beside the
-   builds; harness.environment.measured, harness.timing.perf_model);
+3. load the ORIGINAL modules only (never the candidate's) and the reference ("reference_error" if it does not
+   load); the environment (the GPU's performance model, cached per GPU beside the builds;
+   harness.environment.measured, harness.timing.perf_model) and the idle GPU's latency were measured before
+   step 2 ended and before any candidate process started, and compute-sanitizer's runs may start from then on
+   (harness.judge.timing_gate);
 4. the candidate process of phase `outputs` (harness.candidate.run; started before step 2 ends, so its start
    overlaps the build, it loads the candidate's modules only once they are built and scanned): compare its reported export
    signatures with the original's ("missing_export", "signature_mismatch"), then per case compute the
@@ -86,6 +88,8 @@ from harness.judge.timings import apply_timings, time_cases
 from harness.judge.verdict import CaseResult, Verdict, decide
 from harness.timing.quiet_gpu import Interference, ProcessGone, QuietGpu
 from harness.timing.timing_link import LinkBroken
+from harness.worker.judge_channel import current
+from harness.worker.sanitizer import WATCHED_KERNELS
 
 __all__ = ["evaluate", "default_cache_dir"]
 log = logging.getLogger(__name__)
@@ -318,9 +322,13 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     # the idle GPU's latency first, before any candidate process starts (harness.timing.quiet_gpu)
     timed = job.options.modes and device.type == "cuda" and any(case.timed for case in job.cases)
     quiet = QuietGpu(device) if timed else None
+    mark = time.monotonic()
+    env = measured_environment(device, default_cache_dir(job)) if device.type == "cuda" else {}  # model cached per GPU
+    env_s = time.monotonic() - mark
+    timing_gate.mark_measured(job.options.timing_gate)  # compute-sanitizer may start now, its own judges building
     outputs_run = _outputs_run_beside_the_build(job, device, deadline)
     try:
-        return _built_and_judged(job, device, start, deadline, outputs_run, quiet)
+        return _built_and_judged(job, device, start, deadline, outputs_run, quiet, env, env_s)
     finally:
         if outputs_run is not None:
             outputs_run.close()
@@ -329,9 +337,10 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
 def _outputs_run_beside_the_build(job: Job, device: torch.device, deadline: float) -> CandidateRun | None:
     """The outputs phase's candidate process, started before the build ends, so that its start (torch, CUDA,
     the sandbox's warm-up) overlaps the build; it loads nothing until `go`. None where the outputs are not
-    checked, or where the candidate's writable directories would lie inside the build cache (the sandbox
-    would refuse to let it read there): the process then starts once the modules are built."""
-    if not job.options.outputs_checked:
+    checked, where the candidate's writable directories would lie inside the build cache (the sandbox
+    would refuse to let it read there), or where compute-sanitizer's tool must be told the candidate's kernels
+    when the process starts (`JudgeConfig.watch_own_kernels`): the process then starts once the modules are built."""
+    if not job.options.outputs_checked or current().watch_own_kernels:
         return None
     cache = default_cache_dir(job)
     cache.mkdir(parents=True, exist_ok=True)
@@ -347,7 +356,7 @@ def _trials(job: Job) -> list[list[tuple[str, int]]]:
 
 
 def _built_and_judged(job: Job, device: torch.device, start: float, deadline: float,
-                      outputs_run: CandidateRun | None, quiet: QuietGpu | None) -> Verdict:
+                      outputs_run: CandidateRun | None, quiet: QuietGpu | None, env: dict, env_s: float) -> Verdict:
     phases: dict[str, float] = {}
     log.info("building %d module(s) (original and candidate)", len(build_requests(job)))
     paths, builds, failure = build_all(job, default_cache_dir(job))
@@ -380,9 +389,7 @@ def _built_and_judged(job: Job, device: torch.device, start: float, deadline: fl
             reference = load_reference(job.reference)
         except Exception as error:  # fail closed: a broken spec is not a pass with looser checks
             return done(_failure(job, "reference_error", f"reference.py does not load: {_one_line(str(error))}"))
-    mark = time.monotonic()
-    env = measured_environment(device, default_cache_dir(job)) if device.type == "cuda" else {}  # model cached per GPU
-    phases["env_s"] = time.monotonic() - mark
+    phases["env_s"] = env_s
     mark = time.monotonic()
     cand_so = {key: paths[("cand", key)] for key in keys}
     with ExitStack() as stack:
@@ -398,14 +405,15 @@ def _built_and_judged(job: Job, device: torch.device, start: float, deadline: fl
                                                    timed=[case.id for case in job.cases if case.timed],
                                                    deadline=deadline, link=True))
             timing = (run, quiet)
-        # compute-sanitizer may start now, beside the checks
-        timing_gate.mark_built(job.options.timing_gate, candidate_kernels(job, builds))
+        kernels = candidate_kernels(job, builds) if current().watch_own_kernels else None  # under a filtering tool
+        if kernels and current().wrap:
+            phases[WATCHED_KERNELS] = len(kernels)
         if not job.options.outputs_checked:
             results, checked, signatures = _unchecked(job), {}, {}
         else:
             clock = PhaseClock("check_")
             outcome = _outputs_phase(job, device, deadline, keys, cand_so, modules, orig_signatures, reference, env,
-                                     clock, outputs_run)
+                                     clock, outputs_run, kernels)
             phases.update(clock.rounded())
             if isinstance(outcome, Verdict):
                 return done(outcome)
@@ -438,10 +446,11 @@ def _unchecked(job: Job) -> list[CaseResult]:
 
 def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[str], cand_so: dict,
                    modules: dict, orig_signatures: dict, reference, env: dict, clock: PhaseClock,
-                   started: CandidateRun | None = None):
+                   started: CandidateRun | None = None, kernels: list[str] | None = None):
     """The candidate's outputs judged case by case: (results, what the timed launches are verified against,
     signatures), or a failure. `started`: the phase's candidate process, started beside the build, sent on to
-    the built and scanned modules here; else one is started now."""
+    the built and scanned modules here; else one is started now (`kernels`: the candidate's, for a tool that
+    watches them alone: harness.candidate.run.candidate_prefix)."""
     trials = _trials(job)
     launches = {key: _launch(modules[key], job.entry) for key in keys}
     results: list[CaseResult] = []
@@ -449,7 +458,7 @@ def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[s
     if started is not None:
         started.go(cand_so)
     run = started or CandidateRun(job, "outputs", device=str(device), cand_so=cand_so, deadline=deadline,
-                                  exports={key: _exports(job, key) for key in keys}, trials=trials)
+                                  exports={key: _exports(job, key) for key in keys}, trials=trials, kernels=kernels)
     with run:
         with clock("candidate_start"):
             started = run.wait_for(run.work / SIGNATURES, progress_timeout(STARTUP_S))

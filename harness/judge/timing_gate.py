@@ -1,14 +1,17 @@
 """The gate between the judge's checks and its timing, through which compute-sanitizer runs beside them.
 
 compute-sanitizer needs the built modules and a GPU; the outputs phase needs a GPU too, but not a quiet one
-(values do not depend on what else runs), while the timing phase must have the GPU to itself. So
-`harness.worker.judge_process.verify_job` gives the judge a folder (`Options.timing_gate`):
+(values do not depend on what else runs), while the timing phase must have the GPU to itself, and the judge's
+measurements of the idle GPU (its latency, harness.timing.quiet_gpu; the performance model,
+harness.environment.measured) want it idle. So `harness.worker.judge_process.verify_job` gives the judge a folder
+(`Options.timing_gate`):
 
-1. the judge writes `built` once the modules are built and the idle GPU's latency is measured
-   (`harness.timing.quiet_gpu`), then goes on with its outputs phase; the file names the kernels the
-   candidate's modules hold (ptxas's report of their builds), which the sanitizer then watches;
-2. the worker, seeing `built`, runs the sanitizer's tools (harness.worker.sanitizer) over the built modules,
-   at the same time as that outputs phase, and writes `sanitized`: "clean", or the reason to stop;
+1. the judge writes `measured` once it has measured the idle GPU, before any candidate process of its own starts
+   and while its builds still run;
+2. the worker, seeing `measured`, starts the sanitizer's tools (harness.worker.sanitizer): each runs a judge of
+   its own, whose builds wait for this judge's compiler through the build cache's lock and reuse its modules, so
+   their start (interpreters, torch, the tools' CUDA set-up) overlaps the build and their runs the outputs phase;
+   it writes `sanitized` once they end: "clean", or the reason to stop;
 3. the judge waits for `sanitized` before its first timed sample: no sanitized process is alive while it
    times. When the sanitizer did not come out clean, the judge skips the timing (the worker then gives the
    verdict the sanitizer's status).
@@ -18,12 +21,11 @@ Files are written whole (tmp + rename), so a reader never sees half of one.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
-BUILT = "built"
+MEASURED = "measured"
 SANITIZED = "sanitized"
 CLEAN = "clean"
 POLL_S = 0.05
@@ -36,28 +38,20 @@ def _write(folder: str | Path, name: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def mark_built(folder: str | Path | None, kernels: list[str] | None = None) -> None:
-    """The judge: its modules are built and the idle GPU measured (no-op without a gate). `kernels`: the
-    mangled names of every kernel the candidate process's modules hold; None where they are not known."""
+def mark_measured(folder: str | Path | None) -> None:
+    """The judge: the idle GPU is measured, the sanitizer may start (no-op without a gate)."""
     if folder:
-        _write(folder, BUILT, json.dumps({"kernels": kernels}))
+        _write(folder, MEASURED, "")
 
 
-def built_kernels(folder: str | Path) -> list[str] | None:
-    """The kernels `mark_built` named (None: not known, or an older judge's empty file)."""
-    text = (Path(folder) / BUILT).read_text().strip()
-    kernels = json.loads(text).get("kernels") if text else None
-    return [str(name) for name in kernels] if kernels else None
+def measured(folder: str | Path) -> bool:
+    return (Path(folder) / MEASURED).exists()
 
 
 def mark_sanitized(folder: str | Path, outcome: str) -> None:
     """The worker: `CLEAN`, or "STATUS: reason" when the judge must not time ("sanitizer: memcheck: ...",
     "sanitizer_unavailable: ...")."""
     _write(folder, SANITIZED, outcome)
-
-
-def built(folder: str | Path) -> bool:
-    return (Path(folder) / BUILT).exists()
 
 
 def wait_sanitized(folder: str | Path | None, deadline: float) -> str | None:

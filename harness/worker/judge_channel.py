@@ -9,7 +9,8 @@ on. `run_job` accepts a verdict only when `verify` holds: a verdict file written
 
 The config also carries the judge's time budget (`timeout_s`: the judge bounds its candidate process
 inside it, so no candidate outlives the judge's own timeout) and, for compute-sanitizer runs, the
-command prefix (`wrap`) the candidate process is started under.
+command prefix (`wrap`) the candidate process is started under, and whether that tool watches the candidate's
+own kernels alone (`watch_own_kernels`: the judge names them in the prefix once it has built them).
 
 Signature: hex HMAC-SHA256 over the canonical JSON (sorted keys, no spaces) of the verdict dict without
 its "signature" entry.
@@ -39,6 +40,7 @@ class JudgeConfig:
     wrap: list[str] = field(default_factory=list)
     sanitizer: bool = False  # running under a sanitizer: a candidate exit status of `wrap_exitcode` is fine
     wrap_exitcode: int | None = None
+    watch_own_kernels: bool = False  # the wrap's tool watches the candidate's kernels alone, named once built
     received_at: float | None = None  # time.monotonic() when it was read: the judge's budget starts there
 
 
@@ -51,10 +53,10 @@ def new_key() -> bytes:
 
 
 def encode_config(key: bytes, timeout_s: float | None = None, wrap: list[str] | None = None,
-                  wrap_exitcode: int | None = None) -> bytes:
+                  wrap_exitcode: int | None = None, watch_own_kernels: bool = False) -> bytes:
     """The bytes the orchestrator writes to the judge's stdin."""
     return json.dumps({"hmac_key": key.hex(), "timeout_s": timeout_s, "wrap": list(wrap or []),
-                       "wrap_exitcode": wrap_exitcode}).encode()
+                       "wrap_exitcode": wrap_exitcode, "watch_own_kernels": watch_own_kernels}).encode()
 
 
 def read_config(stream: IO[str] | None = None) -> JudgeConfig:
@@ -71,7 +73,8 @@ def read_config(stream: IO[str] | None = None) -> JudgeConfig:
             config = JudgeConfig(key=bytes.fromhex(key) if isinstance(key, str) else None,
                                  timeout_s=float(data["timeout_s"]) if data.get("timeout_s") else None,
                                  wrap=[str(part) for part in data.get("wrap") or []],
-                                 wrap_exitcode=data.get("wrap_exitcode"))
+                                 wrap_exitcode=data.get("wrap_exitcode"),
+                                 watch_own_kernels=bool(data.get("watch_own_kernels")))
             config.sanitizer = bool(config.wrap)
             config.received_at = time.monotonic()
     except (OSError, ValueError, TypeError):
@@ -108,7 +111,8 @@ def verify(data: dict[str, Any], key: bytes) -> bool:
 
 
 def run_judge(job_json: str, tmp: str | Path, *, timeout_s: float, python: str, env: dict[str, str],
-              wrap: list[str] | None = None, wrap_exitcode: int | None = None, progress=None, cancel=None):
+              wrap: list[str] | None = None, wrap_exitcode: int | None = None, watch_own_kernels: bool = False,
+              progress=None, cancel=None):
     """Start `python -m harness run job.json --out verdict.json` in `tmp` (harness.worker.process_group.run_isolated)
     with a fresh key and this config on its stdin. Returns (outcome, verdict path, key)."""
     from harness.worker.process_group import run_isolated
@@ -119,6 +123,7 @@ def run_judge(job_json: str, tmp: str | Path, *, timeout_s: float, python: str, 
     key = new_key()
     command = [python, "-m", "harness", "run", str(job_path), "--out", str(out_path)]
     outcome = run_isolated(command, timeout_s=timeout_s, env=env, cwd=tmp,
-                           stdin_data=encode_config(key, timeout_s, wrap, wrap_exitcode), progress=progress,
+                           stdin_data=encode_config(key, timeout_s, wrap, wrap_exitcode, watch_own_kernels),
+                           progress=progress,
                            cancel=cancel)
     return outcome, out_path, key

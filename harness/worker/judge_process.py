@@ -121,9 +121,9 @@ def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0
     """`run_job` with, when `options.sanitizer`, compute-sanitizer (`tools`) over the candidate process on its
     smallest cases and the smallest of every band and build variant (`harness.sanitizer.sanitize`).
 
-    The sanitizer runs beside the judge's outputs phase (harness.judge.timing_gate): it starts once the judge
-    has built the modules and measured the idle GPU, and the judge waits for it before timing, so nothing
-    sanitized runs while the judge times. A judge that fails the candidate first (incorrect, crashed, ...)
+    The sanitizer runs beside the judge's build and outputs phase (harness.judge.timing_gate): it starts once the
+    judge has measured the idle GPU (its tools' own judges then wait for the judge's builds through the build
+    cache), and the judge waits for it before timing, so nothing sanitized runs while the judge times. A judge that fails the candidate first (incorrect, crashed, ...)
     cancels the sanitizer and its verdict stands. Findings turn the verdict into "sanitizer"; a tool that is
     missing, ran out of time or could not conclude turns it into "sanitizer_unavailable" (fail closed: not a
     pass), and the judge skips its timing in both cases. The report is kept as the verdict's `sanitizer`.
@@ -137,19 +137,19 @@ def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0
         judge = threading.Thread(target=_judge_into, daemon=True, name="judge",
                                  args=(box, gated, timeout_s + sanitizer_timeout_s, python, env, progress))
         judge.start()
-        while judge.is_alive() and not timing_gate.built(gate):
+        while judge.is_alive() and not timing_gate.measured(gate):
             time.sleep(timing_gate.POLL_S)
         report, seconds = None, 0.0
-        if timing_gate.built(gate):
+        if timing_gate.measured(gate):
             if progress is not None:
                 progress(f"compute-sanitizer ({', '.join(tools)}) on the smallest cases of every band and variant, "
-                         "beside the checks")
+                         "beside the build and the checks")
             cancel = threading.Event()
             threading.Thread(target=_cancel_unless_correct, args=(judge, box, cancel), daemon=True).start()
             start = time.monotonic()
             try:
                 report = sanitize(job, tools=tools, timeout_s=sanitizer_timeout_s, python=python, env=env,
-                                  cancel=cancel, kernels=timing_gate.built_kernels(gate))
+                                  cancel=cancel)
             finally:
                 timing_gate.mark_sanitized(gate, _gate_outcome(report))
             seconds = time.monotonic() - start

@@ -22,10 +22,12 @@ What each tool can see:
   `PADDING_BYTES` of guard, so reading one element past a tensor is caught rather than landing in a
   neighbour inside the same cached block. CUDA API errors are not reported (torch makes some on
   purpose); a fault still shows as the invalid access that caused it.
-- racecheck watches the candidate's own kernels alone where their names are known (`kernels`: every entry
-  function ptxas reported for the candidate's builds, each given as `--kernel-name kne=NAME`); torch's kernels
-  in the candidate process (inputs drawn, outputs poisoned, copies) then run unwatched by it, which shortens
-  its run (docs/results.md). memcheck watches every kernel: a kernel the candidate loads at run time (PTX or a
+- racecheck watches the candidate's own kernels alone where their names are known: its judge, told so by
+  its private config (`watch_own_kernels`), names every entry function ptxas reported for the candidate's
+  builds (`kernel_filter`: `--kernel-name kne=NAME` each) in the prefix its candidate process starts under
+  (harness.candidate.run.candidate_prefix); torch's kernels in the candidate process (inputs drawn, outputs
+  poisoned, copies) then run unwatched by it, which shortens its run (docs/results.md). Since the names come
+  from its own judge's builds, the tools can start before the judge they serve has built anything. memcheck watches every kernel: a kernel the candidate loads at run time (PTX or a
   cubin handed to the driver) has no name ptxas reported, and an out-of-bounds access must not hide in one
   (the static scan refuses such loading too: harness.scan). initcheck watches every kernel: a write by an
   unwatched kernel would not count as initialising memory, so what torch's kernels write would read as
@@ -79,6 +81,7 @@ PADDING_BYTES = 256
 DEFAULT_TOOLS = ("memcheck", "racecheck", "initcheck")
 # The tools that watch the candidate's own kernels alone when their names are known (see the module docstring).
 WATCHED_ONLY = ("racecheck",)
+WATCHED_KERNELS = "watched_kernels"  # the count a sanitized judge reports among its verdict's phases
 TRIALS_MAX_BYTES = 64 << 20  # above this, the sanitizer runs one seed per case and no extra trials
 _PREFIX = "========="
 _SKIP_HEADERS = re.compile(r"^(COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Saved host backtrace)")
@@ -217,28 +220,30 @@ def error_count(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def sanitizer_prefix(exe: str, tool: str, log: Path, kernels: list[str] | None = None) -> list[str]:
-    """The compute-sanitizer command prefix for one tool (the candidate command follows it). `kernels`: the
-    candidate's kernels (mangled names), which racecheck then watches alone (`WATCHED_ONLY`)."""
+def sanitizer_prefix(exe: str, tool: str, log: Path) -> list[str]:
+    """The compute-sanitizer command prefix for one tool (the candidate command follows it; for a tool of
+    `WATCHED_ONLY`, its judge adds `kernel_filter` of the candidate's kernels once built)."""
     command = [exe, "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE), "--print-limit", str(PRINT_LIMIT),
                "--log-file", str(log), "--launch-timeout", "0"]
     if tool == "memcheck":
         command += ["--padding", str(PADDING_BYTES), "--report-api-errors", "no"]
-    if kernels and tool in WATCHED_ONLY:
-        for name in kernels:
-            command += ["--kernel-name", f"kne={name}"]
     return command
 
 
+def kernel_filter(kernels: list[str]) -> list[str]:
+    """compute-sanitizer's arguments that make a tool watch these kernels (mangled names) alone."""
+    return [arg for name in kernels for arg in ("--kernel-name", f"kne={name}")]
+
+
 def run_tool(exe: str, tool: str, job: Job, *, timeout_s: float, python: str, env: dict[str, str],
-             cancel=None, kernels: list[str] | None = None) -> dict:
+             cancel=None) -> dict:
     """One tool over the small job's candidate process: {tool, returncode, seconds, timed_out, inconclusive,
     findings, warnings, errors, verdict_status, verdict_reason, stderr_tail}."""
     with tempfile.TemporaryDirectory(prefix=f"astra-{tool}-") as tmp:
         log = Path(tmp) / "sanitizer.log"
         outcome, out_path, key = run_judge(job.to_json(), tmp, timeout_s=timeout_s, python=python, env=env,
-                                           wrap=sanitizer_prefix(exe, tool, log, kernels), wrap_exitcode=ERROR_EXITCODE,
-                                           cancel=cancel)
+                                           wrap=sanitizer_prefix(exe, tool, log), wrap_exitcode=ERROR_EXITCODE,
+                                           watch_own_kernels=tool in WATCHED_ONLY, cancel=cancel)
         text = read_text(log)
         verdict = read_json_object(out_path) or {}
     if verdict and not verify(verdict, key):
@@ -250,7 +255,7 @@ def run_tool(exe: str, tool: str, job: Job, *, timeout_s: float, python: str, en
                          "message": f"{tool} reported errors (exit {ERROR_EXITCODE}) that could not be parsed: "
                                     + clip(tail(text, 5), 200)})
     timed_out = outcome.timed_out or (verdict.get("status") == "timeout" and not findings)
-    watched = len(kernels) if kernels and tool in WATCHED_ONLY else "all"
+    watched = (verdict.get("phases") or {}).get(WATCHED_KERNELS) or "all"
     return {"tool": tool, "returncode": outcome.returncode, "seconds": round(outcome.seconds, 3), "kernels": watched,
             "timed_out": timed_out, "inconclusive": _inconclusive(tool, findings, verdict, outcome),
             "findings": findings, "warnings": [f for f in parsed if f["kind"] in NOT_FINDINGS],
@@ -276,12 +281,9 @@ def _tool_setup(env: dict[str, str] | None) -> tuple[str | None, dict[str, str],
 
 
 def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float = 900.0,
-             python: str = sys.executable, env: dict[str, str] | None = None, cancel=None,
-             kernels: list[str] | None = None) -> dict:
-    """Run each tool over `small_job(job)`; returns {findings, ok, skipped, runs}.
-
-    `kernels`: the mangled names of the candidate's kernels (harness.judge.timing_gate.built_kernels), which
-    racecheck then watches alone; None: it watches every kernel of the candidate process.
+             python: str = sys.executable, env: dict[str, str] | None = None, cancel=None) -> dict:
+    """Run each tool over `small_job(job)`; returns {findings, ok, skipped, runs}. Each run's `kernels`: how
+    many kernels the tool watched (racecheck: the candidate's own, as its judge reported), or "all".
 
     `timeout_s` bounds each tool's run (sanitized runs are 10-100x slower than plain ones).
     Racecheck only checks shared-memory races (see the module docstring). `cancel` (a threading.Event):
@@ -293,7 +295,7 @@ def sanitize(job: Job, tools: tuple[str, ...] = DEFAULT_TOOLS, timeout_s: float 
     small = small_job(job)
     with ThreadPoolExecutor(max_workers=max(1, len(tools))) as pool:  # the tools at once: each its own processes
         runs = list(pool.map(lambda tool: run_tool(exe, tool, small, timeout_s=timeout_s, python=python,
-                                                   env=run_env, cancel=cancel, kernels=kernels), tools))
+                                                   env=run_env, cancel=cancel), tools))
     if cancel is not None and cancel.is_set():
         why = "cancelled: the judge's verdict came first"
         return {"findings": [], "ok": False, "skipped": why, "unavailable": why, "runs": runs, "cancelled": True}

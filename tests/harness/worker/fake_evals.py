@@ -3,7 +3,7 @@
 `dispatch(job)` behaves as `job.name` says: "succeed", "segfault", "abort", "hang" (spawns a grandchild
 first), "raise", "cuda_error", "exit_after_verdict", "forge" (writes a passing verdict itself and exits
 0, as a candidate that reached the verdict file would), "silent_exit", "hang_under_tool" (succeeds,
-but hangs when run under a sanitizer), "gated_checks", "incorrect_after_built" (the timing gate, see each).
+but hangs when run under a sanitizer), "gated_checks", "incorrect_after_measured" (the timing gate, see each).
 "succeed" follows the judge's timing gate (harness.judge.timing_gate) as the real judge does. Each records its pid (and a grandchild's) in $ASTRA_TEST_PIDFILE
 when set, so tests can check that nothing survives. Under a sanitizer (the judge's private config has a
 `wrap` prefix) each also runs a stand-in candidate process through that prefix, as the real judge does.
@@ -18,10 +18,12 @@ import subprocess
 import sys
 import time
 
+from harness.candidate.run import candidate_prefix
 from harness.job import Job
 from harness.judge import timing_gate
 from harness.judge.verdict import Verdict
 from harness.worker.judge_channel import current
+from harness.worker.sanitizer import WATCHED_KERNELS
 
 
 def _record(**pids: int) -> None:
@@ -29,31 +31,35 @@ def _record(**pids: int) -> None:
     if path:
         with open(path, "w") as handle:
             json.dump({"worker": os.getpid(), "pgid": os.getpgid(0), **pids}, handle)
-    wrap = current().wrap
-    if wrap:  # the stand-in candidate process, under the sanitizer prefix
-        subprocess.call([*wrap, sys.executable, "-c", "pass"])
+    if current().wrap:  # the stand-in candidate process, under the sanitizer prefix (naming the built kernels)
+        subprocess.call([*candidate_prefix(built_kernels()), sys.executable, "-c", "pass"])
+
+
+def built_kernels() -> list[str] | None:
+    """The kernels a stand-in build reported ($FAKE_BUILT_KERNELS, JSON), as ptxas does for the real judge."""
+    return json.loads(os.environ.get("FAKE_BUILT_KERNELS", "null"))
 
 
 def succeed(job: Job) -> Verdict:
     _record()
-    timing_gate.mark_built(job.options.timing_gate)  # as the real judge does (harness.judge.timing_gate)
+    timing_gate.mark_measured(job.options.timing_gate)  # as the real judge does (harness.judge.timing_gate)
     held = timing_gate.wait_sanitized(job.options.timing_gate, time.monotonic() + 120)
     if held is not None:
         status, _, reason = held.partition(": ")
         return Verdict(status=status, reason=reason, correct=False, faster=False, name=job.name,
                        candidate_label=job.candidate_label, notes=["timing skipped"])
+    kernels = built_kernels() if current().watch_own_kernels else None
     return Verdict(status="correct", reason=f"{job.name}: all fine", correct=True, faster=True, name=job.name,
                    candidate_label=job.candidate_label, band_speedups={"graph": {"decode": 1.25, "all": 1.25}},
-                   notes=["from fake_evals"])
+                   notes=["from fake_evals"], phases={WATCHED_KERNELS: len(kernels)} if kernels and current().wrap else {})
 
 
 def gated_checks(job: Job) -> Verdict:
-    """Marks the gate built, then "checks" until a sanitizer tool has started (its stand-in writes
+    """Marks the gate measured, then "builds and checks" until a sanitizer tool has started (its stand-in writes
     $FAKE_TOOL_STARTED; at most 60 s), then waits at the gate; writes when each happened, and whether a tool
     started during the checks, to $ASTRA_TEST_TIMES (the judge's side of harness.judge.timing_gate)."""
-    times = {"built": time.time()}
-    kernels = json.loads(os.environ.get("FAKE_BUILT_KERNELS", "null"))
-    timing_gate.mark_built(job.options.timing_gate, kernels)
+    times = {"measured": time.time()}
+    timing_gate.mark_measured(job.options.timing_gate)
     if current().wrap:  # the sanitizer's own judge: no gate, and its candidate under the tool
         return succeed(job)
     started = os.environ.get("FAKE_TOOL_STARTED", "")
@@ -70,9 +76,9 @@ def gated_checks(job: Job) -> Verdict:
                                                      name=job.name, candidate_label=job.candidate_label)
 
 
-def incorrect_after_built(job: Job) -> Verdict:
-    """Built, then an incorrect candidate found at once (the sanitizer, under way, must be cancelled)."""
-    timing_gate.mark_built(job.options.timing_gate)
+def incorrect_after_measured(job: Job) -> Verdict:
+    """Measured, then an incorrect candidate found at once (the sanitizer, under way, must be cancelled)."""
+    timing_gate.mark_measured(job.options.timing_gate)
     if current().wrap:
         time.sleep(600)  # the sanitizer's run would take ten minutes
     return Verdict(status="incorrect", reason="case c1: 3 elements differ", correct=False, faster=False,
@@ -151,7 +157,7 @@ BEHAVIOURS = {
     "succeed": succeed, "segfault": segfault, "abort": abort, "hang": hang, "raise": raise_error,
     "cuda_error": cuda_error, "exit_after_verdict": exit_after_verdict, "silent_exit": silent_exit,
     "forge": forge, "hang_under_tool": hang_under_tool, "secrets": secrets, "gated_checks": gated_checks,
-    "incorrect_after_built": incorrect_after_built,
+    "incorrect_after_measured": incorrect_after_measured,
 }
 
 

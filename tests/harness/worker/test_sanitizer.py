@@ -4,6 +4,7 @@ stand-in `compute-sanitizer` that replays canned logs around the candidate comma
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -13,11 +14,20 @@ from pathlib import Path
 
 import pytest
 
+from harness.candidate.run import candidate_prefix
 from harness.job import ArgSpec, BuildBase, Case, Job, Options
-from harness.judge import timing_gate
 from harness.judge.evaluate import candidate_kernels
+from harness.worker.judge_channel import JudgeConfig, current, encode_config, read_config
 from harness.worker.judge_process import EVALUATE_ENV, verify_job
-from harness.worker.sanitizer import classify, parse_report, sanitize, sanitizer_prefix, small_job
+from harness.worker.sanitizer import (
+    WATCHED_ONLY,
+    classify,
+    kernel_filter,
+    parse_report,
+    sanitize,
+    sanitizer_prefix,
+    small_job,
+)
 
 FAKE_EVALS = Path(__file__).with_name("fake_evals.py")
 
@@ -260,8 +270,8 @@ def test_worker_failing_under_the_tool_is_inconclusive_not_a_finding(fake_tool):
 
 
 def test_the_sanitizer_runs_beside_the_checks_and_before_the_timing(fake_tool, tmp_path, monkeypatch):
-    """Each tool starts once the judge has built (harness.judge.timing_gate), while the judge still checks
-    outputs, and every tool has ended before the judge's first timed sample."""
+    """Each tool starts once the judge has measured the idle GPU (harness.judge.timing_gate), while the judge still
+    builds and checks outputs, and every tool has ended before the judge's first timed sample."""
     for tool in ("memcheck", "racecheck", "initcheck"):
         (fake_tool / f"{tool}.log").write_text(CLEAN_LOG)
     monkeypatch.setenv("ASTRA_TEST_TIMES", str(tmp_path / "judge.json"))
@@ -275,7 +285,7 @@ def test_the_sanitizer_runs_beside_the_checks_and_before_the_timing(fake_tool, t
     tools = [tuple(map(float, line.split())) for line in (tmp_path / "tools.txt").read_text().splitlines()]
     assert len(tools) == 3
     assert judge["tool_started_during_checks"] is True  # beside the checks
-    assert all(judge["built"] <= start for start, _ in tools)  # once the modules were built
+    assert all(judge["measured"] <= start for start, _ in tools)  # once the idle GPU was measured
     assert all(end <= judge["timing_starts"] for _, end in tools)  # never beside the timing
     assert verdict.phases["sanitizer_s"] > 0
 
@@ -284,7 +294,7 @@ def test_a_judge_that_fails_first_cancels_the_sanitizer(fake_tool):
     """An incorrect candidate is reported as soon as the judge knows; the sanitizer's runs are killed."""
     (fake_tool / "memcheck.log").write_text(CLEAN_LOG)
     start = time.monotonic()
-    verdict = verify_job(tiny_job("incorrect_after_built"), timeout_s=60, sanitizer_timeout_s=300,
+    verdict = verify_job(tiny_job("incorrect_after_measured"), timeout_s=60, sanitizer_timeout_s=300,
                          tools=("memcheck",))
     assert verdict.status == "incorrect" and verdict.reason == "case c1: 3 elements differ"
     assert not verdict.sanitizer  # a cancelled report proves nothing and is not kept
@@ -305,21 +315,25 @@ KERNELS = ["_ZN8rowscale15rowscale_kernelIfEEvPKT_S3_PS1_l", "_ZN8rowscale11tail
 
 def test_racecheck_alone_watches_the_candidates_kernels_alone(tmp_path):
     log = tmp_path / "log"
-    prefix = sanitizer_prefix("cs", "racecheck", log, KERNELS)
-    filters = [prefix[i + 1] for i, word in enumerate(prefix) if word == "--kernel-name"]
-    assert filters == [f"kne={name}" for name in KERNELS]
-    assert "--kernel-name" not in sanitizer_prefix("cs", "racecheck", log)  # names not known: every kernel
-    assert "--kernel-name" not in sanitizer_prefix("cs", "memcheck", log, KERNELS)  # run-time loaded code counts
-    assert "--kernel-name" not in sanitizer_prefix("cs", "initcheck", log, KERNELS)  # what torch writes counts
+    filters = kernel_filter(KERNELS)
+    assert [filters[i + 1] for i, word in enumerate(filters) if word == "--kernel-name"] == [f"kne={k}" for k in KERNELS]
+    for tool in ("racecheck", "memcheck", "initcheck"):  # the names come from the tool's judge, once built
+        assert "--kernel-name" not in sanitizer_prefix("cs", tool, log)
+    assert WATCHED_ONLY == ("racecheck",)  # memcheck: run-time loaded code counts; initcheck: what torch writes
 
 
-def test_the_gate_carries_the_candidates_kernels(tmp_path):
-    timing_gate.mark_built(tmp_path, KERNELS)
-    assert timing_gate.built(tmp_path) and timing_gate.built_kernels(tmp_path) == KERNELS
-    timing_gate.mark_built(tmp_path)
-    assert timing_gate.built_kernels(tmp_path) is None
-    (tmp_path / timing_gate.BUILT).write_text("")  # a gate marked by a judge that named no kernels
-    assert timing_gate.built_kernels(tmp_path) is None
+def test_a_judge_names_its_candidates_kernels_only_under_a_filtering_tool():
+    wrap = ["cs", "--tool", "racecheck"]
+    for config, kernels, expected in (
+            (JudgeConfig(wrap=wrap, watch_own_kernels=True), KERNELS, [*wrap, *kernel_filter(KERNELS)]),
+            (JudgeConfig(wrap=wrap, watch_own_kernels=True), None, wrap),  # not reported: every kernel
+            (JudgeConfig(wrap=wrap, watch_own_kernels=False), KERNELS, wrap),  # memcheck, initcheck
+            (JudgeConfig(), KERNELS, [])):  # no sanitizer
+        config.key = b"k"
+        read_config(io.StringIO(encode_config(config.key, 60.0, config.wrap, 99, config.watch_own_kernels).decode()))
+        assert current().watch_own_kernels is config.watch_own_kernels
+        assert candidate_prefix(kernels) == expected
+    read_config(io.StringIO(""))
 
 
 def test_candidate_kernels_come_from_the_candidates_builds():
@@ -336,7 +350,8 @@ def test_candidate_kernels_come_from_the_candidates_builds():
 
 
 def test_the_sanitizer_gets_the_kernels_the_judge_built(fake_tool, tmp_path, monkeypatch):
-    """The judge names its candidate's kernels at the gate; racecheck is started with them."""
+    """racecheck's own judge names the kernels its build reported in the prefix its candidate process starts under;
+    the other tools watch every kernel."""
     for tool in ("memcheck", "racecheck", "initcheck"):
         (fake_tool / f"{tool}.log").write_text(CLEAN_LOG)
     monkeypatch.setenv("FAKE_TOOL_ARGV", str(tmp_path / "argv.jsonl"))
