@@ -34,7 +34,7 @@ from typing import Callable
 from harness.job import Job
 from harness.judge.verdict import Verdict
 from harness.worker.judge_channel import read_config, sign
-from harness.worker.process_group import EVALUATE_ENV, clip, write_json_atomic
+from harness.worker.process_group import EVALUATE_ENV, clip, exit_now, write_json_atomic
 
 _CUDA_FAILURE = re.compile(r"CUDA error|CUDA driver error|cudaError|illegal memory access|illegal instruction"
                            r"|unspecified launch failure|launch timed out|misaligned address|device-side assert"
@@ -125,19 +125,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.key is not None:
         verdict = sign(verdict, config.key)
     write_json_atomic(args.out, verdict)
+    # the interpreter's teardown (torch, its CUDA context and cached allocations, every module's finalisers)
+    # decides nothing once the verdict is written; the judge's candidate processes are gone by then (each is
+    # killed when its run closes, and dies with its parent), their folders removed
     exit_now(0)
     return 0
-
-
-def exit_now(code: int) -> None:
-    """End the judge process at once, its verdict written: the interpreter's teardown (torch, its CUDA context
-    and cached allocations, every module's finalisers) decides nothing and its time is the caller's wait. The
-    judge's candidate processes are gone by then (each is killed when its run closes, and dies with its parent),
-    their folders removed."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def cmd_candidate(args: argparse.Namespace) -> int:

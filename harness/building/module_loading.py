@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 
@@ -38,4 +40,25 @@ def export_signatures(module, names: list[str]) -> dict[str, str | None]:
             signatures[name] = match.group(1) if match else str(error)
         else:
             signatures[name] = "(untyped export: accepted any arguments)"
+    return signatures
+
+
+def kept_signatures(module, so_path: str | Path, names: list[str]) -> dict[str, str | None]:
+    """`export_signatures` of a module of the build cache, kept beside it (`<module>.signatures.json`) for the next
+    evaluation: a cached module never changes (its folder is named by the digest of what built it), and the first
+    error a tvm-ffi module raises costs most of a second (its backtrace machinery reads the module's symbols)."""
+    kept = Path(f"{so_path}.signatures.json")
+    try:
+        stored = json.loads(kept.read_text())
+        if isinstance(stored, dict) and all(name in stored for name in names):
+            return {name: stored[name] for name in names}
+    except (OSError, ValueError):
+        pass
+    signatures = export_signatures(module, names)
+    try:
+        tmp = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(signatures))
+        os.replace(tmp, kept)
+    except OSError:
+        pass  # a read-only cache: computed again next time
     return signatures

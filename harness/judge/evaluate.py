@@ -50,7 +50,7 @@ import torch
 
 from harness import sandbox
 from harness.building.job_requests import build_requests, variants_used
-from harness.building.module_loading import export_signatures, load_module
+from harness.building.module_loading import kept_signatures, load_module
 from harness.building.nvcc_build import BuildResult, build_many
 from harness.candidate import cuda_ipc
 from harness.candidate.exchange import (
@@ -382,7 +382,7 @@ def _built_and_judged(job: Job, device: torch.device, start: float, deadline: fl
         modules = {key: load_module(paths[("orig", key)]) for key in keys}
     except Exception as error:  # an unloadable original: nothing to compare with
         return done(_failure(job, "original_failed", f"original module failed to load: {_one_line(str(error))}"))
-    orig_signatures = {key: export_signatures(modules[key], _exports(job, key)) for key in keys}
+    orig_signatures = {key: kept_signatures(modules[key], paths[("orig", key)], _exports(job, key)) for key in keys}
     reference = None
     if job.reference:
         try:

@@ -8,10 +8,12 @@ cannot block us, and results never come from stdout (the verdict file is the onl
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -250,3 +252,12 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exited with status {returncode}"
+
+
+def exit_now(code: int) -> None:
+    """End this process at once, its results delivered: the interpreter's teardown (torch, the CUDA context,
+    every module's finalisers) would only add to the wait of whoever waits for the exit."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

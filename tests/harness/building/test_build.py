@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import struct
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.building.module_loading import export_signatures, load_module
+from harness.building.module_loading import export_signatures, kept_signatures, load_module
 from harness.building.nvcc_build import BuildRequest, build, build_key, build_many, plan_build, trim_errors
 from harness.building.ptxas import format_table, parse_ptxas
 from harness.building.toolchain import arch_flags, arch_for_capability, cuda_home
@@ -213,6 +214,21 @@ def test_cpu_module_loads_and_reports_signatures(tree, tmp_path):
     assert module["add"](2, 3.0, torch.zeros(4)) == 5  # a CPU tensor goes in as a DLTensor
     signatures = export_signatures(module, ["add", "missing"])
     assert signatures == {"add": "add(0: int, 1: float, 2: DLTensor*) -> int", "missing": None}
+
+
+def test_a_cached_modules_signatures_are_kept_beside_it(tree, tmp_path):
+    result = build(cpu_request(tree, "cpu_kept"), tmp_path)
+    assert result.ok, result.error
+    module = load_module(result.so_path)
+    first = kept_signatures(module, result.so_path, ["add"])
+    assert first == export_signatures(module, ["add"]) == {"add": "add(0: int, 1: float, 2: DLTensor*) -> int"}
+    kept = Path(f"{result.so_path}.signatures.json")
+    assert json.loads(kept.read_text()) == first
+    kept.write_text(json.dumps({"add": "as kept"}))  # read back, not computed again
+    assert kept_signatures(module, result.so_path, ["add"]) == {"add": "as kept"}
+    assert kept_signatures(module, result.so_path, ["add", "missing"]) == {"add": first["add"], "missing": None}
+    kept.write_text("{not json")  # unreadable: computed again
+    assert kept_signatures(module, result.so_path, ["add"]) == first
 
 
 @needs_nvcc
