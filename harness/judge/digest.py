@@ -159,17 +159,20 @@ def _all_sums(datas: list[torch.Tensor], key: int) -> torch.Tensor:
 
 def _one_row_sums(datas: list[torch.Tensor], key: int) -> torch.Tensor:
     """`_sums` of flat byte tensors of at most one row each, by one product: row r of a zeroed block holds the
-    bytes of `datas[r]` (an odd length's last byte pairs with a zero, as `_halfwords` pads it)."""
+    bytes of `datas[r]` (an odd length's last byte pairs with a zero, as `_halfwords` pads it). The block is as
+    wide as the longest of them, not a whole row: the zero half-words past it add nothing to any sum."""
     device = datas[0].device
-    block = torch.zeros(len(datas), 2 * ROW, dtype=torch.uint8, device=device)
+    width = max(2, max(data.numel() for data in datas))
+    width += width % 2  # whole half-words
+    block = torch.zeros(len(datas), width, dtype=torch.uint8, device=device)
     sizes = torch.tensor([data.numel() for data in datas], dtype=torch.int64, device=device)
     total = sum(data.numel() for data in datas)
     if total:  # byte k of datas[r] goes to row r, column k: made on the device (no host-sized index)
         starts = torch.cumsum(sizes, 0) - sizes
-        rows = torch.arange(len(datas), dtype=torch.int64, device=device) * (2 * ROW)
+        rows = torch.arange(len(datas), dtype=torch.int64, device=device) * width
         shift = torch.repeat_interleave(rows - starts, sizes, output_size=total)
         block.view(-1)[torch.arange(total, dtype=torch.int64, device=device) + shift] = torch.cat(datas)
-    halves = _keys_of(key, device)["halves"]
+    halves = _keys_of(key, device)["halves"][:width // 2]
     inner = (block.view(torch.int16).to(torch.float64) @ halves).to(torch.int64) % P
     inner = (inner[:, 0::2] + (inner[:, 1::2] << 16)) % P  # (rows, streams): each row's sum_j w[0, j] A_j mod P
     return inner * _column_keys_upto(key, device, 1) % P  # times B_0
