@@ -59,8 +59,6 @@ class TimingSide:
         self._enqueue_us = 0.0
         self._next = 0  # cold: the set the next sample launches
         self._befores: list[Any] = []  # cold, on a GPU: per set, one CUDA graph of its restore and the flush
-        self._capture_stream: Any = None  # made at the first capture, kept for the side's life
-        self._pool: Any = None  # the memory pool the restore and flush graphs of one prepare share
         self._events: list[tuple[Any, Any]] = []  # reused from sample to sample (read before the next)
         self.restore_mode = "eager"
 
@@ -96,11 +94,14 @@ class TimingSide:
             self._flush = self._flush or l2_flush(self.device)  # one buffer for the side's life
             self._synchronize()
         if view == "graph" and self.cuda:
-            sets = self.sets
+            graph = torch.cuda.CUDAGraph()
             try:
-                self.graph = self._captured(lambda: [self.launch(args) for args in sets.call_args])
+                with torch.cuda.graph(graph):
+                    for args in self.sets.call_args:
+                        self.launch(args)
             except Exception as error:  # the side's code ran during capture: any failure is a result
                 raise CaptureError(self.name, error) from error
+            self.graph = graph
         if view == "graph":
             for _ in range(WARMUP_REPLAYS):
                 self.sets.restore()
@@ -125,37 +126,19 @@ class TimingSide:
         self.sets.restore(0)  # the kernels loaded before any capture
         self._flush()
         self._synchronize()
-        sets, flush = self.sets, self._flush
         try:
             for index in range(len(self.sets)):
-                graphs.append(self._captured(lambda index=index: (sets.restore(index), flush()), shared=True))
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.sets.restore(index)
+                    self._flush()
+                graphs.append(graph)
         except RuntimeError:
             self.restore_mode = "eager"
             self._synchronize()
             return []
         self.restore_mode = "graph"
         return graphs
-
-    def _captured(self, work: Callable[[], Any], shared: bool = False) -> Any:
-        """A CUDA graph of what `work` enqueues, captured on the side's capture stream as `torch.cuda.graph` does,
-        without the synchronisation and the emptying of the allocator's cache it does before every capture (a cold
-        side captures one graph per set; the sets are allocated before). `shared`: in the pool the side's restore
-        and flush graphs share (they allocate nothing of their own)."""
-        if self._capture_stream is None:
-            self._capture_stream = torch.cuda.Stream(self.device)
-        if shared and self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        current = torch.cuda.current_stream(self.device)
-        self._capture_stream.wait_stream(current)
-        with torch.cuda.stream(self._capture_stream):
-            graph.capture_begin(pool=self._pool if shared else None)
-            try:
-                work()
-            finally:
-                graph.capture_end()
-        current.wait_stream(self._capture_stream)
-        return graph
 
     def _before(self, index: int) -> None:
         """What precedes a sample, outside its events: restore what it launches (every set for a replay, set
@@ -247,7 +230,7 @@ class TimingSide:
         return self.sets.inputs[index]
 
     def close(self) -> None:
-        self._befores, self._pool, self.restore_mode = [], None, "eager"  # the graphs first: they copy into the sets
+        self._befores, self.restore_mode = [], "eager"  # the graphs first: they copy into the sets
         self.graph, self.sets, self.view, self._pads = None, None, None, []  # the flush buffer and events stay
         if self.cuda:
             self._synchronize()
