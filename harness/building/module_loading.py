@@ -43,6 +43,24 @@ def export_signatures(module, names: list[str]) -> dict[str, str | None]:
     return signatures
 
 
+def warm_signature_probe() -> None:
+    """Pay now what the first error a tvm-ffi function raises in this process costs (most of a second: its
+    backtrace machinery reads the symbols of the libraries loaded), so that `export_signatures` of a module loaded
+    later answers at once: a built-in global function probed with the wrong number of arguments."""
+    import tvm_ffi
+
+    try:
+        probe = tvm_ffi.get_global_func("ffi.String")
+    except (AttributeError, ValueError, RuntimeError):
+        return
+    if probe is None:
+        return
+    try:
+        probe(*([None] * _PROBE_ARGS))
+    except (TypeError, ValueError, RuntimeError):
+        pass
+
+
 def kept_signatures(module, so_path: str | Path, names: list[str]) -> dict[str, str | None]:
     """`export_signatures` of a module of the build cache, kept beside it (`<module>.signatures.json`) for the next
     evaluation: a cached module never changes (its folder is named by the digest of what built it), and the first

@@ -110,7 +110,7 @@ def module_paths(request: dict[str, Any], box: Confinement, poll_s: float = 0.01
 
 def run_outputs(request: dict[str, Any], work: Path, box: Confinement) -> None:
     """The `outputs` phase (see the module docstring)."""
-    from harness.building.module_loading import export_signatures, load_module
+    from harness.building.module_loading import export_signatures, load_module, warm_signature_probe
     from harness.job import Job
     from harness.judge.back_to_back import chained_call
     from harness.judge.correctness import determinism_digests, run_side, trial_inputs
@@ -118,6 +118,7 @@ def run_outputs(request: dict[str, Any], work: Path, box: Confinement) -> None:
     job = Job.from_dict(request["job"])
     device = _device(request["device"])
     box.warm_up(device)
+    warm_signature_probe()  # before the modules come (beside their build): their signatures are then read at once
     sanitized = bool(request.get("sanitized"))  # under compute-sanitizer: files, and digests on the host
     ipc = not sanitized and device.type == "cuda" and cuda_ipc.available()  # the driver API loaded before the seal
     cand_so = module_paths(request, box)

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.building.module_loading import export_signatures, kept_signatures, load_module
+from harness.building.module_loading import (
+    export_signatures,
+    kept_signatures,
+    load_module,
+    warm_signature_probe,
+)
 from harness.building.nvcc_build import BuildRequest, build, build_key, build_many, plan_build, trim_errors
 from harness.building.ptxas import format_table, parse_ptxas
 from harness.building.toolchain import arch_flags, arch_for_capability, cuda_home
@@ -214,6 +219,13 @@ def test_cpu_module_loads_and_reports_signatures(tree, tmp_path):
     assert module["add"](2, 3.0, torch.zeros(4)) == 5  # a CPU tensor goes in as a DLTensor
     signatures = export_signatures(module, ["add", "missing"])
     assert signatures == {"add": "add(0: int, 1: float, 2: DLTensor*) -> int", "missing": None}
+
+
+def test_signatures_read_after_the_probe_warmed_the_error_path(tree, tmp_path):
+    warm_signature_probe()  # raises nothing: the probe's own error is swallowed
+    result = build(cpu_request(tree, "cpu_warm"), tmp_path)
+    assert result.ok, result.error
+    assert export_signatures(load_module(result.so_path), ["add"]) == {"add": "add(0: int, 1: float, 2: DLTensor*) -> int"}
 
 
 def test_a_cached_modules_signatures_are_kept_beside_it(tree, tmp_path):
