@@ -20,7 +20,8 @@ Every float comparison happens in float64 (float8 and bf16 are converted first).
 Cost (the judge compares every output of every trial): `compare_outputs` and `error_vs_reference` compute
 their statistics on the device and read them with one synchronisation each (no boolean-mask indexing);
 `same_bytes_check` gives, after one bitwise comparison, the check `compare_outputs` would give an output
-holding exactly the original's bytes (the result is the same, every field of it).
+holding exactly the original's bytes (the result is the same, every field of it); `unchanged_all` and
+`same_bytes_checks` read the bitwise comparisons of every argument of a call with one synchronisation.
 """
 
 from __future__ import annotations
@@ -145,11 +146,18 @@ def same_bytes_check(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, floa
     outside atol + rtol * |orig| (with atol, rtol >= 0, which the shortcut requires) and integers all equal.
     Same device and strides are required too, so that the reference error of both is one computation
     (`error_vs_reference` on the same values, laid out alike)."""
-    atol, rtol = float(tol.get("atol", 0.0)), float(tol.get("rtol", 0.0))
-    if (orig.device != cand.device or orig.stride() != cand.stride() or not (atol >= 0.0 and rtol >= 0.0)
-            or not unchanged(orig, cand)):
-        return None
-    return OutputCheck(True, 0.0, 0.0, 0, 0, orig.numel(), "")
+    return same_bytes_checks([(orig, cand, tol)])[0]
+
+
+def same_bytes_checks(outputs: list[tuple[torch.Tensor, torch.Tensor, dict[str, float]]]) -> list[OutputCheck | None]:
+    """`same_bytes_check(orig, cand, tol)` of every output, the bitwise comparisons read with one
+    synchronisation per device."""
+    eligible = [orig.device == cand.device and orig.stride() == cand.stride()
+                and float(tol.get("atol", 0.0)) >= 0.0 and float(tol.get("rtol", 0.0)) >= 0.0
+                for orig, cand, tol in outputs]
+    same = iter(unchanged_all([(orig, cand) for (orig, cand, _), ok in zip(outputs, eligible) if ok]))
+    return [OutputCheck(True, 0.0, 0.0, 0, 0, orig.numel(), "") if ok and next(same) else None
+            for (orig, _, _), ok in zip(outputs, eligible)]
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -158,11 +166,34 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 def unchanged(before: torch.Tensor, after: torch.Tensor) -> bool:
     """True when `after` holds exactly the bytes of `before` (same shape and dtype; NaN-safe)."""
-    if before.shape != after.shape or before.dtype != after.dtype:
-        return False
-    if before.device != after.device:
-        after = after.to(before.device)
-    return bool(torch.equal(_bytes(before), _bytes(after)))
+    return unchanged_all([(before, after)])[0]
+
+
+def unchanged_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+    """`unchanged(before, after)` of every pair, read with one synchronisation per device: each pair's bytes
+    compared where they are (after moved to before's device), the answers stacked and read together."""
+    answers: list[bool | None] = []
+    differs: dict[torch.device, list[torch.Tensor]] = {}
+    slots: list[tuple[torch.device, int]] = []
+    for before, after in pairs:
+        if before.shape != after.shape or before.dtype != after.dtype:
+            answers.append(False)
+            continue
+        if before.device != after.device:
+            after = after.to(before.device)
+        flags = differs.setdefault(before.device, [])
+        slots.append((before.device, len(flags)))
+        flags.append(torch.ne(_bytes(before), _bytes(after)).any())  # False for no bytes, as torch.equal's True
+        answers.append(None)
+    read = {device: torch.stack(flags).tolist() for device, flags in differs.items()}
+    pending = iter(slots)
+    out = []
+    for answer in answers:
+        if answer is None:
+            device, index = next(pending)
+            answer = not read[device][index]
+        out.append(answer)
+    return out
 
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -49,10 +49,10 @@ from harness.judge.compare import (
     reference_error,
     reference_stats,
     reference_verdict,
-    same_bytes_check,
+    same_bytes_checks,
     sort_rows_together,
     tolerance_for,
-    unchanged,
+    unchanged_all,
 )
 from harness.judge.digest import digest
 from harness.judge.inputs import (
@@ -289,11 +289,14 @@ def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: 
         return
     tensors = case.tensors()
     compared = [a for a in tensors if a.role in ("out", "inout")]
-    for arg in (a for a in tensors if a.role == "in"):
-        if not unchanged(inputs[arg.name], orig[arg.name]):
+    read_only = [a for a in tensors if a.role == "in"]
+    flags = unchanged_all([(inputs[a.name], orig[a.name]) for a in read_only]
+                          + [(inputs[a.name], cand[a.name]) for a in read_only])  # one synchronisation
+    for arg, orig_kept, cand_kept in zip(read_only, flags, flags[len(read_only):]):
+        if not orig_kept:
             result.notes.append(f"{where}: original writes read-only {arg.name}; compared as an output")
             compared.append(arg)
-        elif not unchanged(inputs[arg.name], cand[arg.name]):
+        elif not cand_kept:
             result.fail(f"{where}: candidate wrote read-only argument {arg.name}")
     _judge_gaps(result, tensors, inputs, orig, cand, where)
     sorted_orig = canonical(case, orig)  # unordered outputs: order is not the result
@@ -311,9 +314,10 @@ def judge_outputs(result: CaseResult, case: Case, job: Job, compared: list, orig
     """Fail `result` for each of the `compared` outputs of `cand` (canonical) that the rules of the module
     docstring refuse: the reference rule for a float output the reference gives (with the NaN/Inf rule),
     else the original's tolerance."""
-    for arg in compared:
-        tol = tolerance_for(job.tolerance, arg.dtype, case.dtype)
-        same = same_bytes_check(orig[arg.name], cand[arg.name], tol)  # the check, where the bytes are the same
+    tols = [tolerance_for(job.tolerance, arg.dtype, case.dtype) for arg in compared]
+    # the check, where the bytes are the same: every output's bitwise comparison read at once
+    sames = same_bytes_checks([(orig[arg.name], cand[arg.name], tol) for arg, tol in zip(compared, tols)])
+    for arg, tol, same in zip(compared, tols, sames):
         check = same if same is not None else compare_outputs(orig[arg.name], cand[arg.name], tol)
         _merge_check(result, arg.name, check)
         ref = ref_out.get(arg.name)
@@ -349,7 +353,7 @@ def judge_determinism(result: CaseResult) -> None:
 def same_outputs(case: Case, a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two calls' outputs (every `out` and `inout`, unordered ones canonical) are bit-identical."""
     a, b = canonical(case, a), canonical(case, b)
-    return all(unchanged(a[name], b[name]) for name in output_names(case))
+    return all(unchanged_all([(a[name], b[name]) for name in output_names(case)]))
 
 
 def canonical(case: Case, tensors: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,9 @@ from harness.judge.compare import (
     compare_outputs,
     error_vs_reference,
     same_bytes_check,
+    same_bytes_checks,
+    unchanged,
+    unchanged_all,
 )
 from harness.judge.verdict import CaseResult
 
@@ -253,9 +256,41 @@ def test_same_bytes_check_refuses_what_it_cannot_vouch_for():
     assert same_bytes_check(x, x.clone(), EXACT) == OutputCheck(True, 0.0, 0.0, 0, 0, 24, "")
 
 
+def _unchanged_oracle(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """One torch.equal of the bytes per pair (one synchronisation each)."""
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return False
+    return bool(torch.equal(before.contiguous().reshape(-1).view(torch.uint8),
+                            after.to(before.device).contiguous().reshape(-1).view(torch.uint8)))
+
+
+def test_every_pairs_bytes_read_at_once_are_what_one_comparison_each_gives():
+    pairs, outputs = [], []
+    for dtype in FLOATS + INTEGERS:
+        for shape_index, shape in enumerate(SHAPES):
+            for _, orig, cand in _pairs(dtype, shape, seed=shape_index):
+                pairs += [(orig, cand), (orig, orig.clone())]
+                outputs += [(orig, cand, EXACT), (orig, orig.clone(), EXACT)]
+    x = torch.randn(6, 4)
+    nan_payload = torch.tensor([1.0, NAN])
+    other_payload = nan_payload.clone()
+    other_payload.view(torch.int32)[1] += 1
+    pairs += [(x, x.t().contiguous().t()), (x, x.to(torch.float64)), (x, x[:5]), (x, x.clone().t()),
+              (torch.tensor([0.0]), torch.tensor([-0.0])), (nan_payload, other_payload), (nan_payload, nan_payload.clone())]
+    outputs += [(x, x.clone(), {"atol": -1.0, "rtol": 0.0}), (x, x.clone(), {"atol": 0.0, "rtol": NAN}),
+                (x, x.t().contiguous().t(), EXACT), (x, x.to(torch.float64), EXACT), (x, x[:5], EXACT)]
+    expected = [_unchanged_oracle(a, b) for a, b in pairs]
+    assert unchanged_all(pairs) == expected and True in expected and False in expected
+    assert [unchanged(a, b) for a, b in pairs] == expected
+    assert unchanged_all([]) == []
+    together = same_bytes_checks(outputs)
+    assert together == [same_bytes_check(*output) for output in outputs]
+    assert any(check is None for check in together) and any(check is not None for check in together)
+
+
 def _judged(monkeypatch, shortcut: bool, orig: dict, cand: dict, refs: dict, tolerance: dict) -> CaseResult:
     if not shortcut:
-        monkeypatch.setattr(correctness, "same_bytes_check", lambda *args: None)
+        monkeypatch.setattr(correctness, "same_bytes_checks", lambda outputs: [None] * len(outputs))
     args = [SimpleNamespace(name=name, dtype=str(t.dtype).removeprefix("torch.")) for name, t in orig.items()]
     case = SimpleNamespace(dtype="bfloat16")
     result = CaseResult(id="c", band="b", label="l", dtype="bfloat16", dims={}, timed=True, bytes=0)
