@@ -23,7 +23,12 @@ initialised from one), nothing the loop calls is given a pointer (a store call, 
 `store_as<V>(p, ...)`, whose other arguments are no pointers, is a store through `p` instead), and the
 loop stores nothing, or only into local arrays (when the load goes through a parameter), or only
 through parameters other than the load's, where each such parameter or the load's is `__restrict__`
-(restrict: memory written through one is reached through no other). A store is an assignment to an
+(restrict: memory written through one is reached through no other); or it reads an element of a thread's
+own array (`x[r][0]` of `float x[2][4]`, not `__shared__` or `static`) that nothing but its name reaches
+(every use in the kernel is an element: no `&x[i]`, no reference bound, no pointer made, no call given
+it) and that the loop writes by no assignment, member call (`x[r].load(p)`) or call argument: no other
+pointer, thread or call can change it. A row of an array (`x[r]`) is not moved (`const auto` would hold a
+pointer). A store is an assignment to an
 element, to a member of one (`p[i].x`, `p->x`) or through a reference, or a store call; one through
 anything but a parameter may write any memory. A pointer to const, or an
 element type the loop stores nowhere, is not taken as proof: another pointer of any type may write the
@@ -109,6 +114,7 @@ class Reuse(ParsedPass):
             up = parents(kernel)
             taken = {t.spelling for t in kernel.get_tokens() if t.kind.name == "IDENTIFIER"}
             shared = _shared_names(kernel)
+            own = _own_arrays(unit, kernel, up)
             counts: dict[str, int] = {}
             covered: list[tuple[int, int]] = []  # what an outer loop already moved out
             for node in walk(kernel):
@@ -117,7 +123,7 @@ class Reuse(ParsedPass):
             for loop in [n for n in walk(body(kernel)) if n.kind.name in LOOPS and unit.in_main(n)]:
                 if _hazard(unit, loop) or not own_statement(unit, loop, up):
                     continue
-                done += _hoist_loop(unit, loop, up, shared, taken, counts, edits, covered, reciprocals)
+                done += _hoist_loop(unit, loop, up, shared, own, taken, counts, edits, covered, reciprocals)
         if not edits:
             raise Refusal("no loop reads read-only memory or computes a value at a loop-invariant place")
         more = " ..." if len(done) > 4 else ""
@@ -151,8 +157,10 @@ def _loop_body(loop):
 class _Loop:
     """What one loop writes, and the test of whether an expression in it is the same every iteration."""
 
-    def __init__(self, unit: Unit, loop, shared: set[str]):
+    def __init__(self, unit: Unit, loop, shared: set[str], own: set = frozenset()):
         self.unit, self.shared = unit, shared
+        # the thread's own arrays the loop leaves alone: written in it by no assignment, member call or call
+        self.own = own - _touched(unit, loop, own)
         self.assigned, self.made = written(unit, loop)
         bases = [bare(next(bare(next(s.get_children())).get_children())) for s in stores(unit, loop)]
         for target in _write_targets(unit, loop):
@@ -219,6 +227,8 @@ class _Loop:
         another pointer may write the same memory."""
         bases = [n for n in walk(load) if "*" in n.type.spelling and (
             (refers_to(n) is not None and refers_to(n).kind.name in _DECLS) or n.kind.name == "MEMBER_REF_EXPR")]
+        if _array_root(load) in self.own:
+            return True  # an element of a thread's own array, which only its name can write
         if not bases or self.opaque or self.synchronises:
             return False
         for base in bases:
@@ -235,6 +245,73 @@ class _Loop:
                                     for root in self.store_roots):
                 return False
         return True
+
+
+def _array_root(node):
+    """The declaration `a` of an element `a[i]`, `a[i][j]` read straight off a named array (every base an
+    array: `p[i][k]` of an array of pointers reads what `p[i]` points to), or None."""
+    node = bare(bare(node))
+    while node.kind.name == "ARRAY_SUBSCRIPT_EXPR":
+        node = bare(next(node.get_children()))
+        if "[" not in node.type.spelling:
+            return None
+    target = refers_to(node)
+    return target if target is not None and target.kind.name == "VAR_DECL" else None
+
+
+def _own_arrays(unit: Unit, kernel, up: dict) -> set:
+    """The kernel's local arrays (not `__shared__`, `static` or `volatile`) that nothing but their name can
+    reach: every use is an element `a[i]...` (or its member), never a row used whole (`a` or `a[i]` of
+    `a[2][4]` alone decays to a pointer), an address (`&a[i]`), a reference bound, a member call other than
+    a load or store of the element whole (`a[i].data()` may keep a pointer) or an argument of a call other
+    than a cast, math function or a template's operator."""
+    arrays = {n for n in walk(kernel) if n.kind.name == "VAR_DECL" and "[" in n.type.spelling
+              and "volatile" not in n.type.spelling
+              and not {t.spelling for t in n.get_tokens()} & {"__shared__", "static", "extern"}}
+    for node in walk(kernel):
+        target = refers_to(node)
+        if target not in arrays:
+            continue
+        element, parent = node, up.get(node)
+        while parent is not None and next(parent.get_children(), None) == element and (
+                parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR", "ARRAY_SUBSCRIPT_EXPR", "MEMBER_REF_EXPR")
+                or (parent.kind.name == "CALL_EXPR" and callee(parent) == "operator[]")):
+            element, parent = parent, up.get(parent)
+        if parent is None or _escapes(unit, element, parent):
+            arrays.discard(target)
+    return arrays
+
+
+def _escapes(unit: Unit, element, parent) -> bool:
+    """Whether the use `element` (an array's element, row or member) of its `parent` may let a pointer or
+    reference to the array out, or hands the array to code that may write it unseen."""
+    if "[" in bare(element).type.spelling or bare(element).kind.name == "DECL_REF_EXPR":
+        return True  # a row or the array itself, used whole: it decays to a pointer
+    if parent.kind.name == "UNARY_OPERATOR" and operator(unit, parent) == "&":
+        return True
+    if parent.kind.name == "VAR_DECL" and "&" in parent.type.spelling:
+        return True
+    if parent.kind.name != "CALL_EXPR":
+        return False
+    if element.kind.name == "MEMBER_REF_EXPR":
+        return callee(parent) not in _LOADS + _STORES  # `a[i].load(p)` writes the element whole
+    if element == next(parent.get_children()):
+        return not (_computes(unit, parent) or _operator_write(unit, parent) or assignment(unit, parent))
+    return callee(parent) not in _PURE and not _computes(unit, parent)
+
+
+def _touched(unit: Unit, loop, own: set) -> set:
+    """The arrays of `own` the loop may write: named in what it assigns or increments, in the object of a
+    member call (`a[i].load(p)`) or in an argument of a call other than a cast, math function or
+    element access."""
+    out = set()
+    for target in _write_targets(unit, loop):
+        out |= {refers_to(n) for n in walk(target)} & own
+    for node in walk(loop):
+        if node.kind.name == "CALL_EXPR" and callee(node) not in _PURE and callee(node) != "operator[]" and (
+                not _computes(unit, node)):
+            out |= {refers_to(n) for n in walk(node)} & own
+    return out
 
 
 def _parameter(base):
@@ -313,9 +390,9 @@ def _passes_pointer(call) -> bool:
     return False
 
 
-def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts: dict, edits: list,
+def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], own: set, taken: set, counts: dict, edits: list,
                 moved: list, reciprocals: bool) -> list[str]:
-    facts = _Loop(unit, loop, shared)
+    facts = _Loop(unit, loop, shared, own)
     loop_body = _loop_body(loop)
     if loop_body.kind.name != "COMPOUND_STMT" or any(a <= unit.span(loop)[0] < b for a, b in moved):
         return []
@@ -344,6 +421,8 @@ def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts
             continue
         if not _is_load(unit, node) or not _read_as_value(unit, node, up) or not facts.invariant(node):
             continue
+        if "[" in node.type.spelling:
+            continue  # a row of an array: `const auto` would hold a pointer to it, not its values
         if not every_iteration(unit, node, loop_body, up):
             continue  # a load under a condition may be out of range where the condition is false
         text = re.sub(r"\s+", " ", unit.code(node))
@@ -455,6 +534,6 @@ def _read_as_value(unit: Unit, node, up: dict) -> bool:
 
 def _pointer_name(load) -> str:
     ref = next((refers_to(n) for n in walk(load) if refers_to(n) is not None and refers_to(n).kind.name in _DECLS
-                and "*" in refers_to(n).type.spelling), None)
+                and ("*" in refers_to(n).type.spelling or "[" in refers_to(n).type.spelling)), None)
     stem = ref.spelling if ref is not None else "loaded"
     return pointer_stem(stem) + "_v"

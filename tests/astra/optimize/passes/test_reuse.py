@@ -281,3 +281,78 @@ __global__ void k(float* out, const float* w, int n) {
     for source in (dependent_step, member_step, member_store, arrow_store, through_reference):
         result = all_passes()["reuse"].apply(source)
         assert not result.applies and "loop-invariant" in result.reason, source
+
+
+OWN_ARRAY = """
+__global__ void prefix(float* out, const float* in, int n) {
+  float x[2][4];
+  for (int r = 0; r < 2; ++r) {
+    for (int j = 0; j < 4; ++j) x[r][j] = in[(blockIdx.x * 2 + r) * 4 + j];
+  }
+  for (int r = 0; r < 2; ++r) {
+    float s = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+      s += x[r][j] * x[r][0];
+      out[(blockIdx.x * 2 + r) * 4 + j] = s;
+    }
+  }
+}
+"""
+
+
+def test_an_element_of_a_threads_own_array_moves_out_past_stores_elsewhere(tmp_path):
+    result = all_passes()["reuse"].apply(OWN_ARRAY)
+    assert result.applies, result.reason
+    out = result.source
+    # out is no __restrict__ parameter, yet no pointer reaches x: only its name writes it, and the loop does not
+    assert out.count("const auto x_v = x[r][0];") == 1
+    assert out.index("float s = 0.0f;") < out.index("const auto x_v = x[r][0];") < out.index("for (int j = 0; j < 4; ++j) {")
+    assert "s += x[r][j] * x_v;" in out
+    assert "x[r][j] = in[" in out  # the loop that fills x writes it
+    assert compiles(tmp_path, out) == ""
+
+
+def test_an_own_array_the_loop_writes_or_a_pointer_reaches_keeps_its_reads():
+    written = OWN_ARRAY.replace("s += x[r][j] * x[r][0];", "s += x[r][j] * x[r][0]; x[r][j] = s;")
+    escapes = OWN_ARRAY.replace("float x[2][4];", "float x[2][4];\n  float* alias = &x[0][0];").replace(
+        "out[(blockIdx.x * 2 + r) * 4 + j] = s;", "alias[j] = s;")
+    member_call = """
+struct Pack { float v[4]; __device__ void load(const float* p) { for (int j = 0; j < 4; ++j) v[j] = p[j]; } };
+__global__ void k(float* out, const float* in, int n) {
+  Pack x[2];
+  for (int r = 0; r < 2; ++r) {
+    for (int j = 0; j < 4; ++j) { x[r].load(in + j); out[j] = x[r].v[0]; }
+  }
+}
+"""
+    given_to_a_call = """
+__device__ void fill(float* p);
+__global__ void k(float* out, int n) {
+  float x[4];
+  for (int j = 0; j < n; ++j) { fill(x); out[j] = x[0]; }
+}
+"""
+    # an array of pointers: p[0][1] reads what p[0] points to, which out may be
+    pointers = """
+__global__ void k(float* out, const float* a, int n) {
+  const float* p[2] = {a, a + n};
+  for (int j = 0; j < n; ++j) { out[j] = p[0][1]; }
+}
+"""
+    # a row of x used whole decays to a pointer into x
+    row_escapes = escapes.replace("float* alias = &x[0][0];", "float* alias = x[0];")
+    # a member call other than a whole load or store may hand out a pointer into the element
+    data_escapes = """
+struct Pack { float v[4]; __device__ float* data() { return v; } };
+__global__ void k(float* out, const float* in, int n) {
+  Pack x[2];
+  float* p = x[0].data();
+  for (int j = 0; j < n; ++j) { p[j & 3] = in[j]; out[j] = x[0].v[1]; }
+}
+"""
+    for source in (written, escapes, row_escapes, data_escapes, member_call, given_to_a_call):
+        result = all_passes()["reuse"].apply(source)
+        assert not result.applies and "loop-invariant" in result.reason, source
+    result = all_passes()["reuse"].apply(pointers)
+    assert result.applies, result.reason  # the pointer p[0] is the array's own; what it points to is not
+    assert "const auto p_v = p[0];" in result.source and "out[j] = p_v[1];" in result.source
