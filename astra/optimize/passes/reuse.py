@@ -14,12 +14,23 @@ what an outer loop moved out, an inner one does not see again):
   `&&` or `||`: a guarded load may be out of range where the guard is false) becomes a `const auto`
   local above the loop, named after its pointer, and the loop reads the local.
 Loop-invariant means: every name it reads is declared outside the loop (or by a declaration already
-moved out) and is neither assigned, incremented nor taken the address of in it; it calls nothing but
-loads, casts and math functions; and every load reads memory the loop cannot change: no shared memory
-(no `__shared__` name, nor a name initialised from one), nothing the loop calls is given a pointer,
-and the loop stores nothing, or only into local arrays (when the load goes through a parameter), or
-only through parameters other than the load's, where each such parameter or the load's is
-`__restrict__` (restrict: memory written through one is reached through no other). A pointer to const, or an
+moved out) and is neither assigned, incremented nor taken the address of in it, nor has a member
+assigned (`s.x += 1` changes `s`); it calls nothing but loads, casts, math functions and a template's
+operators on operands of a dependent type (`a * b`, which libclang leaves an unnamed call where an
+overload is in scope; its `+=`, `++` are assignments like any other); names may be template constants;
+and every load reads memory the loop cannot change: no shared memory (no `__shared__` name, nor a name
+initialised from one), nothing the loop calls is given a pointer (a store call, `v.store(p, ...)` or
+`store_as<V>(p, ...)`, whose other arguments are no pointers, is a store through `p` instead), and the
+loop stores nothing, or only into local arrays (when the load goes through a parameter), or only
+through parameters other than the load's, where each such parameter or the load's is `__restrict__`
+(restrict: memory written through one is reached through no other); or it reads an element of a thread's
+own array (`x[r][0]` of `float x[2][4]`, not `__shared__` or `static`) that nothing but its name reaches
+(every use in the kernel is an element: no `&x[i]`, no reference bound, no pointer made, no call given
+it) and that the loop writes by no assignment, member call (`x[r].load(p)`) or call argument: no other
+pointer, thread or call can change it. A row of an array (`x[r]`) is not moved (`const auto` would hold a
+pointer). A store is an assignment to an
+element, to a member of one (`p[i].x`, `p->x`) or through a reference, or a store call; one through
+anything but a parameter may write any memory. A pointer to const, or an
 element type the loop stores nowhere, is not taken as proof: another pointer of any type may write the
 same memory. No load moves out of a loop that synchronises (`__syncthreads`, `__syncwarp`, a fence or
 an atomic: another thread's stores may land between iterations), nor through a `volatile` pointer. A
@@ -65,20 +76,27 @@ from astra.optimize.passes.syntax import (
     splice,
     stepped,
     stores,
+    unresolved_operator,
     walk,
     written,
 )
 
+_STORES = ("store", "store_as")  # a call that writes the memory its first argument points to, and nothing else
 _LOADS = ("__ldg", "__ldca", "__ldcg", "__ldcs", "__ldlu", "load", "load_as", "ld_global", "ldg")
 _PURE = ("static_cast", "cast", "expf", "__expf", "logf", "__logf", "sqrtf", "rsqrtf", "fabsf", "fminf", "fmaxf",
          "min", "max", "abs", "exp2f", "__fdividef", "__frcp_rn", "__float2half", "__half2float", "__float2bfloat16",
-         "__bfloat162float", "rsqrt", "sqrt", "exp", "log")
+         "__bfloat162float", "rsqrt", "sqrt", "exp", "log", "fmaf", "__fmaf_rn", "__fmul_rn", "__fadd_rn", "__fsub_rn",
+         "__fdiv_rn", "tanhf", "sinf", "cosf", "__sinf", "__cosf", "exp2", "log2f", "__log2f", "__exp2f")
 _VALUE_NODES = ("BINARY_OPERATOR", "UNARY_OPERATOR", "UNEXPOSED_EXPR", "PAREN_EXPR", "INTEGER_LITERAL",
                 "FLOATING_LITERAL", "CXX_BOOL_LITERAL_EXPR", "DECL_REF_EXPR", "MEMBER_REF_EXPR", "CSTYLE_CAST_EXPR",
                 "CXX_STATIC_CAST_EXPR", "CXX_FUNCTIONAL_CAST_EXPR", "TYPE_REF", "NAMESPACE_REF", "TEMPLATE_REF",
-                "OVERLOADED_DECL_REF", "CALL_EXPR", "ARRAY_SUBSCRIPT_EXPR", "CONDITIONAL_OPERATOR")
+                "OVERLOADED_DECL_REF", "CALL_EXPR", "ARRAY_SUBSCRIPT_EXPR", "CONDITIONAL_OPERATOR",
+                "CXX_REINTERPRET_CAST_EXPR")
+# what a template's operator on an operand of dependent type computes from its operands and nothing else
+# (`&&`, `||` left out: not every operand runs; unary `*` and `&` left out: a load, an address)
+_VALUE_OPERATORS = ("+", "-", "*", "/", "%", "<<", ">>", "<", ">", "<=", ">=", "==", "!=", "&", "|", "^", "!", "~")
 _BUILTINS = ("threadIdx", "blockIdx", "blockDim", "gridDim")
-_DECLS = ("VAR_DECL", "PARM_DECL", "NON_TYPE_TEMPLATE_PARAMETER", "UNEXPOSED_DECL", "FIELD_DECL")
+_DECLS = ("VAR_DECL", "PARM_DECL", "TEMPLATE_NON_TYPE_PARAMETER", "UNEXPOSED_DECL", "FIELD_DECL")
 _WAITS = ("PDLWaitPrimary", "cudaGridDependencySynchronize", "griddepcontrol_wait")
 
 
@@ -96,6 +114,7 @@ class Reuse(ParsedPass):
             up = parents(kernel)
             taken = {t.spelling for t in kernel.get_tokens() if t.kind.name == "IDENTIFIER"}
             shared = _shared_names(kernel)
+            own = _own_arrays(unit, kernel, up)
             counts: dict[str, int] = {}
             covered: list[tuple[int, int]] = []  # what an outer loop already moved out
             for node in walk(kernel):
@@ -104,7 +123,7 @@ class Reuse(ParsedPass):
             for loop in [n for n in walk(body(kernel)) if n.kind.name in LOOPS and unit.in_main(n)]:
                 if _hazard(unit, loop) or not own_statement(unit, loop, up):
                     continue
-                done += _hoist_loop(unit, loop, up, shared, taken, counts, edits, covered, reciprocals)
+                done += _hoist_loop(unit, loop, up, shared, own, taken, counts, edits, covered, reciprocals)
         if not edits:
             raise Refusal("no loop reads read-only memory or computes a value at a loop-invariant place")
         more = " ..." if len(done) > 4 else ""
@@ -138,17 +157,27 @@ def _loop_body(loop):
 class _Loop:
     """What one loop writes, and the test of whether an expression in it is the same every iteration."""
 
-    def __init__(self, unit: Unit, loop, shared: set[str]):
+    def __init__(self, unit: Unit, loop, shared: set[str], own: set = frozenset()):
         self.unit, self.shared = unit, shared
+        # the thread's own arrays the loop leaves alone: written in it by no assignment, member call or call
+        self.own = own - _touched(unit, loop, own)
         self.assigned, self.made = written(unit, loop)
         bases = [bare(next(bare(next(s.get_children())).get_children())) for s in stores(unit, loop)]
+        for target in _write_targets(unit, loop):
+            written_in, base = _written_root(unit, target)
+            if written_in is not None:
+                self.assigned.add(written_in)
+            if base is not None:
+                bases.append(base)
+        bases += [_pointer_root(unit, next(n.get_arguments())) for n in walk(loop) if _is_store_call(n)]
         self.stored = {unit.code(b) for b in bases}  # what the loop stores through, as written
         # the parameter each pointer store goes through, None for any other pointer; a local array is left
         # out (no parameter points into a thread's own array)
         self.store_roots = [_parameter(b) for b in bases if "[" not in b.type.spelling]
         self.writes = bool(bases)
         self.opaque = any(_passes_pointer(n) for n in walk(loop) if n.kind.name == "CALL_EXPR"
-                          and callee(n) not in _LOADS and callee(n) not in _PURE)
+                          and callee(n) not in _LOADS and callee(n) not in _PURE and not _is_store_call(n)
+                          and not _computes(unit, n) and not _operator_write(unit, n))
         # a barrier: other threads' stores (another branch's, in a warp-specialised kernel) land between iterations
         self.synchronises = any(n.kind.name == "CALL_EXPR" and (callee(n) in BARRIERS or callee(n).startswith(
             ("__sync", "__threadfence", "__barrier", "barrier"))) for n in walk(loop))
@@ -162,6 +191,8 @@ class _Loop:
                 return False
             if kind == "CALL_EXPR":
                 name = callee(node)
+                if _computes(self.unit, node):
+                    continue  # its operands are the call's children, walked next
                 if name in _LOADS:
                     loads += 1
                     if not self._readonly(node):
@@ -179,8 +210,8 @@ class _Loop:
             target = refers_to(node)
             if target is None or target.spelling in _BUILTINS:
                 continue
-            if target.kind.name in ("FUNCTION_DECL", "FUNCTION_TEMPLATE", "CXX_METHOD"):
-                continue
+            if target.kind.name in ("FUNCTION_DECL", "FUNCTION_TEMPLATE", "CXX_METHOD", "OVERLOADED_DECL_REF"):
+                continue  # a function (a template's overloaded name too): what it does is the call's to judge
             if target.spelling in self.shared or target.kind.name not in _DECLS:
                 return False
             if target in self.assigned or (target in self.made and target not in self.outside):
@@ -196,6 +227,8 @@ class _Loop:
         another pointer may write the same memory."""
         bases = [n for n in walk(load) if "*" in n.type.spelling and (
             (refers_to(n) is not None and refers_to(n).kind.name in _DECLS) or n.kind.name == "MEMBER_REF_EXPR")]
+        if _array_root(load) in self.own:
+            return True  # an element of a thread's own array, which only its name can write
         if not bases or self.opaque or self.synchronises:
             return False
         for base in bases:
@@ -214,10 +247,137 @@ class _Loop:
         return True
 
 
+def _array_root(node):
+    """The declaration `a` of an element `a[i]`, `a[i][j]` read straight off a named array (every base an
+    array: `p[i][k]` of an array of pointers reads what `p[i]` points to), or None."""
+    node = bare(bare(node))
+    while node.kind.name == "ARRAY_SUBSCRIPT_EXPR":
+        node = bare(next(node.get_children()))
+        if "[" not in node.type.spelling:
+            return None
+    target = refers_to(node)
+    return target if target is not None and target.kind.name == "VAR_DECL" else None
+
+
+def _own_arrays(unit: Unit, kernel, up: dict) -> set:
+    """The kernel's local arrays (not `__shared__`, `static` or `volatile`) that nothing but their name can
+    reach: every use is an element `a[i]...` (or its member), never a row used whole (`a` or `a[i]` of
+    `a[2][4]` alone decays to a pointer), an address (`&a[i]`), a reference bound, a member call other than
+    a load or store of the element whole (`a[i].data()` may keep a pointer) or an argument of a call other
+    than a cast, math function or a template's operator."""
+    arrays = {n for n in walk(kernel) if n.kind.name == "VAR_DECL" and "[" in n.type.spelling
+              and "volatile" not in n.type.spelling
+              and not {t.spelling for t in n.get_tokens()} & {"__shared__", "static", "extern"}}
+    for node in walk(kernel):
+        target = refers_to(node)
+        if target not in arrays:
+            continue
+        element, parent = node, up.get(node)
+        while parent is not None and next(parent.get_children(), None) == element and (
+                parent.kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR", "ARRAY_SUBSCRIPT_EXPR", "MEMBER_REF_EXPR")
+                or (parent.kind.name == "CALL_EXPR" and callee(parent) == "operator[]")):
+            element, parent = parent, up.get(parent)
+        if parent is None or _escapes(unit, element, parent):
+            arrays.discard(target)
+    return arrays
+
+
+def _escapes(unit: Unit, element, parent) -> bool:
+    """Whether the use `element` (an array's element, row or member) of its `parent` may let a pointer or
+    reference to the array out, or hands the array to code that may write it unseen."""
+    if "[" in bare(element).type.spelling or bare(element).kind.name == "DECL_REF_EXPR":
+        return True  # a row or the array itself, used whole: it decays to a pointer
+    if parent.kind.name == "UNARY_OPERATOR" and operator(unit, parent) == "&":
+        return True
+    if parent.kind.name == "VAR_DECL" and "&" in parent.type.spelling:
+        return True
+    if parent.kind.name != "CALL_EXPR":
+        return False
+    if element.kind.name == "MEMBER_REF_EXPR":
+        return callee(parent) not in _LOADS + _STORES  # `a[i].load(p)` writes the element whole
+    if element == next(parent.get_children()):
+        return not (_computes(unit, parent) or _operator_write(unit, parent) or assignment(unit, parent))
+    return callee(parent) not in _PURE and not _computes(unit, parent)
+
+
+def _touched(unit: Unit, loop, own: set) -> set:
+    """The arrays of `own` the loop may write: named in what it assigns or increments, in the object of a
+    member call (`a[i].load(p)`) or in an argument of a call other than a cast, math function or
+    element access."""
+    out = set()
+    for target in _write_targets(unit, loop):
+        out |= {refers_to(n) for n in walk(target)} & own
+    for node in walk(loop):
+        if node.kind.name == "CALL_EXPR" and callee(node) not in _PURE and callee(node) != "operator[]" and (
+                not _computes(unit, node)):
+            out |= {refers_to(n) for n in walk(node)} & own
+    return out
+
+
 def _parameter(base):
     """The function parameter a pointer expression is (`p`), or None for anything else."""
     target = refers_to(bare(base))
     return target if target is not None and target.kind.name == "PARM_DECL" else None
+
+
+def _write_targets(unit: Unit, root):
+    """What the assignments and increments under `root` write, a template's unnamed operator calls included."""
+    for node in walk(root):
+        if assignment(unit, node) or _operator_write(unit, node):
+            yield bare(next(node.get_children()))
+        elif stepped(unit, node) is not None and operator(unit, node) in ("++", "--"):
+            yield stepped(unit, node)
+
+
+def _written_root(unit: Unit, target) -> tuple:
+    """(the variable a write changes, None) for a variable or a member of one (`s.x += 1` changes `s`);
+    (None, the pointer it goes through) for memory (`p[i].x = v`, `p->x = v`, a reference); a pointer
+    no parameter is stands for memory any pointer may reach."""
+    node = bare(target)
+    while node.kind.name == "MEMBER_REF_EXPR":
+        base = bare(next(node.get_children()))
+        if "*" in base.type.spelling:
+            return None, base  # p->x
+        node = base
+    if node.kind.name == "ARRAY_SUBSCRIPT_EXPR" or (
+            node.kind.name == "UNARY_OPERATOR" and operator(unit, node) == "*"):
+        return None, bare(next(node.get_children()))
+    ref = refers_to(node)
+    if ref is None:
+        return None, node
+    return ref, (node if "&" in ref.type.spelling else None)  # a reference writes what it refers to
+
+
+def _is_store_call(node) -> bool:
+    """`v.store(p, ...)`, `store_as<V>(p, v, ...)`: a call named like a store whose other arguments are no
+    pointers or arrays; it writes what its first argument points to, and nothing else."""
+    if node.kind.name != "CALL_EXPR" or callee(node) not in _STORES:
+        return False
+    args = list(node.get_arguments())
+    return bool(args) and not any("*" in a.type.spelling or "[" in a.type.spelling for a in args[1:])
+
+
+def _pointer_root(unit: Unit, pointer):
+    """The pointer an address starts from: `p` of `p`, `p + k`, `p - k`."""
+    node = bare(pointer)
+    while node.kind.name == "BINARY_OPERATOR" and operator(unit, node) in ("+", "-") and (
+            "*" in bare(next(node.get_children())).type.spelling):
+        node = bare(next(node.get_children()))
+    return node
+
+
+def _computes(unit: Unit, call) -> bool:
+    """Whether a call is a template's unnamed operator that computes a value from its operands alone
+    (`a * b` on operands of a dependent type), not an assignment, increment, load or address."""
+    op = unresolved_operator(unit, call)
+    operands = len(list(call.get_children())) - 1
+    return op in _VALUE_OPERATORS and (operands == 2 or op in ("-", "+", "!", "~"))
+
+
+def _operator_write(unit: Unit, call) -> bool:
+    """Whether a call is a template's unnamed assignment or increment (`x += y`, `++x` on a dependent type)."""
+    op = unresolved_operator(unit, call)
+    return op in ("++", "--") or (op.endswith("=") and op not in ("==", "!=", "<=", ">="))
 
 
 def _passes_pointer(call) -> bool:
@@ -230,9 +390,9 @@ def _passes_pointer(call) -> bool:
     return False
 
 
-def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts: dict, edits: list,
+def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], own: set, taken: set, counts: dict, edits: list,
                 moved: list, reciprocals: bool) -> list[str]:
-    facts = _Loop(unit, loop, shared)
+    facts = _Loop(unit, loop, shared, own)
     loop_body = _loop_body(loop)
     if loop_body.kind.name != "COMPOUND_STMT" or any(a <= unit.span(loop)[0] < b for a, b in moved):
         return []
@@ -261,6 +421,8 @@ def _hoist_loop(unit: Unit, loop, up: dict, shared: set[str], taken: set, counts
             continue
         if not _is_load(unit, node) or not _read_as_value(unit, node, up) or not facts.invariant(node):
             continue
+        if "[" in node.type.spelling:
+            continue  # a row of an array: `const auto` would hold a pointer to it, not its values
         if not every_iteration(unit, node, loop_body, up):
             continue  # a load under a condition may be out of range where the condition is false
         text = re.sub(r"\s+", " ", unit.code(node))
@@ -362,7 +524,8 @@ def _read_as_value(unit: Unit, node, up: dict) -> bool:
     if parent is None:
         return False
     kind = parent.kind.name
-    if stepped(unit, parent) is not None or (assignment(unit, parent) and next(parent.get_children()) == node):
+    if stepped(unit, parent) is not None or ((assignment(unit, parent) or _operator_write(unit, parent))
+                                             and next(parent.get_children()) == node):
         return False
     if kind == "CALL_EXPR" and callee(parent) in _LOADS:
         return False
@@ -371,6 +534,6 @@ def _read_as_value(unit: Unit, node, up: dict) -> bool:
 
 def _pointer_name(load) -> str:
     ref = next((refers_to(n) for n in walk(load) if refers_to(n) is not None and refers_to(n).kind.name in _DECLS
-                and "*" in refers_to(n).type.spelling), None)
+                and ("*" in refers_to(n).type.spelling or "[" in refers_to(n).type.spelling)), None)
     stem = ref.spelling if ref is not None else "loaded"
     return pointer_stem(stem) + "_v"

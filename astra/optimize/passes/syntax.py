@@ -288,6 +288,21 @@ def stepped(unit: Unit, node):
     return None
 
 
+def unresolved_operator(unit: Unit, node) -> str:
+    """The operator of a call libclang leaves unnamed in a template (`x += y`, `++x`, `a * b` on an operand of a
+    dependent type where some overload of the operator is in scope): a `CALL_EXPR` without a spelling, one of
+    whose children is the operator's own token (`+=`, `++`, `*`); "" for anything else. Its first child is the
+    left (or only) operand."""
+    if node.kind.name != "CALL_EXPR" or node.spelling:
+        return ""
+    for child in list(node.get_children())[1:]:
+        if child.kind.name in ("DECL_REF_EXPR", "OVERLOADED_DECL_REF"):
+            text = unit.code(child).strip()
+            if text and not re.search(r"[\w\s]", text):
+                return text
+    return ""
+
+
 def written(unit: Unit, root) -> tuple[set, set]:
     """(declarations `root` assigns, increments or takes the address of; declarations made in `root`)."""
     out, made = set(), set()

@@ -174,3 +174,185 @@ __global__ void k(const volatile int* flag, int* __restrict__ out) {
     for source in (barrier, polled):
         result = all_passes()["reuse"].apply(source)
         assert not result.applies and "loop-invariant" in result.reason, source
+
+
+PACKED = """
+struct Pack {
+  float v[4];
+  __device__ void load(const float* p, int k) { for (int j = 0; j < 4; ++j) v[j] = p[4 * k + j]; }
+  __device__ void store(float* p, int k) const { for (int j = 0; j < 4; ++j) p[4 * k + j] = v[j]; }
+};
+__global__ void scale_packs(float* __restrict__ out, const float* __restrict__ in, const float* __restrict__ scale,
+                            int packs) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < packs; i += gridDim.x * blockDim.x) {
+    Pack x;
+    x.load(in, i);
+    for (int j = 0; j < 4; ++j) x.v[j] *= scale[0];
+    x.store(out, i);
+  }
+}
+"""
+
+
+def test_a_store_call_writes_through_its_first_argument_alone(tmp_path):
+    result = all_passes()["reuse"].apply(PACKED)
+    assert result.applies, result.reason
+    out = result.source
+    # the inner loop writes a local pack; the outer one stores through out (restrict) with `x.store(out, i)`
+    assert out.count("const auto scale_v = scale[0];") == 1
+    assert out.index("const auto scale_v = scale[0];") < out.index("for (int i = blockIdx.x")
+    assert "x.v[j] *= scale_v;" in out
+    assert compiles(tmp_path, out) == ""
+
+
+def test_a_store_call_through_the_loads_pointer_or_an_unrestricted_one_keeps_the_load():
+    same_pointer = PACKED.replace("x.store(out, i);", "x.store(const_cast<float*>(scale), i);")
+    unrestricted = PACKED.replace("const float* __restrict__ scale", "const float* scale").replace(
+        "float* __restrict__ out", "float* out")
+    for source in (same_pointer, unrestricted):
+        result = all_passes()["reuse"].apply(source)
+        assert not result.applies and "loop-invariant" in result.reason, source
+
+
+DEPENDENT = """
+struct Half2 { unsigned v; };
+__device__ Half2 operator*(Half2 a, Half2 b);
+__device__ Half2 operator+(Half2 a, Half2 b);
+__device__ Half2& operator+=(Half2& a, int b);
+template <typename To> __device__ To cast(float v) { return static_cast<To>(v); }
+template <typename To> __device__ To cast(int v) { return static_cast<To>(v); }
+template <typename T, int kBias>
+__global__ void affine(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const T bias = cast<T>(kBias) * w[2];
+    out[i] = x[i] * w[0] + reinterpret_cast<const T*>(w)[kBias] + bias;
+  }
+}
+"""
+
+
+def test_a_templates_operators_and_constants_are_loop_invariant_where_their_operands_are(tmp_path):
+    # with an overload of * and + in scope, `x[i] * w[0]` on T is an unnamed operator call in the template
+    result = all_passes()["reuse"].apply(DEPENDENT)
+    assert result.applies, result.reason
+    out = result.source
+    assert "const auto w_v = w[0];" in out and "const auto w_v2 = reinterpret_cast<const T*>(w)[kBias];" in out
+    assert "out[i] = x[i] * w_v + w_v2 + bias;" in out
+    assert out.index("const auto w_v2") < out.index("for (int i")
+    # an overloaded template function (`cast<T>`) is a call like any other: the declaration moves whole
+    assert out.count("const T bias = cast<T>(kBias) * w[2];") == 1
+    assert out.index("const T bias") < out.index("for (int i")
+    assert compiles(tmp_path, out, "template __global__ void affine<float, 1>(float*, const float*, const float*, "
+                                   "int);") == ""
+
+
+def test_writes_the_loop_makes_through_members_or_a_templates_operators_keep_the_load():
+    # `j += 1` on a dependent type is an unnamed operator call: j changes every iteration
+    dependent_step = """
+struct Half2 { unsigned v; };
+__device__ Half2& operator+=(Half2& a, int b);
+template <typename T>
+__global__ void k(float* __restrict__ out, const float* __restrict__ w, int n) {
+  T j = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) { out[i] = w[j]; j += 1; }
+}
+"""
+    # a member of a local struct assigned in the loop
+    member_step = """
+struct Cursor { int at; };
+__global__ void k(float* __restrict__ out, const float* __restrict__ w, int n) {
+  Cursor c{0};
+  for (int i = threadIdx.x; i < n; i += blockDim.x) { out[i] = w[c.at]; c.at += 1; }
+}
+"""
+    # a store into a member of an element: out may be w
+    member_store = """
+struct Cell { float x; };
+__global__ void k(Cell* out, const float* w, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) { out[i].x = w[0]; }
+}
+"""
+    arrow_store = member_store.replace("out[i].x = w[0];", "(out + i)->x = w[0];")
+    through_reference = """
+__global__ void k(float* out, const float* w, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) { float& r = out[i]; r = w[0]; }
+}
+"""
+    for source in (dependent_step, member_step, member_store, arrow_store, through_reference):
+        result = all_passes()["reuse"].apply(source)
+        assert not result.applies and "loop-invariant" in result.reason, source
+
+
+OWN_ARRAY = """
+__global__ void prefix(float* out, const float* in, int n) {
+  float x[2][4];
+  for (int r = 0; r < 2; ++r) {
+    for (int j = 0; j < 4; ++j) x[r][j] = in[(blockIdx.x * 2 + r) * 4 + j];
+  }
+  for (int r = 0; r < 2; ++r) {
+    float s = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+      s += x[r][j] * x[r][0];
+      out[(blockIdx.x * 2 + r) * 4 + j] = s;
+    }
+  }
+}
+"""
+
+
+def test_an_element_of_a_threads_own_array_moves_out_past_stores_elsewhere(tmp_path):
+    result = all_passes()["reuse"].apply(OWN_ARRAY)
+    assert result.applies, result.reason
+    out = result.source
+    # out is no __restrict__ parameter, yet no pointer reaches x: only its name writes it, and the loop does not
+    assert out.count("const auto x_v = x[r][0];") == 1
+    assert out.index("float s = 0.0f;") < out.index("const auto x_v = x[r][0];") < out.index("for (int j = 0; j < 4; ++j) {")
+    assert "s += x[r][j] * x_v;" in out
+    assert "x[r][j] = in[" in out  # the loop that fills x writes it
+    assert compiles(tmp_path, out) == ""
+
+
+def test_an_own_array_the_loop_writes_or_a_pointer_reaches_keeps_its_reads():
+    written = OWN_ARRAY.replace("s += x[r][j] * x[r][0];", "s += x[r][j] * x[r][0]; x[r][j] = s;")
+    escapes = OWN_ARRAY.replace("float x[2][4];", "float x[2][4];\n  float* alias = &x[0][0];").replace(
+        "out[(blockIdx.x * 2 + r) * 4 + j] = s;", "alias[j] = s;")
+    member_call = """
+struct Pack { float v[4]; __device__ void load(const float* p) { for (int j = 0; j < 4; ++j) v[j] = p[j]; } };
+__global__ void k(float* out, const float* in, int n) {
+  Pack x[2];
+  for (int r = 0; r < 2; ++r) {
+    for (int j = 0; j < 4; ++j) { x[r].load(in + j); out[j] = x[r].v[0]; }
+  }
+}
+"""
+    given_to_a_call = """
+__device__ void fill(float* p);
+__global__ void k(float* out, int n) {
+  float x[4];
+  for (int j = 0; j < n; ++j) { fill(x); out[j] = x[0]; }
+}
+"""
+    # an array of pointers: p[0][1] reads what p[0] points to, which out may be
+    pointers = """
+__global__ void k(float* out, const float* a, int n) {
+  const float* p[2] = {a, a + n};
+  for (int j = 0; j < n; ++j) { out[j] = p[0][1]; }
+}
+"""
+    # a row of x used whole decays to a pointer into x
+    row_escapes = escapes.replace("float* alias = &x[0][0];", "float* alias = x[0];")
+    # a member call other than a whole load or store may hand out a pointer into the element
+    data_escapes = """
+struct Pack { float v[4]; __device__ float* data() { return v; } };
+__global__ void k(float* out, const float* in, int n) {
+  Pack x[2];
+  float* p = x[0].data();
+  for (int j = 0; j < n; ++j) { p[j & 3] = in[j]; out[j] = x[0].v[1]; }
+}
+"""
+    for source in (written, escapes, row_escapes, data_escapes, member_call, given_to_a_call):
+        result = all_passes()["reuse"].apply(source)
+        assert not result.applies and "loop-invariant" in result.reason, source
+    result = all_passes()["reuse"].apply(pointers)
+    assert result.applies, result.reason  # the pointer p[0] is the array's own; what it points to is not
+    assert "const auto p_v = p[0];" in result.source and "out[j] = p_v[1];" in result.source
