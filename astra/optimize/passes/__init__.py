@@ -40,9 +40,10 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
 
 # The passes whose candidates built for at least ten modules of SGLang 0.5.23 (`astra passes`,
 # docs/results/passes-0.5.23.json; tests/astra/optimize/passes/test_catalog.py holds the two together).
-# reuse, warp_reduce and parallelize find their patterns in a few modules only: SGLang's kernels already hoist
-# their loads and reduce with warp shuffles.
-DEFAULT = ("fast_math", "coarsen", "launch_bounds", "vectorize")
+# warp_reduce and parallelize find their patterns in a few modules only: SGLang's kernels reduce with warp
+# shuffles already. reuse builds for ten, most of them by copying elements of a thread's own register arrays
+# out of inner loops or by a reciprocal, since SGLang's kernels already hoist their global loads.
+DEFAULT = ("fast_math", "coarsen", "launch_bounds", "vectorize", "reuse")
 
 
 def all_passes() -> dict[str, RewritePass]:
