@@ -266,7 +266,7 @@ _WRITES = ("=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=")
 def assignment(unit: Unit, node) -> str:
     """The assignment operator `node` applies (`=`, `+=`, ...), also where it is a class's operator call
     (`q[i] = x` on a `__nv_bfloat16` element is `operator=`: its first child is the target, as for a
-    built-in assignment); "" when `node` assigns nothing."""
+    built-in assignment) or a template's unnamed one (`unresolved_operator`); "" when `node` assigns nothing."""
     kind = node.kind.name
     if kind in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR"):
         op = operator(unit, node)
@@ -274,16 +274,21 @@ def assignment(unit: Unit, node) -> str:
     if kind == "CALL_EXPR" and node.spelling.startswith("operator") and len(list(node.get_children())) == 3:
         op = node.spelling[len("operator"):].strip()
         return op if op in _WRITES else ""
+    if kind == "CALL_EXPR" and not node.spelling:  # a template's unnamed `x += y` on a dependent type
+        op = unresolved_operator(unit, node)
+        return op if op in _WRITES else ""
     return ""
 
 
 def stepped(unit: Unit, node):
-    """The operand `node` increments, decrements or takes the address of (built-in or a class's operator)."""
+    """The operand `node` increments, decrements or takes the address of (built-in, a class's operator, or a
+    template's unnamed `++`/`--`)."""
     kind = node.kind.name
     if kind == "UNARY_OPERATOR" and operator(unit, node) in ("++", "--", "&"):
         children = list(node.get_children())
         return bare(children[0]) if children else None
-    if kind == "CALL_EXPR" and node.spelling in ("operator++", "operator--"):
+    if kind == "CALL_EXPR" and (node.spelling in ("operator++", "operator--") or (
+            not node.spelling and unresolved_operator(unit, node) in ("++", "--"))):
         return bare(next(node.get_children()))
     return None
 

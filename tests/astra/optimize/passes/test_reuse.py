@@ -1,6 +1,7 @@
 """reuse: loop-invariant reads of read-only memory move above the loop; anything else stays."""
 
 from astra.optimize.passes import all_passes
+from astra.optimize.passes.syntax import assignment, parse, refers_to, stepped, walk, written
 from tests.astra.optimize.passes.nvcc import compiles
 
 KERNEL = """
@@ -281,6 +282,29 @@ __global__ void k(float* out, const float* w, int n) {
     for source in (dependent_step, member_step, member_store, arrow_store, through_reference):
         result = all_passes()["reuse"].apply(source)
         assert not result.applies and "loop-invariant" in result.reason, source
+
+
+def test_the_shared_readers_of_writes_see_a_templates_unnamed_assignments_and_increments():
+    """syntax.written, assignment and stepped (every pass's readers of what a loop changes) count `j += 1` and
+    `++k` on a dependent type, which libclang leaves unnamed calls."""
+    source = """
+struct Half2 { unsigned v; };
+__device__ Half2& operator+=(Half2& a, int b);
+__device__ Half2& operator++(Half2& a);
+template <typename T>
+__global__ void k(float* out, int n) {
+  T j = 0, k2 = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) { j += 1; ++k2; out[i] = 0.0f; }
+}
+"""
+    unit = parse(source)
+    kernel = next(node for node in walk(unit.tu.cursor) if node.kind.name == "FUNCTION_TEMPLATE" and node.spelling == "k")
+    loop = next(node for node in walk(kernel) if node.kind.name == "FOR_STMT")
+    names = {declaration.spelling for declaration in written(unit, loop)[0]}
+    assert {"j", "k2", "i"} <= names
+    assert "+=" in {assignment(unit, node) for node in walk(loop)}
+    steps = [stepped(unit, node) for node in walk(loop)]
+    assert "k2" in {refers_to(t).spelling for t in steps if t is not None and refers_to(t) is not None}
 
 
 OWN_ARRAY = """
