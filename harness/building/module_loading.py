@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -73,10 +72,10 @@ def kept_signatures(module, so_path: str | Path, names: list[str]) -> dict[str, 
     except (OSError, ValueError):
         pass
     signatures = export_signatures(module, names)
+    from harness.worker.process_group import write_json_atomic
+
     try:
-        tmp = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(signatures))
-        os.replace(tmp, kept)
+        write_json_atomic(kept, signatures)
     except OSError:
         pass  # a read-only cache: computed again next time
     return signatures

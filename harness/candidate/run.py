@@ -171,16 +171,23 @@ class CandidateRun:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def watched_kernels(kernels: list[str] | None) -> list[str] | None:
+    """The kernels the candidate process's tool is told to watch alone: `kernels` where the judge runs under a
+    tool that watches the candidate's own kernels (`JudgeConfig.watch_own_kernels`) and they are known; None
+    otherwise (no tool, or every kernel watched)."""
+    config = current()
+    return kernels if config.wrap and config.watch_own_kernels and kernels else None
+
+
 def candidate_prefix(kernels: list[str] | None) -> list[str]:
     """The command prefix a candidate process starts under: the config's `wrap` (compute-sanitizer's, or
-    nothing), with one kernel filter per name of `kernels` where the tool watches the candidate's own kernels
-    alone (`JudgeConfig.watch_own_kernels`). Names not known (None, or none reported): every kernel is watched."""
-    config = current()
-    if not (config.wrap and config.watch_own_kernels and kernels):
-        return list(config.wrap)
+    nothing), with one kernel filter per name of `watched_kernels(kernels)`."""
+    watched = watched_kernels(kernels)
+    if watched is None:
+        return list(current().wrap)
     from harness.worker.sanitizer import kernel_filter
 
-    return [*config.wrap, *kernel_filter(kernels)]
+    return [*current().wrap, *kernel_filter(watched)]
 
 
 SHM_MIN_FREE = 8 << 30  # /dev/shm holds the exchange when it has this much room (memory, not disk)

@@ -62,7 +62,7 @@ from harness.candidate.exchange import (
     read_trial,
     trial_error,
 )
-from harness.candidate.run import CandidateRun, exchange_base, judge_deadline, progress_timeout
+from harness.candidate.run import CandidateRun, exchange_base, judge_deadline, progress_timeout, watched_kernels
 from harness.environment.measured import measured_environment
 from harness.job import Job
 from harness.judge import early_build, timing_gate
@@ -405,8 +405,8 @@ def _built_and_judged(job: Job, device: torch.device, start: float, deadline: fl
                                                    timed=[case.id for case in job.cases if case.timed],
                                                    deadline=deadline, link=True))
             timing = (run, quiet)
-        kernels = candidate_kernels(job, builds) if current().watch_own_kernels else None  # under a filtering tool
-        if kernels and current().wrap:
+        kernels = watched_kernels(candidate_kernels(job, builds))  # under a tool that watches them alone
+        if kernels:
             phases[WATCHED_KERNELS] = len(kernels)
         if not job.options.outputs_checked:
             results, checked, signatures = _unchecked(job), {}, {}

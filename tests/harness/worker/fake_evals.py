@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from harness.candidate.run import candidate_prefix
+from harness.candidate.run import candidate_prefix, watched_kernels
 from harness.job import Job
 from harness.judge import timing_gate
 from harness.judge.verdict import Verdict
@@ -48,10 +48,10 @@ def succeed(job: Job) -> Verdict:
         status, _, reason = held.partition(": ")
         return Verdict(status=status, reason=reason, correct=False, faster=False, name=job.name,
                        candidate_label=job.candidate_label, notes=["timing skipped"])
-    kernels = built_kernels() if current().watch_own_kernels else None
+    kernels = watched_kernels(built_kernels())  # as the real judge reports them
     return Verdict(status="correct", reason=f"{job.name}: all fine", correct=True, faster=True, name=job.name,
                    candidate_label=job.candidate_label, band_speedups={"graph": {"decode": 1.25, "all": 1.25}},
-                   notes=["from fake_evals"], phases={WATCHED_KERNELS: len(kernels)} if kernels and current().wrap else {})
+                   notes=["from fake_evals"], phases={WATCHED_KERNELS: len(kernels)} if kernels else {})
 
 
 def gated_checks(job: Job) -> Verdict:
