@@ -81,6 +81,12 @@ def start(job: Job) -> None:
     early.thread.start()
 
 
+def running() -> bool:
+    """Whether the early builds are still going (nvcc at work, the GPU free for the judge's own measurements)."""
+    early = _started
+    return early is not None and early.thread.is_alive()
+
+
 def take(requests: list, cache_dir: Path) -> list[BuildResult] | None:
     """The early builds' results, once they ended, when they were for exactly these requests into this
     cache; None: build now."""

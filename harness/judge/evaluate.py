@@ -84,7 +84,7 @@ from harness.judge.correctness import (
 from harness.judge.early_build import default_cache_dir, scan
 from harness.judge.phase_clock import PhaseClock
 from harness.judge.timed_outputs import Checked
-from harness.judge.timings import apply_timings, time_cases
+from harness.judge.timings import apply_timings, copy_references, time_cases
 from harness.judge.verdict import CaseResult, Verdict, decide
 from harness.timing.quiet_gpu import Interference, ProcessGone, QuietGpu
 from harness.timing.timing_link import LinkBroken
@@ -327,8 +327,10 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     env_s = time.monotonic() - mark
     timing_gate.mark_measured(job.options.timing_gate)  # compute-sanitizer may start now, its own judges building
     outputs_run = _outputs_run_beside_the_build(job, device, deadline)
+    # the copy references of the timed cases while nvcc still builds: the GPU is idle until the modules are built
+    copies = copy_references(job, device, early_build.running) if quiet is not None else {}
     try:
-        return _built_and_judged(job, device, start, deadline, outputs_run, quiet, env, env_s)
+        return _built_and_judged(job, device, start, deadline, outputs_run, quiet, env, env_s, copies)
     finally:
         if outputs_run is not None:
             outputs_run.close()
@@ -356,8 +358,9 @@ def _trials(job: Job) -> list[list[tuple[str, int]]]:
 
 
 def _built_and_judged(job: Job, device: torch.device, start: float, deadline: float,
-                      outputs_run: CandidateRun | None, quiet: QuietGpu | None, env: dict, env_s: float) -> Verdict:
-    phases: dict[str, float] = {}
+                      outputs_run: CandidateRun | None, quiet: QuietGpu | None, env: dict, env_s: float,
+                      copies: dict[str, float | None]) -> Verdict:
+    phases: dict[str, float] = {"copies_beside_build": float(len(copies))}
     log.info("building %d module(s) (original and candidate)", len(build_requests(job)))
     paths, builds, failure = build_all(job, default_cache_dir(job))
     phases["build_s"] = time.monotonic() - start
@@ -425,13 +428,13 @@ def _built_and_judged(job: Job, device: torch.device, start: float, deadline: fl
             phases["wait_sanitizer_s"] = round(time.monotonic() - mark, 3)
             if held is not None:  # the sanitizer found something, or could not conclude: nothing to time
                 verdict = _timing_phase(job, device, keys, modules, None, results, checked, signatures, env, phases,
-                                        reference)
+                                        reference, copies)
                 status, _, reason = held.partition(": ")
                 verdict.status, verdict.correct, verdict.faster, verdict.reason = status, False, False, reason
                 verdict.notes.append("timing skipped: compute-sanitizer did not come out clean")
                 return done(verdict)
         return done(_timing_phase(job, device, keys, modules, timing, results, checked, signatures, env, phases,
-                                  reference))
+                                  reference, copies))
 
 
 def _unchecked(job: Job) -> list[CaseResult]:
@@ -490,7 +493,7 @@ def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[s
 
 def _timing_phase(job: Job, device: torch.device, keys: list[str], modules: dict, timing: tuple | None,
                   results: list[CaseResult], checked: dict, signatures: dict, env: dict, phases: dict,
-                  reference=None) -> Verdict:
+                  reference=None, copies: dict[str, float | None] | None = None) -> Verdict:
     """The original timed here, the candidate in the timing phase's candidate process (`timing`: that run and
     the QuietGpu measured before it started; None: nothing to time here), interleaved and every timed launch
     verified (harness.judge.timings.time_cases); then the verdict (see the module docstring)."""
@@ -518,7 +521,7 @@ def _timing_phase(job: Job, device: torch.device, keys: list[str], modules: dict
         if not run.clean_exit():
             status, reason = run.failure("a clean exit")
             return _failure(job, status, f"{reason} (after its timings)", signatures=signatures, env=env)
-        incomplete = apply_timings(timings, job, results, env, device)
+        incomplete = apply_timings(timings, job, results, env, device, copies)
     phases["time_s"] = time.monotonic() - mark
     verdict = decide(results, list(job.options.modes), job.options.slowdown_threshold)
     if verdict.status == "correct" and incomplete:

@@ -18,7 +18,7 @@ import logging
 import math
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -170,9 +170,32 @@ def apply_mode(result: CaseResult, mode: str, entry: Any, env: dict[str, Any], c
     return None
 
 
+def copy_references(job: Job, device: torch.device, busy: Callable[[], bool]) -> dict[str, float | None]:
+    """The copy of each timed case's bytes (`copy_us`, graph mode), measured while `busy()` holds: the judge
+    measures them while nvcc builds, when the GPU would stand idle. {case id: median us (None: nothing to
+    copy)}; the cases not reached before `busy()` turned false are absent (`apply_timings` measures them)."""
+    copies: dict[str, float | None] = {}
+    if "graph" not in job.options.modes or device.type != "cuda":
+        return copies
+    for case in job.cases:
+        if not busy():
+            break
+        if case.timed and case.bytes > 0:
+            copies[case.id] = _copy_us(case, job, device)
+    torch.cuda.empty_cache()
+    return copies
+
+
+def _copy_us(case: Case, job: Job, device: torch.device) -> float | None:
+    stats = copy_floor(case.bytes, device, budget_ms=job.options.budget_ms_per_case / 4)
+    return stats.median_us if stats else None
+
+
 def apply_timings(timings: dict[str, Any], job: Job, results: list[CaseResult], env: dict[str, Any],
-                  device: torch.device) -> list[str]:
-    """The paired timings ({case id: {view: entry}}, `time_cases`) into `results`; returns the "incomplete" reasons."""
+                  device: torch.device, copies: dict[str, float | None] | None = None) -> list[str]:
+    """The paired timings ({case id: {view: entry}}, `time_cases`) into `results`; returns the "incomplete" reasons.
+    `copies`: the copy references already measured (`copy_references`), by case id."""
+    copies = copies or {}
     incomplete: list[str] = []
     for case, result in zip(job.cases, results):
         result.bytes_read, result.bytes_written, result.bytes_split = case.traffic()
@@ -184,7 +207,6 @@ def apply_timings(timings: dict[str, Any], job: Job, results: list[CaseResult], 
             if why:
                 incomplete.append(why)
         if "graph" in job.options.modes and case.bytes > 0:
-            stats = copy_floor(case.bytes, device, budget_ms=job.options.budget_ms_per_case / 4)
-            result.copy_us = stats.median_us if stats else None
-        torch.cuda.empty_cache()
+            result.copy_us = copies[case.id] if case.id in copies else _copy_us(case, job, device)
+            torch.cuda.empty_cache()
     return incomplete

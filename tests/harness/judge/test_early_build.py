@@ -99,3 +99,17 @@ def test_results_for_other_requests_or_another_cache_are_not_taken(tree, tmp_pat
     assert early_build.take(requests[:0], tmp_path / "cache") is None
     early_build.start(job)
     assert early_build.take(requests, tmp_path / "cache") == ["built"] and len(calls) == 3
+
+
+def test_running_holds_while_the_early_builds_go_and_ends_with_them(tree, tmp_path, monkeypatch):
+    import threading
+
+    job = scale_job(tree, tmp_path / "cache", None)
+    release = threading.Event()
+    monkeypatch.setattr(early_build, "build_many", lambda requests, cache: release.wait(30) and ["built"])
+    assert not early_build.running()  # nothing started
+    early_build.start(job)
+    assert early_build.running()
+    release.set()
+    assert early_build.take([r for _, _, r in build_requests(job)], tmp_path / "cache") == ["built"]
+    assert not early_build.running()

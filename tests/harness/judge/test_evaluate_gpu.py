@@ -216,3 +216,19 @@ def test_small_magnitude_trial_catches_a_clamp(source_root, cache_dir):
     clamp = _mutate("y[i] = static_cast<T>(v);  // BODY", "y[i] = static_cast<T>(fabsf(v) < 1e-3f ? 0.0f : v);")
     verdict = evaluate(_job(source_root, cache_dir, candidate=clamp))
     assert verdict.status == "incorrect" and any("(small)" in r for c in verdict.cases for r in c.reasons), verdict.reason
+
+
+def test_copy_references_are_measured_while_the_build_runs_and_stop_when_it_ends(source_root, cache_dir):
+    from harness.judge.timings import copy_references
+
+    job = _job(source_root, cache_dir)
+    device = torch.device("cuda")
+    timed = [case for case in job.cases if case.timed]
+    copies = copy_references(job, device, lambda: True)
+    assert set(copies) == {case.id for case in timed} and all(us > 0 for us in copies.values())
+    big, small = copies[timed[-1].id], copies[timed[0].id]
+    assert big > small  # 4096 rows copy slower than one
+    ticks = iter([True, False])
+    assert set(copy_references(job, device, lambda: next(ticks))) == {timed[0].id}  # the build ended: the rest later
+    job.options.modes = ["cold"]
+    assert copy_references(job, device, lambda: True) == {}  # no graph view, no copy reference
