@@ -211,9 +211,14 @@ class Profiler:
     def __call__(self, source: str | None, case_id: str | None, extra_shapes: list[dict]) -> dict:
         if case_id is None:
             return unavailable("no timed shape to profile (a build-only run, or nothing measured)")
+        return self.many(source, [case_id], extra_shapes)[case_id]
+
+    def many(self, source: str | None, case_ids: list[str], extra_shapes: list[dict]) -> dict[str, dict]:
+        """The profiles of several shapes of one source, from one profiled process (one build, one CUDA
+        context and one ncu start for all of them): {case id: profile}."""
         why = unavailable_reason()
         if why:
-            return unavailable(why)
+            return {case_id: unavailable(why) for case_id in case_ids}
         from astra import paths
         from astra.errors import AstraError
         from astra.spec import jobs
@@ -221,20 +226,20 @@ class Profiler:
         try:
             job = jobs.make_job(self.spec, self.tree, candidate_source=source, extra_shapes=extra_shapes,
                                 label="ncu")
-            job.cases = [c for c in job.cases if c.id == case_id]
-            if not job.cases:
-                return unavailable(f"shape {case_id} is not in the suite")
+            by_id = {c.id: c for c in job.cases}
+            job.cases = [by_id[case_id] for case_id in case_ids if case_id in by_id]
             job.options.cache_dir = str(paths.sub("builds"))
-            result = self._run(job)
+            found = self._run(job) if job.cases else {}
         except (AstraError, OSError) as err:  # the run goes on without a profile, and the prompt says why
-            return unavailable(f"{type(err).__name__}: {err}")
-        result["case"] = case_id
-        return result
+            return {case_id: unavailable(f"{type(err).__name__}: {err}") for case_id in case_ids}
+        return {case_id: {**found[case_id], "case": case_id} if case_id in found
+                else unavailable(f"shape {case_id} is not in the suite") for case_id in case_ids}
 
-    def _run(self, job: Job) -> dict:
+    def _run(self, job: Job) -> dict[str, dict]:
         from harness.timing.ncu_cross_check import ncu_path, split_by_markers
         from harness.worker.process_group import run_isolated, scrub_env
 
+        ids = [case.id for case in job.cases]
         with tempfile.TemporaryDirectory(prefix="astra-ncu-profile-") as tmp:
             job_path, manifest, log = Path(tmp) / "job.json", Path(tmp) / "done.json", Path(tmp) / "ncu.csv"
             job_path.write_text(job.to_json())
@@ -245,15 +250,17 @@ class Profiler:
             if not manifest.exists() or not log.exists():
                 how = "timed out" if outcome.timed_out else f"exit {outcome.returncode}"
                 tail = (outcome.stderr or outcome.stdout).strip().splitlines()[-1:] or ["no output"]
-                return unavailable(f"the profiled launch did not finish ({how}): {tail[0][:300]}")
+                return {i: unavailable(f"the profiled launch did not finish ({how}): {tail[0][:300]}") for i in ids}
             groups = split_by_markers(parse_csv(log.read_text(errors="replace")))
-        if not groups or not groups[-1]:
-            return unavailable("ncu reported no kernel between the markers (output not as expected)")
-        return summarize(groups[-1])
+        if len(groups) != len(ids):
+            why = f"ncu reported {len(groups)} marked launch(es) for {len(ids)} shape(s) (output not as expected)"
+            return {i: unavailable(why) for i in ids}
+        return {i: summarize(group) if group else unavailable("ncu reported no kernel between the markers")
+                for i, group in zip(ids, groups)}
 
 
 def launch(job: Job, manifest: Path) -> None:
-    """The profiled side: the job's one case, launched once to warm up, then once between two markers."""
+    """The profiled side: each of the job's cases launched once to warm up, then once between two markers."""
     import torch
 
     from harness.building.module_loading import load_module
@@ -264,31 +271,41 @@ def launch(job: Job, manifest: Path) -> None:
     paths, _, failure = build_all(job, default_cache_dir(job))
     if failure is not None:
         raise RuntimeError(failure.reason)
-    case = job.cases[0]
-    so = paths[("cand", case.variant)]  # the original in a self-check
+    sos = sorted({paths[("cand", case.variant)] for case in job.cases})  # the original's in a self-check
     # the OS sandbox of every process that loads candidate code (harness.sandbox), without its Landlock part:
     # ncu's injected profiler needs files beyond the allow-list (its lock file in TMPDIR, more); seccomp (no
     # exec, fork, network, ptrace, memfd, new executable mappings) binds every thread (seen on an H100)
-    box = Confinement(request_mode(decide(job.options.sandbox)[0]), writable=[manifest.parent], readable=[so],
+    box = Confinement(request_mode(decide(job.options.sandbox)[0]), writable=[manifest.parent], readable=sos,
                       filesystem=False)
     box.begin()
     box.warm_up("cuda")
     box.seal()
-    run = _launch(load_module(so), job.entry)
+    runs = {variant: _launch(load_module(paths[("cand", variant)]), job.entry)
+            for variant in dict.fromkeys(case.variant for case in job.cases)}
     box.lock_exec()
 
-    def args():
+    def args(case):
         return to_call_args(poison_outputs(clone_inputs(make_inputs(case, 0, "cuda")), case.args), case.args)
 
-    run(args())
-    torch.cuda.synchronize()
-    call = args()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(1)  # the marker kernel (harness.timing.ncu_cross_check.MARKER)
-    run(call)
-    torch.cuda._sleep(1)
-    torch.cuda.synchronize()
-    manifest.write_text(json.dumps({"case": case.id}))
+    for case in job.cases:  # a case that raises leaves its markers with nothing between: that profile only fails
+        run, call = runs[case.variant], None
+        try:
+            run(args(case))
+            torch.cuda.synchronize()
+            call = args(case)
+            torch.cuda.synchronize()
+        except RuntimeError:
+            pass
+        torch.cuda._sleep(1)  # the marker kernel (harness.timing.ncu_cross_check.MARKER)
+        if call is not None:
+            try:
+                run(call)
+            except RuntimeError:
+                pass
+        torch.cuda._sleep(1)
+        torch.cuda.synchronize()
+        del call
+    manifest.write_text(json.dumps({"cases": [case.id for case in job.cases]}))
 
 
 if __name__ == "__main__":

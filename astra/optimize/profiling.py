@@ -141,28 +141,54 @@ class ProfilingAgent:
         if self.ncu is None:
             profile.notes.append("no Nsight Compute profile (no GPU or no ncu here): timing, ptxas and source only")
         else:
+            found = self._ncu(None if original else source, sid, [facts.case for facts in profile.bands.values()])
             for facts in profile.bands.values():
-                facts.ncu = self._ncu(None if original else source, sid, facts.case)
+                facts.ncu = found[facts.case]
             missing = {f.ncu.get("why") for f in profile.bands.values() if not f.ncu.get("available")}
             profile.notes.extend(f"ncu: {why}" for why in sorted(w for w in missing if w))
         profile.symptoms = symptoms(profile, source)
         return profile
 
-    def _ncu(self, source: str | None, sid: str, case: str | None) -> dict:
-        if case is None:
-            return {"available": False, "why": "no timed shape in this band"}
+    def _ncu(self, source: str | None, sid: str, cases: list[str | None]) -> dict[str | None, dict]:
+        """The ncu profiles of `cases` (a band's representative shape, None: the band has none): from memory or
+        the cache directory, the rest from one profiled process where the profiler can do several shapes at
+        once (`many`), else one by one."""
+        found: dict[str | None, dict] = {None: {"available": False, "why": "no timed shape in this band"}}
+        wanted: list[str] = []
+        for case in dict.fromkeys(c for c in cases if c is not None):
+            kept = self._kept(sid, case)
+            if kept is None:
+                wanted.append(case)
+            else:
+                found[case] = kept
+        if wanted:
+            many = getattr(self.ncu, "many", None)
+            fresh = (many(source, wanted, self.extra_shapes()) if many is not None
+                     else {case: self.ncu(source, case, self.extra_shapes()) for case in wanted})
+            for case in wanted:
+                found[case] = self._keep(sid, case, fresh[case])
+        return found
+
+    def _path(self, sid: str, case: str) -> Path | None:
+        return self.cache_dir / f"{sid[:16]}-{re.sub(r'[^A-Za-z0-9_.=-]+', '_', case)[:120]}.json" if self.cache_dir else None
+
+    def _kept(self, sid: str, case: str) -> dict | None:
+        """A profile of (source, shape) made earlier: in memory, else in the cache directory (None: none)."""
         key = (sid, case)
         if key in self._cache:
             return self._cache[key]
-        path = self.cache_dir / f"{sid[:16]}-{re.sub(r'[^A-Za-z0-9_.=-]+', '_', case)[:120]}.json" if self.cache_dir else None
+        path = self._path(sid, case)
         if path is not None and path.is_file():
             try:
                 self._cache[key] = json.loads(input_files.read_text(path, input_files.RECORD_BYTES, what="a profile"))
                 return self._cache[key]
             except (OSError, ValueError, input_files.Refused):  # a damaged cache file: profile again
                 pass
-        result = self.ncu(source, case, self.extra_shapes())
-        self._cache[key] = result
+        return None
+
+    def _keep(self, sid: str, case: str, result: dict) -> dict:
+        self._cache[(sid, case)] = result
+        path = self._path(sid, case)
         if path is not None and result.get("available"):  # a failure is not kept: the next round may succeed
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(result))
