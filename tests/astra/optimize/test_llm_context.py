@@ -277,23 +277,3 @@ def test_ncu_profiles_a_real_shape(sglang_0523):
     assert result["kernels"] >= 1 and result["duration_us"] > 0 and result["registers"] > 0
     assert result["dram_pct"] is not None and len(result["top_stalls"]) == 3
 
-
-@pytest.mark.gpu
-@pytest.mark.network
-def test_ncu_profiles_several_shapes_in_one_process(sglang_0523):
-    from harness.timing.ncu_cross_check import ncu_path
-
-    if ncu_path() is None:
-        pytest.skip("needs ncu (Nsight Compute)")
-    from astra.spec import jobs
-
-    spec = spec_mod.load("fused_add_rmsnorm")
-    timed = [c for c in jobs.make_job(spec, sglang_0523).cases if c.timed]
-    small, large = timed[0], max(timed, key=lambda c: c.bytes)
-    found = ncu_profile.Profiler(spec, sglang_0523, timeout_s=400, diagnose=True).many(
-        None, [small.id, large.id, "no/such/shape"], [])
-    assert found[small.id]["available"] and found[large.id]["available"], found
-    assert found[small.id]["case"] == small.id and found[large.id]["case"] == large.id
-    assert found[large.id]["duration_us"] > found[small.id]["duration_us"]  # each shape's own launch
-    assert found[large.id]["grid"] != found[small.id]["grid"]
-    assert not found["no/such/shape"]["available"] and "not in the suite" in found["no/such/shape"]["why"]

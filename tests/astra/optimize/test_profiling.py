@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from astra.optimize import ncu_profile
 from astra.optimize.loop import source_id
 from astra.optimize.profiling import ProfilingAgent, band_facts
@@ -249,3 +251,25 @@ def test_a_damaged_cache_file_is_profiled_again(tmp_path):
     profile = ProfilingAgent(again, cache_dir=tmp_path).profile(VECTOR, verdict())
     assert again.calls == [(VECTOR, "decode0"), (VECTOR, "prefill0")]
     assert profile.notes == ["ncu: timed out"] and profile.bands["decode"].ncu["ld_efficiency_pct"] == 25
+
+
+@pytest.mark.gpu
+@pytest.mark.network
+def test_ncu_profiles_several_shapes_in_one_process(sglang_0523):
+    from harness.timing.ncu_cross_check import ncu_path
+
+    if ncu_path() is None:
+        pytest.skip("needs ncu (Nsight Compute)")
+    from astra.spec import jobs
+    from astra.spec import model as spec_mod
+
+    spec = spec_mod.load("fused_add_rmsnorm")
+    timed = [c for c in jobs.make_job(spec, sglang_0523).cases if c.timed]
+    small, large = timed[0], max(timed, key=lambda c: c.bytes)
+    found = ncu_profile.Profiler(spec, sglang_0523, timeout_s=400, diagnose=True).many(
+        None, [small.id, large.id, "no/such/shape"], [])
+    assert found[small.id]["available"] and found[large.id]["available"], found
+    assert found[small.id]["case"] == small.id and found[large.id]["case"] == large.id
+    assert found[large.id]["duration_us"] > found[small.id]["duration_us"]  # each shape's own launch
+    assert found[large.id]["grid"] != found[small.id]["grid"]
+    assert not found["no/such/shape"]["available"] and "not in the suite" in found["no/such/shape"]["why"]
