@@ -45,7 +45,7 @@ from harness.building.toolchain import (
 )
 from harness.worker import children
 
-__all__ = ["BuildRequest", "BuildResult", "build", "build_many", "trim_errors"]
+__all__ = ["BuildRequest", "BuildResult", "build", "build_many", "cached", "trim_errors"]
 
 KEY_VERSION = "astra-harness-build-1"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -301,6 +301,20 @@ def build(req: BuildRequest, cache_dir: Path, *, timeout_s: float = 300, keep_go
         return _failed(str(failure), start, key)
     except (OSError, subprocess.SubprocessError) as error:
         return _failed(f"build could not run: {error}", start, key)
+
+
+def cached(req: BuildRequest, cache_dir: Path) -> BuildResult | None:
+    """The published build of `req` in `cache_dir`, without building or waiting for a builder (None: none yet)."""
+    start = time.monotonic()
+    cache_dir = Path(cache_dir)
+    try:
+        if not _NAME_RE.match(req.name) or not cache_dir.is_dir():
+            return None
+        plan = plan_build(req, cache_dir)
+        key = build_key(req, plan)
+        return _cached(cache_dir / f"{req.name}-{key[:16]}", key, start)
+    except (BuildFailure, OSError, subprocess.SubprocessError):
+        return None
 
 
 def _nvcc_command(plan: _Plan) -> list[str]:

@@ -82,6 +82,7 @@ class CandidateRun:
         request_path = self.root / "request.json"
         request_path.write_text(json.dumps(request))
         self.wrap_exitcode = config.wrap_exitcode
+        self.watched = watched_kernels(kernels)  # the kernels its tool watches alone (None: all, or no tool)
         command = [*candidate_prefix(kernels), python, "-m", "harness", "candidate", str(request_path), "--work", str(self.work),
                    "--phase", phase]
         try:

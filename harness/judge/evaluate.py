@@ -51,7 +51,7 @@ import torch
 from harness import sandbox
 from harness.building.job_requests import build_requests, variants_used
 from harness.building.module_loading import kept_signatures, load_module
-from harness.building.nvcc_build import BuildResult, build_many
+from harness.building.nvcc_build import BuildResult, build_many, cached
 from harness.candidate import cuda_ipc
 from harness.candidate.exchange import (
     SIGNATURES,
@@ -339,18 +339,40 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
 def _outputs_run_beside_the_build(job: Job, device: torch.device, deadline: float) -> CandidateRun | None:
     """The outputs phase's candidate process, started before the build ends, so that its start (torch, CUDA,
     the sandbox's warm-up) overlaps the build; it loads nothing until `go`. None where the outputs are not
-    checked, where the candidate's writable directories would lie inside the build cache (the sandbox
-    would refuse to let it read there), or where compute-sanitizer's tool must be told the candidate's kernels
-    when the process starts (`JudgeConfig.watch_own_kernels`): the process then starts once the modules are built."""
-    if not job.options.outputs_checked or current().watch_own_kernels:
+    checked, or where the candidate's writable directories would lie inside the build cache (the sandbox
+    would refuse to let it read there). Where compute-sanitizer's tool must be told the candidate's kernels
+    when the process starts (`JudgeConfig.watch_own_kernels`), it is told the original's, from the original's
+    cached build (`_outputs_phase` starts another process if the candidate's turn out different); with no
+    cached original, the process starts once the modules are built."""
+    if not job.options.outputs_checked:
         return None
+    kernels = None
+    if current().watch_own_kernels:
+        kernels = watched_kernels(original_kernels(job))
+        if kernels is None:
+            return None
     cache = default_cache_dir(job)
     cache.mkdir(parents=True, exist_ok=True)
     base = Path(exchange_base() or tempfile.gettempdir()).resolve()
     if base.is_relative_to(cache.resolve()):
         return None
     return CandidateRun(job, "outputs", device=str(device), cand_so=None, modules_dir=str(cache), deadline=deadline,
-                        exports={key: _exports(job, key) for key in variants_used(job)}, trials=_trials(job))
+                        exports={key: _exports(job, key) for key in variants_used(job)}, trials=_trials(job),
+                        kernels=kernels)
+
+
+def original_kernels(job: Job) -> list[str] | None:
+    """The mangled names of every kernel of the original's modules, from their cached builds' ptxas reports,
+    without building (None: an original module not built yet, or one whose build reported no kernel)."""
+    found: set[str] = set()
+    for side, _, request in build_requests(job):
+        if side != "orig":
+            continue
+        result = cached(request, default_cache_dir(job))
+        if result is None or not result.resources:
+            return None
+        found.update(resource.mangled for resource in result.resources)
+    return sorted(found) or None
 
 
 def _trials(job: Job) -> list[list[tuple[str, int]]]:
@@ -458,6 +480,9 @@ def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[s
     launches = {key: _launch(modules[key], job.entry) for key in keys}
     results: list[CaseResult] = []
     checked: dict[str, Checked] = {}
+    if started is not None and started.watched != kernels:  # its tool watches other kernels than the candidate's
+        started.close()
+        started = None
     if started is not None:
         started.go(cand_so)
     run = started or CandidateRun(job, "outputs", device=str(device), cand_so=cand_so, deadline=deadline,

@@ -113,3 +113,17 @@ def test_running_holds_while_the_early_builds_go_and_ends_with_them(tree, tmp_pa
     release.set()
     assert early_build.take([r for _, _, r in build_requests(job)], tmp_path / "cache") == ["built"]
     assert not early_build.running()
+
+
+@needs_nvcc
+def test_the_original_kernels_are_read_from_its_cached_build_without_building(tree, tmp_path):
+    from harness.judge.evaluate import original_kernels
+
+    job = scale_job(tree, tmp_path / "cache", SCALE.replace("scale_kernel", "scaled_kernel"))
+    assert original_kernels(job) is None  # nothing built yet, and looking builds nothing
+    assert not (tmp_path / "cache").exists() or not any(p.name.startswith("scale-") for p in (tmp_path / "cache").iterdir())
+    _, builds, failure = build_all(job, Path(job.options.cache_dir))
+    assert failure is None
+    names = original_kernels(job)
+    assert names == [r["mangled"] for b in builds if b["side"] == "orig" for r in b["resources"]]
+    assert len(names) == 1 and "scale_kernel" in names[0] and "scaled_kernel" not in names[0]  # the original's only
