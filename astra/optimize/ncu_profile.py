@@ -1,13 +1,15 @@
-"""An Nsight Compute profile of one representative shape, for the LLM agent's planner.
+"""Nsight Compute profiles of a kernel's shapes, for the planners (the LLM agent's, the profiling agent's).
 
     profiler = Profiler(spec, tree)
     result = profiler(source, case_id, extra_shapes)   # source None: the original
+    results = profiler.many(source, [case_a, case_b], extra_shapes)   # one profiled process for all
     text(result, "original")    # "shape S: 1 kernel(s), 12.3 us; DRAM 78.1% of peak (2.61 TB/s); ..."
 
 `ncu` runs a profiled process (`python -m astra.optimize.ncu_profile JOB MANIFEST`, a scrubbed environment
-and the OS sandbox's seccomp part, as any process that runs candidate code: docs/threat-model.md) that builds the job, launches the entry once to warm up and
-once between two marker kernels, as `harness.timing.ncu_cross_check` does for `astra bench --ncu`; the kernels between the
-markers are the shape's. Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy,
+and the OS sandbox's seccomp part, as any process that runs candidate code: docs/threat-model.md) that builds the
+job and, shape after shape, launches the entry once to warm up and once between two marker kernels, as
+`harness.timing.ncu_cross_check` does for `astra bench --ncu`; the kernels between a pair of markers are that
+shape's. Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy,
 weighted by each kernel's duration, the most registers per thread, local-memory (spill) instructions,
 and the top 3 warp-stall reasons (cycles per issued instruction, WarpStateStats' metrics). With
 `diagnose=True` (the offline agent's profiling agent, astra.optimize.profiling) it also asks for DIAGNOSIS and
@@ -201,7 +203,8 @@ def text(profile: dict, label: str) -> str:
 
 
 class Profiler:
-    """Profiles a source of `spec` on one shape of its suite with ncu; never raises for a failed profile."""
+    """Profiles a source of `spec` on shapes of its suite with ncu (one shape: call it; several: `many`); never
+    raises for a failed profile. `timeout_s` is per shape."""
 
     def __init__(self, spec, tree, *, timeout_s: float = 600.0, diagnose: bool = False):
         self.spec, self.tree, self.timeout_s = spec, tree, timeout_s
@@ -246,7 +249,8 @@ class Profiler:
             command = [ncu_path(), "--csv", "--metrics", ",".join(self.metrics), "--cache-control", "all",
                        "--clock-control", "none", "--print-units", "base", "--log-file", str(log),
                        sys.executable, "-m", "astra.optimize.ncu_profile", str(job_path), str(manifest)]
-            outcome = run_isolated(command, timeout_s=self.timeout_s, env=scrub_env(dict(os.environ), tmp), cwd=tmp)
+            outcome = run_isolated(command, timeout_s=self.timeout_s * len(ids), env=scrub_env(dict(os.environ), tmp),
+                                   cwd=tmp)
             if not manifest.exists() or not log.exists():
                 how = "timed out" if outcome.timed_out else f"exit {outcome.returncode}"
                 tail = (outcome.stderr or outcome.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -287,20 +291,22 @@ def launch(job: Job, manifest: Path) -> None:
     def args(case):
         return to_call_args(poison_outputs(clone_inputs(make_inputs(case, 0, "cuda")), case.args), case.args)
 
-    for case in job.cases:  # a case that raises leaves its markers with nothing between: that profile only fails
+    # a case whose launch raises leaves its markers with nothing between: that profile alone fails (a sticky CUDA
+    # fault ends the process, and every shape's profile with it)
+    for case in job.cases:
         run, call = runs[case.variant], None
         try:
             run(args(case))
             torch.cuda.synchronize()
             call = args(case)
             torch.cuda.synchronize()
-        except RuntimeError:
+        except Exception:  # any refusal of this shape's arguments fails its profile only
             pass
         torch.cuda._sleep(1)  # the marker kernel (harness.timing.ncu_cross_check.MARKER)
         if call is not None:
             try:
                 run(call)
-            except RuntimeError:
+            except Exception:  # as above
                 pass
         torch.cuda._sleep(1)
         torch.cuda.synchronize()

@@ -327,9 +327,9 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     env_s = time.monotonic() - mark
     timing_gate.mark_measured(job.options.timing_gate)  # compute-sanitizer may start now, its own judges building
     outputs_run = _outputs_run_beside_the_build(job, device, deadline)
-    # the copy references of the timed cases while nvcc still builds: the GPU is idle until the modules are built
-    copies = copy_references(job, device, early_build.running) if quiet is not None else {}
     try:
+        # the copy references of the timed cases while nvcc still builds: the GPU is idle until the modules are built
+        copies = copy_references(job, device, early_build.running) if quiet is not None else {}
         return _built_and_judged(job, device, start, deadline, outputs_run, quiet, env, env_s, copies)
     finally:
         if outputs_run is not None:
@@ -474,8 +474,10 @@ def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[s
                    started: CandidateRun | None = None, kernels: list[str] | None = None):
     """The candidate's outputs judged case by case: (results, what the timed launches are verified against,
     signatures), or a failure. `started`: the phase's candidate process, started beside the build, sent on to
-    the built and scanned modules here; else one is started now (`kernels`: the candidate's, for a tool that
-    watches them alone: harness.candidate.run.candidate_prefix)."""
+    the built and scanned modules here; else, or when the kernels its tool watches are not `kernels` (it was
+    told the original's, and the candidate's differ: it is closed), one is started now (`kernels`: the
+    candidate's, for a tool that watches them alone: harness.candidate.run.candidate_prefix). `clock` counts
+    `outputs_process_replaced` when that happens."""
     trials = _trials(job)
     launches = {key: _launch(modules[key], job.entry) for key in keys}
     results: list[CaseResult] = []
@@ -483,6 +485,7 @@ def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[s
     if started is not None and started.watched != kernels:  # its tool watches other kernels than the candidate's
         started.close()
         started = None
+        clock.count("outputs_process_replaced", 1)
     if started is not None:
         started.go(cand_so)
     run = started or CandidateRun(job, "outputs", device=str(device), cand_so=cand_so, deadline=deadline,
@@ -521,7 +524,8 @@ def _timing_phase(job: Job, device: torch.device, keys: list[str], modules: dict
                   reference=None, copies: dict[str, float | None] | None = None) -> Verdict:
     """The original timed here, the candidate in the timing phase's candidate process (`timing`: that run and
     the QuietGpu measured before it started; None: nothing to time here), interleaved and every timed launch
-    verified (harness.judge.timings.time_cases); then the verdict (see the module docstring)."""
+    verified (harness.judge.timings.time_cases); then the verdict (see the module docstring). `copies`: the copy
+    references measured while nvcc built (harness.judge.timings.copy_references), by case id."""
     mark = time.monotonic()
     notes: list[str] = []
     incomplete: list[str] = []
