@@ -253,18 +253,32 @@ def test_a_damaged_cache_file_is_profiled_again(tmp_path):
     assert profile.notes == ["ncu: timed out"] and profile.bands["decode"].ncu["ld_efficiency_pct"] == 25
 
 
-@pytest.mark.gpu
-@pytest.mark.network
-def test_ncu_profiles_several_shapes_in_one_process(sglang_0523):
+def fused_timed_cases(tree):
+    """fused_add_rmsnorm's spec and timed cases, where ncu is at hand (else the test is skipped)."""
+    from astra.spec import jobs
+    from astra.spec import model as spec_mod
     from harness.timing.ncu_cross_check import ncu_path
 
     if ncu_path() is None:
         pytest.skip("needs ncu (Nsight Compute)")
-    from astra.spec import jobs
-    from astra.spec import model as spec_mod
-
     spec = spec_mod.load("fused_add_rmsnorm")
-    timed = [c for c in jobs.make_job(spec, sglang_0523).cases if c.timed]
+    return spec, [c for c in jobs.make_job(spec, tree).cases if c.timed]
+
+
+@pytest.mark.gpu
+@pytest.mark.network
+def test_ncu_profiles_a_real_shape(sglang_0523):
+    spec, timed = fused_timed_cases(sglang_0523)
+    result = ncu_profile.Profiler(spec, sglang_0523, timeout_s=400)(None, timed[0].id, [])
+    assert result["available"], result
+    assert result["kernels"] >= 1 and result["duration_us"] > 0 and result["registers"] > 0
+    assert result["dram_pct"] is not None and len(result["top_stalls"]) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.network
+def test_ncu_profiles_several_shapes_in_one_process(sglang_0523):
+    spec, timed = fused_timed_cases(sglang_0523)
     small, large = timed[0], max(timed, key=lambda c: c.bytes)
     found = ncu_profile.Profiler(spec, sglang_0523, timeout_s=400, diagnose=True).many(
         None, [small.id, large.id, "no/such/shape"], [])
