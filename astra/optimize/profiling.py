@@ -29,7 +29,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from astra import input_files
 from astra.cxx.text import blank
@@ -115,7 +115,11 @@ class Profile:
         return "\n".join(lines + [f"note: {n}" for n in self.notes]) or "no symptom found"
 
 
-NcuProfiler = Callable[[str | None, str | None, list], dict]  # ncu_profile.Profiler: (source, case, shapes) -> dict
+class NcuProfiler(Protocol):
+    """What the profiling agent asks of a profiler (ncu_profile.Profiler): several shapes of one source at once."""
+
+    def many(self, source: str | None, case_ids: list[str], extra_shapes: list) -> dict[str, dict]: ...
+
 
 
 class ProfilingAgent:
@@ -151,8 +155,7 @@ class ProfilingAgent:
 
     def _ncu(self, source: str | None, sid: str, cases: list[str | None]) -> dict[str | None, dict]:
         """The ncu profiles of `cases` (a band's representative shape, None: the band has none): from memory or
-        the cache directory, the rest from one profiled process where the profiler can do several shapes at
-        once (`many`), else one by one."""
+        the cache directory, the rest from one profiled process (`NcuProfiler.many`)."""
         found: dict[str | None, dict] = {None: {"available": False, "why": "no timed shape in this band"}}
         wanted: list[str] = []
         for case in dict.fromkeys(c for c in cases if c is not None):
@@ -162,9 +165,7 @@ class ProfilingAgent:
             else:
                 found[case] = kept
         if wanted:
-            many = getattr(self.ncu, "many", None)
-            fresh = (many(source, wanted, self.extra_shapes()) if many is not None
-                     else {case: self.ncu(source, case, self.extra_shapes()) for case in wanted})
+            fresh = self.ncu.many(source, wanted, self.extra_shapes())
             for case in wanted:
                 found[case] = self._keep(sid, case, fresh[case])
         return found

@@ -156,10 +156,16 @@ def candidate_kernels(job: Job, builds: list[dict]) -> list[str] | None:
     """The mangled names of every kernel the candidate process's modules hold, from ptxas's report of their
     builds (the original's modules for a self-check); None when a build reported none (nothing to go by)."""
     side = "cand" if job.candidate_source is not None else "orig"
-    mine = [build for build in builds if build["side"] == side]
-    if not mine or any(not build["resources"] for build in mine):
+    return kernel_names([[resource["mangled"] for resource in build["resources"]]
+                         for build in builds if build["side"] == side])
+
+
+def kernel_names(per_module: list[list[str]]) -> list[str] | None:
+    """The sorted set of mangled kernel names of some modules (one list per module, from ptxas's report of its
+    build); None when there is no module or one reported none (nothing to go by)."""
+    if not per_module or any(not names for names in per_module):
         return None
-    return sorted({resource["mangled"] for build in mine for resource in build["resources"]})
+    return sorted({name for names in per_module for name in names})
 
 
 def _load_all(job: Job, cache_dir: Path) -> tuple[dict, list[dict], Verdict | None]:
@@ -364,15 +370,14 @@ def _outputs_run_beside_the_build(job: Job, device: torch.device, deadline: floa
 def original_kernels(job: Job) -> list[str] | None:
     """The mangled names of every kernel of the original's modules, from their cached builds' ptxas reports,
     without building (None: an original module not built yet, or one whose build reported no kernel)."""
-    found: set[str] = set()
+    per_module = []
     for side, _, request in build_requests(job):
-        if side != "orig":
-            continue
-        result = cached(request, default_cache_dir(job))
-        if result is None or not result.resources:
-            return None
-        found.update(resource.mangled for resource in result.resources)
-    return sorted(found) or None
+        if side == "orig":
+            result = cached(request, default_cache_dir(job))
+            if result is None:
+                return None
+            per_module.append([resource.mangled for resource in result.resources])
+    return kernel_names(per_module)
 
 
 def _trials(job: Job) -> list[list[tuple[str, int]]]:

@@ -150,14 +150,16 @@ def test_only_the_planner_asks_ncu_for_the_diagnosis_metrics():
 
 
 class FakeNcu:
-    """Stands in for the ncu run (a GPU tool): answers the parsed CSV of one shape per band, counting calls."""
+    """Stands in for the ncu run (a GPU tool): answers the parsed CSV of one shape per band. `calls`: every
+    (source, shape) profiled; `runs`: every profiled process, (source, its shapes)."""
 
     def __init__(self, per_case: dict[str, dict]):
-        self.per_case, self.calls = per_case, []
+        self.per_case, self.calls, self.runs = per_case, [], []
 
-    def __call__(self, source, case, extra_shapes):
-        self.calls.append((source, case))
-        return {**self.per_case[case], "case": case}
+    def many(self, source, cases, extra_shapes):
+        self.runs.append((source, tuple(cases)))
+        self.calls += [(source, case) for case in cases]
+        return {case: {**self.per_case[case], "case": case} for case in cases}
 
 
 def test_ncu_symptoms_per_band_and_the_cache(tmp_path):
@@ -199,25 +201,17 @@ def test_ncu_symptoms_per_band_and_the_cache(tmp_path):
     assert again.calls == [] and {(s.id, s.band) for s in resumed.symptoms} == set(found)
 
 
-class FakeManyNcu(FakeNcu):
-    """A profiler that does several shapes in one run (ncu_profile.Profiler.many), counting runs."""
-
-    def many(self, source, cases, extra_shapes):
-        self.calls.append((source, tuple(cases)))
-        return {case: {**self.per_case[case], "case": case} for case in cases}
-
-
-def test_every_band_is_profiled_in_one_run_where_the_profiler_can(tmp_path):
-    ncu = FakeManyNcu({"decode0": summarized(DECODE_KERNEL), "prefill0": summarized(DECODE_KERNEL)})
+def test_every_band_is_profiled_in_one_run(tmp_path):
+    ncu = FakeNcu({"decode0": summarized(DECODE_KERNEL), "prefill0": summarized(DECODE_KERNEL)})
     agent = ProfilingAgent(ncu, cache_dir=tmp_path / "profiles")
     profile = agent.profile(SERIAL, verdict(), "cand", "best #2")
-    assert ncu.calls == [(SERIAL, ("decode0", "prefill0"))]  # one profiled process for both bands
+    assert ncu.runs == [(SERIAL, ("decode0", "prefill0"))]  # one profiled process for both bands
     assert {band: facts.ncu["case"] for band, facts in profile.bands.items()} == {"decode": "decode0",
                                                                                   "prefill": "prefill0"}
     (tmp_path / "profiles" / next(p.name for p in (tmp_path / "profiles").iterdir() if "prefill0" in p.name)).unlink()
-    fresh = FakeManyNcu({"prefill0": summarized(DECODE_KERNEL)})
+    fresh = FakeNcu({"prefill0": summarized(DECODE_KERNEL)})
     ProfilingAgent(fresh, cache_dir=tmp_path / "profiles").profile(SERIAL, verdict(), "cand", "best #2")
-    assert fresh.calls == [(SERIAL, ("prefill0",))]  # only the shape the cache lacks
+    assert fresh.runs == [(SERIAL, ("prefill0",))]  # only the shape the cache lacks
 
 
 def test_the_original_is_profiled_as_the_original_build_and_failures_are_notes():
