@@ -279,9 +279,10 @@ def _judge_gaps(result: CaseResult, tensors: list, inputs: dict[str, Any], orig:
 
 def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: dict[str, Any],
                 orig: dict[str, Any], cand: dict[str, Any] | None, cand_error: str | None,
-                reference: Reference | None) -> None:
+                reference: Reference | None, ref_out: dict[str, Any] | None = None) -> None:
     """Judge one trial into `result`: `inputs` as generated, `orig`/`cand` every tensor argument after each
-    side's call (`cand` None when the candidate raised `cand_error`). The original must not have raised."""
+    side's call (`cand` None when the candidate raised `cand_error`). The original must not have raised.
+    `ref_out`: the reference's outputs on these inputs, when already computed (else computed here)."""
     where = describe(trial)
     result.trials += 1
     if cand_error is not None or cand is None:
@@ -302,7 +303,8 @@ def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: 
     sorted_orig = canonical(case, orig)  # unordered outputs: order is not the result
     unordered = {n for n in sorted_orig if sorted_orig[n] is not orig[n]}  # judged against the original only
     orig, cand = sorted_orig, canonical(case, cand)
-    ref_out = run_reference(reference, case, reference_args(inputs), where) if reference is not None else {}
+    if ref_out is None:
+        ref_out = run_reference(reference, case, reference_args(inputs), where) if reference is not None else {}
     if result.trials == 1:
         result.notes += [f"reference gives no {arg.name}: compared with the original's tolerances"
                          for arg in compared if ref_out and arg.name not in ref_out]

@@ -82,6 +82,7 @@ from harness.judge.correctness import (
     trials_for,
 )
 from harness.judge.early_build import default_cache_dir, scan
+from harness.judge.original_beside_build import Prepared, budget_bytes, prepare
 from harness.judge.phase_clock import PhaseClock
 from harness.judge.timed_outputs import Checked
 from harness.judge.timings import apply_timings, copy_references, time_cases
@@ -206,11 +207,13 @@ def drop_in(job: Job, orig: dict[str, dict], cand: dict[str, dict]) -> tuple[dic
 
 
 def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, device: torch.device,
-               reference, checked: dict[str, Checked], clock: PhaseClock | None = None) -> CaseResult | None:
+               reference, checked: dict[str, Checked], clock: PhaseClock | None = None,
+               prepared: Prepared | None = None) -> CaseResult | None:
     """The verdict on one case from the candidate's streamed results (None: they never came). What the timed
     launches are verified against goes into `checked` (harness.judge.timed_outputs): the digest of the candidate's
     checked outputs on the first seed, computed here from its raw outputs, whether they matched the
-    original's bit for bit on every trial, and both sides' determinism."""
+    original's bit for bit on every trial, and both sides' determinism. `prepared`: trials whose inputs, original's
+    and reference's outputs were computed beside the build (harness.judge.original_beside_build)."""
     case = job.cases[index]
     clock = clock or PhaseClock()
     directory = case_dir(run.work, index)
@@ -229,18 +232,20 @@ def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, de
         for t, trial in enumerate(trials):
             entry = manifest["trials"][t]
             error = trial_error(entry)
+            ready = prepared.take(index, t) if prepared is not None else None
             with clock("original"):
-                inputs, orig = original_outputs(launch, case, trial, device)
+                inputs, orig = ready[:2] if ready is not None else original_outputs(launch, case, trial, device)
             with clock("read_candidate"):
                 cand = None if error else read_trial(directory, t, entry, case, device, imports=imports)
             with clock("compare"):
-                judge_trial(result, case, job, trial, inputs, orig, cand, error, reference)
+                judge_trial(result, case, job, trial, inputs, orig, cand, error, reference,
+                            ready[2] if ready is not None else None)
                 exact = exact and cand is not None and same_outputs(case, orig, cand)
             if tuple(trial) == ("seed", seed):
                 first = (inputs, orig)  # the back-to-back launches and the determinism runs start from these
                 if cand is not None:
                     record.digest = output_digest(case, cand, job.options.digest_key)
-            del inputs, orig, cand
+            del inputs, orig, cand, ready
         record.bit_exact = exact
         with clock("back_to_back"):
             _judge_chain(directory, manifest, case, job, launch, device, result, reference, imports, first)
@@ -336,7 +341,11 @@ def _evaluate(job: Job, device: torch.device, start: float) -> Verdict:
     try:
         # the copy references of the timed cases while nvcc still builds: the GPU is idle until the modules are built
         copies = copy_references(job, device, early_build.running) if quiet is not None else {}
-        return _built_and_judged(job, device, start, deadline, outputs_run, quiet, env, env_s, copies)
+        # then, where the original is built already, its outputs and the reference's on the trials
+        prepared = None
+        if quiet is not None and job.options.outputs_checked:
+            prepared = prepare(job, device, early_build.running, _trials(job), _launch, budget_bytes(device))
+        return _built_and_judged(job, device, start, deadline, outputs_run, quiet, env, env_s, copies, prepared)
     finally:
         if outputs_run is not None:
             outputs_run.close()
@@ -386,8 +395,9 @@ def _trials(job: Job) -> list[list[tuple[str, int]]]:
 
 def _built_and_judged(job: Job, device: torch.device, start: float, deadline: float,
                       outputs_run: CandidateRun | None, quiet: QuietGpu | None, env: dict, env_s: float,
-                      copies: dict[str, float | None]) -> Verdict:
-    phases: dict[str, float] = {"copies_beside_build": float(len(copies))}
+                      copies: dict[str, float | None], prepared: Prepared | None = None) -> Verdict:
+    phases: dict[str, float] = {"copies_beside_build": float(len(copies)),
+                                "trials_beside_build": float(len(prepared or ()))}
     log.info("building %d module(s) (original and candidate)", len(build_requests(job)))
     paths, builds, failure = build_all(job, default_cache_dir(job))
     phases["build_s"] = time.monotonic() - start
@@ -409,12 +419,13 @@ def _built_and_judged(job: Job, device: torch.device, start: float, deadline: fl
             if why:
                 return done(_failure(job, "rejected_source", f"{key}: {why}"))
     try:
-        modules = {key: load_module(paths[("orig", key)]) for key in keys}
+        modules = {key: (prepared.modules[key] if prepared is not None and key in prepared.modules
+                         else load_module(paths[("orig", key)])) for key in keys}
     except Exception as error:  # an unloadable original: nothing to compare with
         return done(_failure(job, "original_failed", f"original module failed to load: {_one_line(str(error))}"))
     orig_signatures = {key: kept_signatures(modules[key], paths[("orig", key)], _exports(job, key)) for key in keys}
-    reference = None
-    if job.reference:
+    reference = prepared.reference if prepared is not None else None
+    if job.reference and reference is None:
         try:
             reference = load_reference(job.reference)
         except Exception as error:  # fail closed: a broken spec is not a pass with looser checks
@@ -443,7 +454,7 @@ def _built_and_judged(job: Job, device: torch.device, start: float, deadline: fl
         else:
             clock = PhaseClock("check_")
             outcome = _outputs_phase(job, device, deadline, keys, cand_so, modules, orig_signatures, reference, env,
-                                     clock, outputs_run, kernels)
+                                     clock, outputs_run, kernels, prepared)
             phases.update(clock.rounded())
             if isinstance(outcome, Verdict):
                 return done(outcome)
@@ -476,13 +487,15 @@ def _unchecked(job: Job) -> list[CaseResult]:
 
 def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[str], cand_so: dict,
                    modules: dict, orig_signatures: dict, reference, env: dict, clock: PhaseClock,
-                   started: CandidateRun | None = None, kernels: list[str] | None = None):
+                   started: CandidateRun | None = None, kernels: list[str] | None = None,
+                   prepared: Prepared | None = None):
     """The candidate's outputs judged case by case: (results, what the timed launches are verified against,
     signatures), or a failure. `started`: the phase's candidate process, started beside the build, sent on to
     the built and scanned modules here; else, or when the kernels its tool watches are not `kernels` (it was
     told the original's, and the candidate's differ: it is closed), one is started now (`kernels`: the
     candidate's, for a tool that watches them alone: harness.candidate.run.candidate_prefix). `clock` counts
-    `outputs_process_replaced` when that happens."""
+    `outputs_process_replaced` when that happens. `prepared`: the trials the judge computed beside the build
+    (harness.judge.original_beside_build)."""
     trials = _trials(job)
     launches = {key: _launch(modules[key], job.entry) for key in keys}
     results: list[CaseResult] = []
@@ -513,7 +526,7 @@ def _outputs_phase(job: Job, device: torch.device, deadline: float, keys: list[s
         for index, case in enumerate(job.cases):
             log.info("judging case %d/%d %s", index + 1, len(job.cases), case.id)
             result = judge_case(index, run, job, trials[index], launches[case.variant], device, reference, checked,
-                                clock)
+                                clock, prepared)
             if result is None:
                 status, reason = run.failure(f"results for {case.id}")
                 return _failure(job, status, reason, signatures=signatures, env=env)

@@ -58,7 +58,9 @@ def time_cases(job: Job, results: list[CaseResult], checked: dict[str, Checked],
             continue
         log.info("timing %s (%s)", case.id, " and ".join(job.options.modes))
         remote.case = index
-        orig = TimingSide("orig", orig_launches[case.variant], case, device, job.options.digest_key)
+        record = checked.get(case.id) if job.options.outputs_checked else None
+        orig = TimingSide("orig", orig_launches[case.variant], case, device, job.options.digest_key,
+                          reuse_digests=record is not None and record.deterministic_orig is True)
         pair = Pair(orig, remote, run.pause(), quiet, clock)
         timings[case.id] = {}
         for view in job.options.modes:
@@ -66,8 +68,8 @@ def time_cases(job: Job, results: list[CaseResult], checked: dict[str, Checked],
                 timings[case.id][view] = {"error": f"unknown timing mode {view!r}", "side": None, "kind": "unknown"}
                 continue
 
-            def make_check(seeds: list[int], case=case, orig=orig, view=view) -> LaunchCheck:
-                return LaunchCheck(case, job, view, seeds, checked.get(case.id) if job.options.outputs_checked else None,
+            def make_check(seeds: list[int], case=case, orig=orig, view=view, record=record) -> LaunchCheck:
+                return LaunchCheck(case, job, view, seeds, record,
                                    orig.set_args, lambda indices: _fetch(remote, run.work, case, indices, device),
                                    reference)
 

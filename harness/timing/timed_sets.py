@@ -111,13 +111,16 @@ class TimedSets:
             for target, source in zip(targets, pristine):
                 target.copy_(source)
 
-    def digests(self) -> list[dict[str, str]]:
-        """Per set: {"out": the keyed digest of its outputs (harness.judge.correctness.output_digest), "in": that
-        of its read-only tensors' storages}, computed on the device. Call after the device finished the sample."""
+    def digests(self, indices: list[int] | None = None) -> list[dict[str, str]]:
+        """Per set (of `indices`, default every set, in that order): {"out": the keyed digest of its outputs
+        (harness.judge.correctness.output_digest), "in": that of its read-only tensors' storages}, computed on
+        the device. Call after the device finished the sample."""
+        chosen = range(len(self.inputs)) if indices is None else indices
         read_only = read_only_names(self.case)
         groups = []
-        for args in self.inputs:
+        for i in chosen:
+            args = self.inputs[i]
             groups.append(output_tensors(self.case, args))
             groups.append([_bytes_of(args[name]) for name in read_only if isinstance(args.get(name), torch.Tensor)])
-        values = digests(groups, self.key)  # one synchronisation for every set
-        return [{"out": values[2 * i], "in": values[2 * i + 1]} for i in range(len(self.inputs))]
+        values = digests(groups, self.key) if groups else []  # one synchronisation for every set
+        return [{"out": values[2 * k], "in": values[2 * k + 1]} for k in range(len(values) // 2)]

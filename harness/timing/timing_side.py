@@ -18,7 +18,11 @@ Both sides run exactly this code, so what one side's sample contains the other's
   harness.timing does), with the garbage collector paused; then the WHOLE DEVICE is synchronised
   (`torch.cuda.synchronize`, cudaDeviceSynchronize: every stream of the process, private ones included),
   so nothing this side queued is left running when it hands the GPU back. Returns us per launch.
-- `digests()`: the sets' output digests as the last sample left them (what the judge verifies);
+- `digests()`: the sets' output digests as the last sample left them (what the judge verifies). A side made
+  with `reuse_digests` (the judge's original, once phase `outputs` found it deterministic) digests each seed's
+  set once for the side's life: a deterministic kernel leaves the same outputs on the same inputs whatever
+  view, block or sample launched it, so the later verifications compare the candidate's digests with the ones
+  it gave first (the candidate's side never reuses: its digests are what is verified);
 - `close()`: frees the graph and the sets.
 
 On the CPU (tests) a "graph" is the launches called in order and times come from the host clock.
@@ -47,8 +51,10 @@ Launch = Callable[[Sequence[Any]], Any]
 class TimingSide:
     """`launch` timed on `case` (see the module docstring); `name` ("orig" or "cand") names it in errors."""
 
-    def __init__(self, name: str, launch: Launch, case: Case, device: torch.device | str, key: int = 0) -> None:
+    def __init__(self, name: str, launch: Launch, case: Case, device: torch.device | str, key: int = 0,
+                 reuse_digests: bool = False) -> None:
         self.name, self.launch, self.case, self.key = name, launch, case, key
+        self.reused: dict[int, dict[str, str]] | None = {} if reuse_digests else None  # by seed (module docstring)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.view: str | None = None
@@ -221,7 +227,13 @@ class TimingSide:
         if self.sets is None:
             raise RuntimeError(f"{self.name}: digests before prepare")
         self._synchronize()
-        return self.sets.digests()
+        if self.reused is None:
+            return self.sets.digests()
+        seeds = self.sets.seeds
+        missing = [i for i, seed in enumerate(seeds) if seed not in self.reused]
+        for i, value in zip(missing, self.sets.digests(missing)):
+            self.reused[seeds[i]] = value
+        return [self.reused[seed] for seed in seeds]
 
     def set_args(self, index: int) -> dict[str, Any]:
         """Set `index`'s tensors by name, as the last sample left them."""

@@ -232,3 +232,57 @@ def test_copy_references_are_measured_while_the_build_runs_and_stop_when_it_ends
     assert set(copy_references(job, device, lambda: next(ticks))) == {timed[0].id}  # the build ended: the rest later
     job.options.modes = ["cold"]
     assert copy_references(job, device, lambda: True) == {}  # no graph view, no copy reference
+
+
+REFERENCE = '''
+def reference(args, dims):
+    y = args["x"] * args["alpha"] + args["b"]
+    return {"y": y, "acc": args["acc"] + y}
+'''
+
+
+def test_the_originals_trials_beside_the_build_are_what_the_outputs_phase_computes(source_root, cache_dir, tmp_path):
+    from harness.judge.correctness import original_outputs, reference_args, run_reference
+    from harness.judge.evaluate import _launch, _trials
+    from harness.judge.original_beside_build import prepare
+
+    (tmp_path / "reference.py").write_text(REFERENCE)
+    job = _job(source_root, cache_dir)
+    job.reference = str(tmp_path / "reference.py")
+    device = torch.device("cuda")
+    build_all(job, cache_dir)  # the original is built: what every check of a run after its first finds
+    trials = _trials(job)
+    prepared = prepare(job, device, lambda: True, trials, _launch, 1 << 30)
+    assert prepared is not None and len(prepared) == sum(len(t) for t in trials)
+    assert prepared.reference is not None and set(prepared.modules) == {"bfloat16", "float32"}
+    case = job.cases[1]
+    inputs, orig, ref_out = prepared.take(1, 0)
+    again_inputs, again = original_outputs(_launch(prepared.modules[case.variant], job.entry), case, trials[1][0], device)
+    assert all(torch.equal(inputs[n], again_inputs[n]) and torch.equal(orig[n], again[n]) for n in ("x", "y", "acc"))
+    expected = run_reference(prepared.reference, case, reference_args(inputs), "t")
+    assert torch.equal(ref_out["y"], expected["y"]) and ref_out["y"].dtype == torch.float64
+    assert prepared.take(1, 0) is None  # taken once
+    ticks = iter([True, True, False])
+    assert len(prepare(job, device, lambda: next(ticks), trials, _launch, 1 << 30)) == 2  # the build ended
+    assert len(prepare(job, device, lambda: True, trials, _launch, 1)) == 1  # the budget is full after one
+    assert prepare(job, device, lambda: False, trials, _launch, 1 << 30) is None
+
+
+def test_verdicts_with_the_originals_trials_beside_the_build(source_root, cache_dir, tmp_path, monkeypatch):
+    from harness.judge import early_build
+
+    (tmp_path / "reference.py").write_text(REFERENCE)
+    monkeypatch.setattr(early_build, "running", lambda: True)  # as if nvcc were still building the candidate
+
+    def judged(candidate):
+        job = _job(source_root, cache_dir, candidate=candidate)
+        job.reference = str(tmp_path / "reference.py")
+        build_all(_job(source_root, cache_dir), cache_dir)  # the original built
+        return evaluate(job)
+
+    verdict = judged(KERNEL + "\n// beside the build\n")
+    assert verdict.status == "correct", verdict.reason
+    assert verdict.phases["trials_beside_build"] == sum(case.trials for case in verdict.cases) > len(verdict.cases)
+    wrong = judged(_mutate("* alpha +", "* (alpha * 1.05f) +"))
+    assert wrong.status == "incorrect" and wrong.phases["trials_beside_build"] > 0
+    assert all(not case.correct for case in wrong.cases)

@@ -102,3 +102,39 @@ def test_digests_cover_outputs_and_read_only_inputs():
     before = digests[1]["in"]
     side.set_args(1)["x"][0, 0] += 1.0
     assert side.digests()[1]["in"] != before
+
+
+def test_a_side_that_reuses_digests_gives_each_seed_the_digest_it_gave_first():
+    case = rowscale_case()
+    calls = []
+
+    def multiply(args):
+        calls.append(1)
+        args[2].copy_(args[0] * args[1])
+
+    fresh = TimingSide("cand", multiply, case, "cpu")
+    reusing = TimingSide("orig", multiply, case, "cpu", reuse_digests=True)
+    for side in (fresh, reusing):
+        side.prepare("graph", [0, 10001, 10002], layout=3)
+        side.sample(1)
+    first = reusing.digests()
+    assert first == fresh.digests()
+    # a later block of the cold view: a prefix of the seeds and one seed more, placed anew
+    for side in (fresh, reusing):
+        side.prepare("cold", [0, 10001, 10002, 10003], layout=5)
+        side.sample(4)
+    assert reusing.digests() == fresh.digests()
+    assert reusing.digests()[:3] == first
+    assert sorted(reusing.reused) == [0, 10001, 10002, 10003]
+    # what the sets hold now is not digested again: a changed output is seen by the fresh side only
+    for side in (fresh, reusing):
+        side.set_args(0)["out"][0, 0] += 1.0
+    assert fresh.digests()[0] != first[0] and reusing.digests()[0] == first[0]
+
+
+def test_digests_of_chosen_sets_are_those_of_every_set():
+    case = rowscale_case()
+    sets = TimedSets(case, [0, 10001, 10002], "cpu")
+    every = sets.digests()
+    assert sets.digests([2, 0]) == [every[2], every[0]]
+    assert sets.digests([]) == []

@@ -1,0 +1,122 @@
+"""The original's side of the outputs phase, computed while nvcc builds the candidate.
+
+Phase `outputs` judges every trial of every case from three things the judge makes itself: the trial's
+inputs, the ORIGINAL's outputs on them, and the spec's float64 reference on them (harness.judge.correctness).
+None of these depends on the candidate. Where the original's modules are already built (every check of an
+optimisation run after its first), the judge loads them from the build cache while the candidate still
+builds, when the GPU would stand idle, and computes these trial by trial, in the order phase `outputs` reads
+them, for as long as the build runs and the kept tensors fit in `budget_bytes`. Phase `outputs` then takes
+each trial's triple instead of computing it (`take`), and computes whatever was not reached, as before.
+
+Nothing is decided here: a trial on which the original or the reference raises is not kept, so phase
+`outputs` runs it again and fails the verdict as it always did ("original_failed", "reference_error"); any
+other error ends the work and the phase computes the rest. The modules and the reference loaded here are the
+ones the judge goes on with (`modules`, `reference`), so nothing is loaded twice. Only the ORIGINAL's cached
+build is ever loaded: the candidate's modules are not built yet, and the judge never loads them anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from harness.building.job_requests import build_requests
+from harness.building.module_loading import load_module
+from harness.building.nvcc_build import cached
+from harness.job import Job
+from harness.judge.correctness import (
+    OriginalFailed,
+    ReferenceFailed,
+    describe,
+    load_reference,
+    original_outputs,
+    reference_args,
+    run_reference,
+)
+from harness.judge.early_build import default_cache_dir
+
+log = logging.getLogger(__name__)
+BUDGET_MAX_BYTES = 8 << 30  # at most this much kept on the device, whatever is free
+BUDGET_FREE_SHARE = 0.25  # and at most this share of the memory free when the work starts
+
+Triple = tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]  # inputs, original's outputs, reference's
+
+
+def _nbytes(values: dict[str, Any] | None) -> int:
+    return sum(v.numel() * v.element_size() for v in (values or {}).values() if isinstance(v, torch.Tensor))
+
+
+class Prepared:
+    """The original's modules, the reference and the trials computed beside the build (see the module docstring)."""
+
+    def __init__(self, modules: dict[str, Any], reference: Any = None) -> None:
+        self.modules, self.reference = modules, reference
+        self.trials: dict[tuple[int, int], Triple] = {}
+        self.kept_bytes = 0
+
+    def take(self, case_index: int, trial_index: int) -> Triple | None:
+        """The triple of that trial, once (it is dropped here, so its memory goes when the phase is done with it)."""
+        return self.trials.pop((case_index, trial_index), None)
+
+    def __len__(self) -> int:
+        return len(self.trials)
+
+
+def budget_bytes(device: torch.device) -> int:
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(min(BUDGET_MAX_BYTES, BUDGET_FREE_SHARE * free))
+
+
+def original_modules(job: Job) -> dict[str, Any] | None:
+    """The original's module of every variant the job uses, loaded from the build cache; None where one is not
+    built yet (or does not load: the judge's own load after the build reports that)."""
+    modules = {}
+    for side, key, request in build_requests(job):
+        if side != "orig":
+            continue
+        result = cached(request, default_cache_dir(job))
+        if result is None or not result.ok or result.so_path is None:
+            return None
+        try:
+            modules[key] = load_module(str(result.so_path))
+        except Exception:  # reported by the judge's own load, after the build
+            return None
+    return modules
+
+
+def prepare(job: Job, device: torch.device, busy: Callable[[], bool], trials: list[list[tuple[str, int]]],
+            launch_of: Callable[[Any, str], Callable], budget: int) -> Prepared | None:
+    """The original's outputs and the reference's of the job's trials, case by case, while `busy()` holds and
+    the kept tensors stay within `budget` bytes; None where the original is not built yet. `launch_of(module,
+    entry)`: how phase `outputs` calls an export."""
+    if not busy():
+        return None
+    modules = original_modules(job)
+    if modules is None:
+        return None
+    reference = None
+    if job.reference:
+        try:
+            reference = load_reference(job.reference)
+        except Exception:  # reported by the judge's own load ("reference_error")
+            return Prepared(modules)
+    prepared = Prepared(modules, reference)
+    launches = {key: launch_of(module, job.entry) for key, module in modules.items()}
+    try:
+        for index, case in enumerate(job.cases):
+            for t, trial in enumerate(trials[index]):
+                if not busy() or prepared.kept_bytes >= budget:
+                    return prepared
+                try:
+                    inputs, orig = original_outputs(launches[case.variant], case, trial, device)
+                    ref_out = (run_reference(reference, case, reference_args(inputs), describe(trial))
+                               if reference is not None else None)
+                except (OriginalFailed, ReferenceFailed):
+                    return prepared  # phase `outputs` meets it again, and fails the verdict as it always did
+                prepared.trials[(index, t)] = (inputs, orig, ref_out)
+                prepared.kept_bytes += _nbytes(inputs) + _nbytes(orig) + _nbytes(ref_out)
+    except RuntimeError as error:  # a device error: phase `outputs` computes the rest (and meets it again)
+        log.warning("the original's outputs beside the build stopped: %s", str(error).splitlines()[0][:200])
+    return prepared
