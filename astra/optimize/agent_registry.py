@@ -87,12 +87,27 @@ def _offline(setup: AgentSetup) -> Agent:
     from astra.optimize.profiling import ProfilingAgent
 
     spec, tree, judge = setup.spec, setup.tree, setup.evaluator
+    passes_off = libclang_missing()
+    if passes_off:
+        setup.say(f"warning: the rewrite passes are off, every one refuses without libclang: {passes_off}")
     # Nsight Compute per band where the run has a GPU (the evaluator screens), kept in the run per (source, shape)
     ncu = Profiler(spec, tree, diagnose=True) if judge.screens else None
     profiler = ProfilingAgent(ncu, cache_dir=setup.run.root / "profiles", extra_shapes=lambda: judge.extra_shapes)
     return OfflineAgent(spec.kernel_file, tree.csrc_dir, [str(tree.include_dir)], evaluator=judge,
                         entries=[w["entry"] for w in spec.raw["build"].get("wrappers", []) if "entry" in w],
                         on_search_line=search_logger(setup.run, setup.say), profiler=profiler, spec=spec.raw)
+
+
+def libclang_missing() -> str | None:
+    """Why libclang cannot parse here (the rewrite passes then all refuse), or None when it can."""
+    from astra.errors import ToolMissing
+    from astra.sglang.clang_env import clang_env
+
+    try:
+        clang_env()
+    except ToolMissing as err:
+        return str(err)
+    return None
 
 
 @register("llm")

@@ -4,7 +4,11 @@ Each slot holds at most one long-lived worker (started on first use, `spawn` con
 the driver's state is inherited) and runs one task at a time on it; the driver waits on every busy
 worker's pipe and process sentinel at once (`multiprocessing.connection.wait`) and yields outcomes as
 they come. A GPU slot's worker sets CUDA_VISIBLE_DEVICES to exactly its device before it loads any
-task, so a task that says "cuda" (device 0) gets that GPU. When a worker dies mid-task (os._exit, a
+task, so a task that says "cuda" (device 0) gets that GPU, and sets ASTRA_BUILD_JOBS to its share of the
+host's cores (harness.building.nvcc_build.build_jobs): the GPU workers of one host build side by side, and
+each taking every core for its nvcc processes oversubscribes the host (on 4 x H100, four `astra eval` workers
+prebuilding parameter-search points measured an empty kernel at 639 us on an idle GPU, and the judge of one
+of them refused the original's own timing as "interferes"). When a worker dies mid-task (os._exit, a
 signal, a segfault) the slot starts a fresh worker and the task runs once more; a second death is the
 task's outcome, with both exit codes. One worker per slot, one pipe per worker: a death is always
 pinned on the task that caused it, which a shared ProcessPoolExecutor (BrokenProcessPool fails every
@@ -35,6 +39,7 @@ from astra.scale.api import (
     outcome_from,
     run_task,
 )
+from harness.building.nvcc_build import BUILD_JOBS_ENV
 from harness.worker import children
 
 _CTX = multiprocessing.get_context("spawn")
@@ -84,12 +89,14 @@ def exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _worker_main(conn, device: str | None, parent: int) -> None:
-    """A worker's whole life: set its GPU, then run task after task until the driver hangs up (or dies: the
-    worker dies with it)."""
+def _worker_main(conn, device: str | None, parent: int, build_jobs: int | None = None) -> None:
+    """A worker's whole life: set its GPU (and its share of the cores for builds), then run task after task
+    until the driver hangs up (or dies: the worker dies with it)."""
     children.die_with_parent(parent)
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = device
+    if build_jobs is not None:
+        os.environ[BUILD_JOBS_ENV] = str(build_jobs)
     while True:
         try:
             data = conn.recv_bytes()
@@ -122,8 +129,8 @@ class _Job:
 class _Slot:
     """One CPU core or one GPU: at most one worker process, at most one job on it."""
 
-    def __init__(self, kind: str, index: int, device: str | None):
-        self.kind, self.index, self.device = kind, index, device
+    def __init__(self, kind: str, index: int, device: str | None, build_jobs: int | None = None):
+        self.kind, self.index, self.device, self.build_jobs = kind, index, device, build_jobs
         self.proc = None
         self.conn = None
         self.job: _Job | None = None
@@ -137,7 +144,7 @@ class _Slot:
             self.stop()  # died while idle: replace it, no attempt spent
         if self.proc is None:
             parent, child = _CTX.Pipe()
-            self.proc = _CTX.Process(target=_worker_main, args=(child, self.device, os.getpid()),
+            self.proc = _CTX.Process(target=_worker_main, args=(child, self.device, os.getpid(), self.build_jobs),
                                      name=f"astra-scale-{self.kind}{self.index}")
             self.proc.start()
             child.close()
@@ -190,6 +197,12 @@ class _Slot:
                        attempts=job.attempts, where=where)
 
 
+def gpu_slots(devices: list[str]) -> list[_Slot]:
+    """One slot per device, each worker's builds given an equal share of the host's cores."""
+    share = max(1, default_cpus() // max(1, len(devices)))
+    return [_Slot("gpu", i, d, share) for i, d in enumerate(devices)]
+
+
 class LocalExecutor(ExecutorBase):
     """CPU tasks on `cpus` workers (default: every core), GPU tasks on one worker per GPU
     (default: torch's count; an explicit `gpus` on a CPU-only machine gives fake slots for tests)."""
@@ -202,7 +215,7 @@ class LocalExecutor(ExecutorBase):
         self._cpu_slots = [_Slot("cpu", i, None) for i in range(self.cpus)]
         self._gpu_slots: list[_Slot] | None = None
         if gpus is not None:
-            self._gpu_slots = [_Slot("gpu", i, d) for i, d in enumerate(gpu_devices(gpus))]
+            self._gpu_slots = gpu_slots(gpu_devices(gpus))
         self._busy = False
         atexit.register(self.close)
 
@@ -210,7 +223,7 @@ class LocalExecutor(ExecutorBase):
     def gpus(self) -> int:
         """GPU slots (counting them imports torch, once, the first time it is needed)."""
         if self._gpu_slots is None:
-            self._gpu_slots = [_Slot("gpu", i, d) for i, d in enumerate(gpu_devices(self._gpus_asked))]
+            self._gpu_slots = gpu_slots(gpu_devices(self._gpus_asked))
         return len(self._gpu_slots)
 
     def map(self, tasks: Iterable[Task]) -> Iterator[Outcome]:

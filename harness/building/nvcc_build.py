@@ -48,6 +48,7 @@ from harness.worker import children
 __all__ = ["BuildRequest", "BuildResult", "build", "build_many", "cached", "trim_errors"]
 
 KEY_VERSION = "astra-harness-build-1"
+BUILD_JOBS_ENV = "ASTRA_BUILD_JOBS"  # builds at once by default (build_jobs)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
@@ -377,6 +378,16 @@ def _dependencies(build_dir: Path) -> list[str]:
     return list(found)
 
 
+def build_jobs() -> int:
+    """Builds at once by default: $ASTRA_BUILD_JOBS where set (astra.scale.local gives each GPU worker its share of
+    the host's cores), else every core."""
+    try:
+        wanted = int(os.environ.get(BUILD_JOBS_ENV, ""))
+    except ValueError:
+        wanted = 0
+    return wanted if wanted > 0 else os.cpu_count() or 1
+
+
 def build_many(reqs: list[BuildRequest], cache_dir: Path, jobs: int | None = None,
                progress: Callable[[int, int], None] | None = None, **kwargs) -> list[BuildResult]:
     """Build several requests in parallel threads (each runs its compiler as a subprocess); results in
@@ -394,7 +405,7 @@ def build_many(reqs: list[BuildRequest], cache_dir: Path, jobs: int | None = Non
                 progress(ended[0], len(reqs))
         return result
 
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+    with ThreadPoolExecutor(max_workers=jobs or build_jobs()) as pool:
         futures = {i: pool.submit(one, i) for i in order}
         return [futures[i].result() for i in range(len(reqs))]
 

@@ -103,3 +103,17 @@ def test_dry_run_builds_every_proposal(sglang_0523, capsys):
     assert "best: the original" in out
     assert main(["runs"]) == 0
     assert "fused_add_rmsnorm" in capsys.readouterr().out
+
+
+def test_a_run_without_libclang_says_the_rewrite_passes_are_off(monkeypatch):
+    from astra.errors import ToolMissing
+    from astra.optimize import agent_registry
+    from astra.sglang import clang_env
+
+    assert agent_registry.libclang_missing() is None  # installed here (pyproject: libclang-ng)
+
+    def missing():
+        raise ToolMissing("libclang's Python bindings are not installed; run: pip install 'libclang-ng>=22.1'")
+
+    monkeypatch.setattr(clang_env, "clang_env", missing)
+    assert "pip install 'libclang-ng" in agent_registry.libclang_missing()

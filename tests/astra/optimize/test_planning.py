@@ -222,3 +222,35 @@ def test_a_context_with_a_best_profiles_the_original_too():
     assert proposals == [] and record.base == "best #4" and record.round == 2
     assert record.original_symptoms and all(s["id"] != "" for s in record.original_symptoms)
     assert planning.summary(record).startswith("plan: pass:parallelize")
+
+
+def test_with_a_screening_evaluator_the_planned_passes_run_before_the_parameter_search(tmp_path, monkeypatch,
+                                                                                      fake_passes):
+    monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "topk.cuh").write_text(SERIAL)
+    resources = [{"name": "void topk(const float*, float*, int)", "registers": 40}]
+    screened: list[str] = []
+
+    def judge(source, label):
+        return verdict(resources=resources) if label == "original" else make_verdict({"decode": 0.9})
+
+    def screen(source, label, cases):
+        screened.append(label)
+        return make_verdict({"decode": 0.9})
+
+    evaluator = Evaluator(judge, screen=screen)
+    agent = OfflineAgent("topk.cuh", src, [], evaluator=evaluator, per_round=6, profiler=ProfilingAgent(),
+                         spec={"name": "topk"})
+    run = RunDir.create("topk", "0.5.23", "offline", SERIAL)
+    rationales: list[str] = []
+    state = run_loop(run, agent, evaluator, Budget(rounds=2, patience=5, wall_s=600.0),
+                     events=lambda kind, data: rationales.append(data.get("rationale", "")) if kind == "candidate" else None)
+    assert rationales[0].startswith("the profile's plan before the parameter search")
+    first = [h.name for h in state.history if h.round == 0]
+    assert first == ["pass:parallelize", "pass:vectorize"]  # the plan alone, nothing the search screened
+    later = [h.name for h in state.history if h.round == 1]
+    assert later and not {"pass:parallelize", "pass:vectorize"} & set(later)  # the search's round: no retries
+    assert state.history[0].base == state.history[-1].base  # nothing better: the same base, searched now
+    assert agent.searched  # the base was searched in the second round

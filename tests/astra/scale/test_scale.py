@@ -15,7 +15,7 @@ import pytest
 
 from astra.errors import BadInput, NoGpu, ToolMissing
 from astra.scale import Artifacts, Executor, LocalExecutor, Task, collect_files, make_executor, write_files
-from astra.scale.local import gpu_devices
+from astra.scale.local import default_cpus, gpu_devices
 
 # ---- task functions (run in workers) ----
 
@@ -23,7 +23,8 @@ def fake_eval(seconds: float) -> dict:
     """A stand-in for one GPU evaluation: which device it saw, which process, when."""
     start = time.time()
     time.sleep(seconds)
-    return {"cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid(), "start": start, "end": time.time()}
+    return {"cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid(), "start": start, "end": time.time(),
+            "build_jobs": os.environ.get("ASTRA_BUILD_JOBS")}
 
 
 def die_once(marker: str) -> str:
@@ -99,6 +100,10 @@ def test_local_gpu_tasks_get_their_own_device_and_run_beside_cpu_tasks(local):
     assert {out["gpu0"].where[-4:], out["gpu1"].where[-4:]} == {"gpu0", "gpu1"}
     cpu = [out["cpu0"].value, out["cpu1"].value]
     assert _overlap(cpu) and len({v["pid"] for v in cpu + gpu}) == 4
+    # each GPU worker's builds get an equal share of the host's cores; a CPU worker's are left as they were
+    share = str(max(1, default_cpus() // 2))
+    assert [v["build_jobs"] for v in gpu] == [share, share]
+    assert {v["build_jobs"] for v in cpu} == {os.environ.get("ASTRA_BUILD_JOBS")}
 
 
 def test_local_worker_death_is_retried_once_and_exceptions_are_results(local, tmp_path):
