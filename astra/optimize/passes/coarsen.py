@@ -14,9 +14,14 @@
 
 The original body runs once per original block index, inside a lambda (its `return`s end that row, not
 the CTA), with `blockIdx.x` read as the row and `gridDim.x` as the original grid size, which the launch
-now passes as a new last parameter. Where the body uses shared memory or barriers, a `__syncthreads()`
-separates the rows (the next row's writes must not overtake this row's reads). Small rows leave most of
-a CTA's launch and prologue cost amortised over `k` rows (k = 2).
+now passes as a new last parameter. A `__syncthreads()` separates the rows, whatever the body reads: the
+next row's writes to shared memory must not overtake this row's reads, and the body may reach shared memory
+through a device function it calls (fast_topk's radix select, on an H100: without the barrier the
+coarsened kernel gave 50 wrong indices of 2097152 on a 4096-row case). Every thread of the CTA runs the same
+rows (the loop reads only blockIdx.x and the grid), so the barrier is reached by all of them. Small rows
+leave most of a CTA's launch and prologue cost amortised over `k` rows (k = 2); where the grid is smaller
+than the SM count, fewer CTAs only lower the parallelism (astra/data/planning_rules.yaml plans it for
+thousands of tiny CTAs only).
 
 Applies to a `__global__` kernel of this file that reads `blockIdx.x` and is launched from host code of
 this file through SGLang's `LaunchKernel(grid, block, ...)(kernel, args...)` only (every reference to
@@ -181,9 +186,7 @@ def _body_edit(unit: Unit, block, rows: list, const: str) -> tuple[int, int, str
     indent = unit.indent(unit.span(block)[0]) or ""
     step = "  "
     lines = [(step * 2 + line) if line.strip() else "" for line in old.splitlines()]
-    shared = any(w in old for w in ("__shared__", "__syncthreads", "smem"))
-    sync = f"{indent}{step * 2}__syncthreads();  // the next row's shared-memory writes wait for this row's reads\n" \
-        if shared else ""
+    sync = f"{indent}{step * 2}__syncthreads();  // the next row's shared-memory writes wait for this row's reads\n"
     new = (f"{{\n{indent}{step}for (uint32_t block_row = blockIdx.x * {const};\n"
            f"{indent}{step}     block_row < (blockIdx.x + 1) * {const} && block_row < coarse_grid; ++block_row) {{\n"
            f"{indent}{step * 2}[&] {{\n" + "\n".join(lines) + f"\n{indent}{step * 2}}}();\n{sync}"

@@ -97,7 +97,8 @@ def test_rules_with_conditions_on_facts():
     by_registers = Symptom("low_occupancy", "decode", "22%", "ncu", {"limiter": "registers"})
     by_blocks = Symptom("low_occupancy", "decode", "22%", "ncu", {"limiter": "block size"})
     rules = planning.load_rules()
-    assert planning.make_plan(profile(by_blocks, decode=(2.0, 5.0)), rules)[0][0].step == "pass:coarsen"
+    plans, notes = planning.make_plan(profile(by_blocks, decode=(2.0, 5.0)), rules)
+    assert plans == [] and any("more threads per CTA or more CTAs" in n for n in notes)  # advice, no pass
     plans, notes = planning.make_plan(profile(by_registers, decode=(2.0, 5.0)), rules)
     assert [p.step for p in plans] == ["pass:launch_bounds"]  # registers: fit them to the block size
     assert any(n.startswith("pass:reuse held back") for n in notes)
@@ -254,3 +255,15 @@ def test_with_a_screening_evaluator_the_planned_passes_run_before_the_parameter_
     assert later and not {"pass:parallelize", "pass:vectorize"} & set(later)  # the search's round: no retries
     assert state.history[0].base == state.history[-1].base  # nothing better: the same base, searched now
     assert agent.searched  # the base was searched in the second round
+
+
+def test_coarsen_is_planned_for_many_tiny_ctas_only():
+    rules = planning.load_rules()
+    for symptom in (Symptom("few_ctas", "decode", "1 CTA on 132 SMs", "ncu"),
+                    Symptom("small_ctas", "decode", "32 threads per CTA", "ncu"),
+                    Symptom("far_from_floor", "decode", "x9 its practical floor", "timing")):
+        plans, notes = planning.make_plan(profile(symptom, decode=(9.0, 40.0)), rules)
+        assert "pass:coarsen" not in [p.step for p in plans], symptom
+    plans, _ = planning.make_plan(profile(Symptom("small_ctas", "prefill", "8192 CTAs of 64 threads", "ncu"),
+                                          prefill=(2.0, 30.0)), rules)
+    assert [p.step for p in plans] == ["pass:coarsen"]

@@ -83,3 +83,16 @@ def test_a_kernel_in_another_namespace_and_a_typed_kernel_pointer(tmp_path):
                            "row_scale<T>;")
     result = all_passes()["coarsen"].apply(typed)
     assert not result.applies and "referenced other than as LaunchKernel" in result.reason
+
+
+def test_rows_are_separated_by_a_barrier_even_where_only_a_called_function_uses_shared_memory(tmp_path):
+    helper = KERNEL.replace("template <typename T>\n__global__", "__device__ float staged(float v) {\n"
+                            "  __shared__ float slot;\n  if (threadIdx.x == 0) slot = v;\n  __syncthreads();\n"
+                            "  return slot;\n}\n\ntemplate <typename T>\n__global__", 1)
+    helper = helper.replace("  __shared__ float total;\n", "").replace("  if (threadIdx.x == 0) total = alpha;\n"
+                            "  __syncthreads();\n", "  const float total = staged(alpha);\n")
+    assert "__shared__" not in helper.split("__global__")[1]  # the kernel's own body names no shared memory
+    result = all_passes()["coarsen"].apply(helper)
+    assert result.applies, result.reason
+    assert "}();\n    __syncthreads();  // the next row" in result.source
+    assert compiles(tmp_path, result.source, "template struct RowScale<float>;") == ""
