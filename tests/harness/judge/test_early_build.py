@@ -127,3 +127,21 @@ def test_the_original_kernels_are_read_from_its_cached_build_without_building(tr
     names = original_kernels(job)
     assert names == [r["mangled"] for b in builds if b["side"] == "orig" for r in b["resources"]]
     assert len(names) == 1 and "scale_kernel" in names[0] and "scaled_kernel" not in names[0]  # the original's only
+
+
+@needs_nvcc
+def test_the_original_is_loaded_beside_the_build_only_from_its_cached_build(tree, tmp_path):
+    from harness.judge.original_beside_build import Prepared, original_modules, prepare
+
+    job = scale_job(tree, tmp_path / "cache", SCALE + "// a candidate\n")
+    never = [[("seed", 0)]]
+    assert original_modules(job) is None  # not built: nothing is loaded, and nothing is built by looking
+    assert prepare(job, "cpu", lambda: True, never, lambda module, entry: None, 1 << 20) is None
+    _, _, failure = build_all(job, Path(job.options.cache_dir))
+    assert failure is None
+    modules = original_modules(job)
+    assert set(modules) == {"v"} and modules["v"].get_function("scale") is not None
+    assert prepare(job, "cpu", lambda: False, never, lambda module, entry: None, 1 << 20) is None  # the build ended
+    prepared = Prepared(modules)
+    prepared.trials[(0, 0)] = ({}, {}, None)
+    assert len(prepared) == 1 and prepared.take(0, 0) == ({}, {}, None) and prepared.take(0, 0) is None
