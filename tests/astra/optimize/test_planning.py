@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -173,14 +174,22 @@ def fake_passes(monkeypatch):
     return specs
 
 
-def test_the_offline_agent_tries_the_planned_passes_first_and_the_run_keeps_the_plan(tmp_path, monkeypatch,
-                                                                                     fake_passes):
+RESOURCES = [{"name": "void topk(const float*, float*, int)", "registers": 40}]
+
+
+@pytest.fixture
+def serial_tree(tmp_path, monkeypatch) -> Path:
+    """A home and a source tree holding SERIAL as topk.cuh."""
     monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
     src = tmp_path / "src"
     src.mkdir()
     (src / "topk.cuh").write_text(SERIAL)
+    return src
+
+
+def test_the_offline_agent_tries_the_planned_passes_first_and_the_run_keeps_the_plan(serial_tree, fake_passes):
+    src, resources = serial_tree, RESOURCES
     run = RunDir.create("topk", "0.5.23", "offline", SERIAL)
-    resources = [{"name": "void topk(const float*, float*, int)", "registers": 40}]
 
     def judge(source, label):
         if label == "original":
@@ -225,13 +234,8 @@ def test_a_context_with_a_best_profiles_the_original_too():
     assert planning.summary(record).startswith("plan: pass:parallelize")
 
 
-def test_with_a_screening_evaluator_the_planned_passes_run_before_the_parameter_search(tmp_path, monkeypatch,
-                                                                                      fake_passes):
-    monkeypatch.setenv("ASTRA_HOME", str(tmp_path / "home"))
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "topk.cuh").write_text(SERIAL)
-    resources = [{"name": "void topk(const float*, float*, int)", "registers": 40}]
+def test_with_a_screening_evaluator_the_planned_passes_run_before_the_parameter_search(serial_tree, fake_passes):
+    src, resources = serial_tree, RESOURCES
     screened: list[str] = []
 
     def judge(source, label):
