@@ -7,6 +7,7 @@
     gpu                torch, and whether it sees a CUDA GPU (which one)
     compute_sanitizer  found (checking a candidate needs it unless --no-sanitizer)
     ncu                found (`bench --ncu` and the LLM agent's profiles; optional)
+    libclang           loads (`astra extract` and the optimizer's rewrite passes parse with it; judging does not)
     can_judge          the sandbox enforced with every action blocked, nvcc, a GPU
 
 Exit 0 when the sandbox is enforced here and every self-test action is blocked (the machine may still
@@ -67,6 +68,13 @@ def nvcc_report() -> dict:
     return {"found": True, "path": path, "version": f"{major}.{minor}"}
 
 
+def libclang_report() -> dict:
+    from astra.optimize.agent_registry import libclang_missing
+
+    problem = libclang_missing()
+    return {"found": problem is None, "problem": problem}
+
+
 def gpu_report() -> dict:
     try:
         import torch
@@ -79,7 +87,8 @@ def gpu_report() -> dict:
 
 def diagnose() -> dict:
     report = {"sandbox": sandbox_report(), "nvcc": nvcc_report(), "gpu": gpu_report(),
-              "compute_sanitizer": tool_report("compute-sanitizer"), "ncu": tool_report("ncu")}
+              "compute_sanitizer": tool_report("compute-sanitizer"), "ncu": tool_report("ncu"),
+              "libclang": libclang_report()}
     missing = [what for what, ok in (("the sandbox", report["sandbox"]["enforced"]), ("nvcc", report["nvcc"]["found"]),
                                      ("a CUDA GPU", report["gpu"]["available"])) if not ok]
     report["can_judge"] = not missing
@@ -106,6 +115,8 @@ def format_text(report: dict) -> str:
              _line("GPU", gpu["name"] if gpu["available"] else f"none visible to torch {gpu.get('torch') or '(missing)'}"),
              _line("compute-sanitizer", report["compute_sanitizer"]["path"] or "not found"),
              _line("ncu", report["ncu"]["path"] or "not found (optional)"),
+             _line("libclang", "loads" if report["libclang"]["found"]
+                   else f"missing: extract and the rewrite passes need it: {report['libclang']['problem']}"),
              _line("can judge", "yes" if report["can_judge"] else f"no: missing {', '.join(report['missing'])}")]
     return "\n".join(lines)
 

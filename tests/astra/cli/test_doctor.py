@@ -34,7 +34,8 @@ def test_doctor_proves_the_sandbox_here():
     assert box["self_test"] and set(box["self_test"].values()) == {"blocked"}, box["self_test"]
     assert "constructor.execve" in box["self_test"] and "call.mmap_exec" in box["self_test"]
     assert box["clean_library"] == "ran"
-    assert set(report) >= {"nvcc", "gpu", "compute_sanitizer", "ncu", "can_judge"}
+    assert set(report) >= {"nvcc", "gpu", "compute_sanitizer", "ncu", "libclang", "can_judge"}
+    assert report["libclang"] == {"found": True, "problem": None}  # libclang-ng is a dependency
     assert report["can_judge"] is (report["nvcc"]["found"] and report["gpu"]["available"])
 
 
