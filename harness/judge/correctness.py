@@ -178,9 +178,10 @@ def load_reference(path: str) -> Reference:
 
 
 def reference_args(inputs: dict[str, Any]) -> dict[str, Any]:
-    """Float64 copies of float tensors; integer/bool tensors cloned in their dtype (they index)."""
-    return {k: (v.to(torch.float64) if v.is_floating_point() else v.clone()) if isinstance(v, torch.Tensor) else v
-            for k, v in inputs.items()}
+    """Float64 copies of float tensors (a copy also where the tensor is float64 already: a reference that
+    writes an argument must not write the judge's inputs); integer/bool tensors cloned in their dtype (they index)."""
+    return {k: (v.to(torch.float64, copy=True) if v.is_floating_point() else v.clone())
+            if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 def run_reference(reference: Reference, case: Case, args: dict[str, Any], where: str) -> dict[str, Any]:

@@ -456,6 +456,9 @@ def _built_and_judged(job: Job, device: torch.device, start: float, deadline: fl
             outcome = _outputs_phase(job, device, deadline, keys, cand_so, modules, orig_signatures, reference, env,
                                      clock, outputs_run, kernels, prepared)
             phases.update(clock.rounded())
+            if prepared is not None:  # what the phase did not take (it stopped early) goes, and the cache with it
+                prepared.trials.clear()
+                torch.cuda.empty_cache()
             if isinstance(outcome, Verdict):
                 return done(outcome)
             results, checked, signatures = outcome

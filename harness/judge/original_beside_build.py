@@ -10,7 +10,9 @@ each trial's triple instead of computing it (`take`), and computes whatever was 
 
 Nothing is decided here: a trial on which the original or the reference raises is not kept, so phase
 `outputs` runs it again and fails the verdict as it always did ("original_failed", "reference_error"); any
-other error ends the work and the phase computes the rest. The modules and the reference loaded here are the
+other error ends the work and the phase computes the rest, except one that leaves the CUDA context unusable,
+which is the original's ("original_failed", naming what it broke). The kept tensors are counted by their
+storages, and a trial is computed only where one more of its case's size still fits the budget. The modules and the reference loaded here are the
 ones the judge goes on with (`modules`, `reference`), so nothing is loaded twice. Only the ORIGINAL's cached
 build is ever loaded: the candidate's modules are not built yet, and the judge never loads them anyway.
 """
@@ -25,17 +27,20 @@ import torch
 from harness.building.job_requests import build_requests
 from harness.building.module_loading import load_module
 from harness.building.nvcc_build import cached
-from harness.job import Job
+from harness.job import Job, dtype_size
 from harness.judge.correctness import (
+    ContextLost,
     OriginalFailed,
     ReferenceFailed,
     describe,
+    ensure_usable,
     load_reference,
     original_outputs,
     reference_args,
     run_reference,
 )
 from harness.judge.early_build import default_cache_dir
+from harness.judge.inputs import storage_numel
 
 log = logging.getLogger(__name__)
 BUDGET_MAX_BYTES = 8 << 30  # at most this much kept on the device, whatever is free
@@ -44,8 +49,21 @@ BUDGET_FREE_SHARE = 0.25  # and at most this share of the memory free when the w
 Triple = tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]  # inputs, original's outputs, reference's
 
 
-def _nbytes(values: dict[str, Any] | None) -> int:
-    return sum(v.numel() * v.element_size() for v in (values or {}).values() if isinstance(v, torch.Tensor))
+def _nbytes(*groups: dict[str, Any] | None) -> int:
+    """Bytes of the storages behind the tensors of `groups` (a strided view's gaps included, each storage once)."""
+    storages = {}
+    for values in groups:
+        for v in (values or {}).values():
+            if isinstance(v, torch.Tensor):
+                storage = v.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def trial_bytes(case) -> int:
+    """What one trial of `case` keeps, at most: its tensors' storages as drawn, the original's copy of them and
+    the reference's float64 outputs (up to 4 x a 2-byte output's size, counted here as 2 x every storage)."""
+    return 4 * sum(storage_numel(a) * dtype_size(a.dtype) for a in case.tensors() if a.role != "alias")
 
 
 class Prepared:
@@ -93,8 +111,12 @@ def prepare(job: Job, device: torch.device, busy: Callable[[], bool], trials: li
     entry)`: how phase `outputs` calls an export."""
     if not busy():
         return None
-    modules = original_modules(job)
-    if modules is None:
+    try:
+        modules = original_modules(job)
+        if modules is None:
+            return None
+        launches = {key: launch_of(module, job.entry) for key, module in modules.items()}
+    except Exception:  # an export the original lacks: the judge's own load and signatures report it
         return None
     reference = None
     if job.reference:
@@ -103,20 +125,30 @@ def prepare(job: Job, device: torch.device, busy: Callable[[], bool], trials: li
         except Exception:  # reported by the judge's own load ("reference_error")
             return Prepared(modules)
     prepared = Prepared(modules, reference)
-    launches = {key: launch_of(module, job.entry) for key, module in modules.items()}
-    try:
-        for index, case in enumerate(job.cases):
-            for t, trial in enumerate(trials[index]):
-                if not busy() or prepared.kept_bytes >= budget:
-                    return prepared
-                try:
-                    inputs, orig = original_outputs(launches[case.variant], case, trial, device)
-                    ref_out = (run_reference(reference, case, reference_args(inputs), describe(trial))
-                               if reference is not None else None)
-                except (OriginalFailed, ReferenceFailed):
-                    return prepared  # phase `outputs` meets it again, and fails the verdict as it always did
-                prepared.trials[(index, t)] = (inputs, orig, ref_out)
-                prepared.kept_bytes += _nbytes(inputs) + _nbytes(orig) + _nbytes(ref_out)
-    except RuntimeError as error:  # a device error: phase `outputs` computes the rest (and meets it again)
-        log.warning("the original's outputs beside the build stopped: %s", str(error).splitlines()[0][:200])
+    for index, case in enumerate(job.cases):
+        for t, trial in enumerate(trials[index]):
+            if not busy() or prepared.kept_bytes + trial_bytes(case) > budget:
+                return prepared
+            try:
+                inputs, orig = original_outputs(launches[case.variant], case, trial, device)
+                ref_out = (run_reference(reference, case, reference_args(inputs), describe(trial))
+                           if reference is not None else None)
+            except Exception as error:  # phase `outputs` meets it again, and fails the verdict as it always did
+                _usable(device, error, f"{case.id}: {describe(trial)}", ReferenceFailed if isinstance(
+                    error, ReferenceFailed) else OriginalFailed)
+                return prepared
+            prepared.trials[(index, t)] = (inputs, orig, ref_out)
+            prepared.kept_bytes += _nbytes(inputs, orig, ref_out)
     return prepared
+
+
+def _usable(device: torch.device, error: BaseException, where: str, blame: type[RuntimeError]) -> None:
+    """Raise `blame` (OriginalFailed, or ReferenceFailed for the reference) where `error` left the CUDA context
+    unusable: only the original and the reference ran here, and phase `outputs` could not even start."""
+    try:
+        ensure_usable(device, error, where)
+    except ContextLost as lost:
+        who = "the reference" if blame is ReferenceFailed else "the original"
+        raise blame(f"{where}: {who}, run beside the build, left the GPU unusable: "
+                    f"{str(lost).splitlines()[0][:300]}") from error
+    log.info("the original's outputs beside the build stopped at %s: %s", where, str(error).splitlines()[0][:200])

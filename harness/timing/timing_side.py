@@ -20,9 +20,11 @@ Both sides run exactly this code, so what one side's sample contains the other's
   so nothing this side queued is left running when it hands the GPU back. Returns us per launch.
 - `digests()`: the sets' output digests as the last sample left them (what the judge verifies). A side made
   with `reuse_digests` (the judge's original, once phase `outputs` found it deterministic) digests each seed's
-  set once for the side's life: a deterministic kernel leaves the same outputs on the same inputs whatever
-  view, block or sample launched it, so the later verifications compare the candidate's digests with the ones
-  it gave first (the candidate's side never reuses: its digests are what is verified);
+  set once per view for the side's life: a deterministic kernel leaves the same outputs on the same inputs
+  whatever block or sample launched it, so the later verifications of a view compare the candidate's digests
+  with the ones the original gave first (per view: a kernel may run otherwise when captured in a graph). A
+  reused digest is always a real result of the original on those inputs; the candidate's side never reuses:
+  its digests are what is verified;
 - `close()`: frees the graph and the sets.
 
 On the CPU (tests) a "graph" is the launches called in order and times come from the host clock.
@@ -54,7 +56,7 @@ class TimingSide:
     def __init__(self, name: str, launch: Launch, case: Case, device: torch.device | str, key: int = 0,
                  reuse_digests: bool = False) -> None:
         self.name, self.launch, self.case, self.key = name, launch, case, key
-        self.reused: dict[int, dict[str, str]] | None = {} if reuse_digests else None  # by seed (module docstring)
+        self.reused: dict[tuple[str, int], dict[str, str]] | None = {} if reuse_digests else None  # (view, seed)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.view: str | None = None
@@ -229,11 +231,11 @@ class TimingSide:
         self._synchronize()
         if self.reused is None:
             return self.sets.digests()
-        seeds = self.sets.seeds
-        missing = [i for i, seed in enumerate(seeds) if seed not in self.reused]
+        keys = [(self.view or "", seed) for seed in self.sets.seeds]
+        missing = [i for i, key in enumerate(keys) if key not in self.reused]
         for i, value in zip(missing, self.sets.digests(missing)):
-            self.reused[seeds[i]] = value
-        return [self.reused[seed] for seed in seeds]
+            self.reused[keys[i]] = value
+        return [self.reused[key] for key in keys]
 
     def set_args(self, index: int) -> dict[str, Any]:
         """Set `index`'s tensors by name, as the last sample left them."""

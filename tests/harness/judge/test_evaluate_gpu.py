@@ -244,7 +244,7 @@ def reference(args, dims):
 def test_the_originals_trials_beside_the_build_are_what_the_outputs_phase_computes(source_root, cache_dir, tmp_path):
     from harness.judge.correctness import original_outputs, reference_args, run_reference
     from harness.judge.evaluate import _launch, _trials
-    from harness.judge.original_beside_build import prepare
+    from harness.judge.original_beside_build import prepare, trial_bytes
 
     (tmp_path / "reference.py").write_text(REFERENCE)
     job = _job(source_root, cache_dir)
@@ -264,7 +264,9 @@ def test_the_originals_trials_beside_the_build_are_what_the_outputs_phase_comput
     assert prepared.take(1, 0) is None  # taken once
     ticks = iter([True, True, False])
     assert len(prepare(job, device, lambda: next(ticks), trials, _launch, 1 << 30)) == 2  # the build ended
-    assert len(prepare(job, device, lambda: True, trials, _launch, 1)) == 1  # the budget is full after one
+    one = trial_bytes(job.cases[0])
+    assert len(prepare(job, device, lambda: True, trials, _launch, one)) == 1  # room for one trial of its size
+    assert len(prepare(job, device, lambda: True, trials, _launch, one - 1)) == 0
     assert prepare(job, device, lambda: False, trials, _launch, 1 << 30) is None
 
 
