@@ -69,7 +69,7 @@ def nvcc_report() -> dict:
 
 
 def libclang_report() -> dict:
-    from astra.optimize.agent_registry import libclang_missing
+    from astra.sglang.clang_env import libclang_missing
 
     problem = libclang_missing()
     return {"found": problem is None, "problem": problem}

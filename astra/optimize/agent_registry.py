@@ -87,6 +87,8 @@ def _offline(setup: AgentSetup) -> Agent:
     from astra.optimize.profiling import ProfilingAgent
 
     spec, tree, judge = setup.spec, setup.tree, setup.evaluator
+    from astra.sglang.clang_env import libclang_missing
+
     passes_off = libclang_missing()
     if passes_off:
         setup.say(f"warning: the rewrite passes are off, every one refuses without libclang: {passes_off}")
@@ -96,18 +98,6 @@ def _offline(setup: AgentSetup) -> Agent:
     return OfflineAgent(spec.kernel_file, tree.csrc_dir, [str(tree.include_dir)], evaluator=judge,
                         entries=[w["entry"] for w in spec.raw["build"].get("wrappers", []) if "entry" in w],
                         on_search_line=search_logger(setup.run, setup.say), profiler=profiler, spec=spec.raw)
-
-
-def libclang_missing() -> str | None:
-    """Why libclang cannot parse here (the rewrite passes then all refuse), or None when it can."""
-    from astra.errors import ToolMissing
-    from astra.sglang.clang_env import clang_env
-
-    try:
-        clang_env()
-    except ToolMissing as err:
-        return str(err)
-    return None
 
 
 @register("llm")

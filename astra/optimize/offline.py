@@ -11,8 +11,8 @@ astra.optimize.param_space) explored by successive halving on representative sha
 (astra.optimize.param_search) within part of the wall time left; the survivors are proposed for full
 verification, followed by the catalog transformations of families the space does not cover (restrict, unroll
 pragmas) and the passes the plan did not name. The search comes after the plan because it takes most of the
-time it is given: over twelve kernels of SGLang 0.5.23 on 4 x H100 (docs/results.md, 2026-11-27), with about
-three minutes per kernel, it ran first on every base and spent 78 to 87 s of each, and one of its points
+time it is given: over twelve kernels of SGLang 0.5.23 on 4 x H100 (docs/results.md, 2026-11-27), with 168 s
+per kernel, it ran first on every base it could screen and took 48 to 92 s of each, and one of its points
 survived screening (rejected by the full verification), while the plan named passes for eleven of them.
 Without a GPU (a dry run), the catalog and the passes, ordered by the profile (which band is far from its
 floor). Every proposal is made once per base."""

@@ -98,6 +98,15 @@ def clang_env() -> ClangEnv:
     )
 
 
+def libclang_missing() -> str | None:
+    """Why libclang cannot parse here (`astra extract` fails, and the rewrite passes all refuse), or None when it can."""
+    try:
+        clang_env()
+    except ToolMissing as err:
+        return str(err)
+    return None
+
+
 def load_cindex() -> ModuleType:
     """`clang.cindex`, with its shared library loaded."""
     try:

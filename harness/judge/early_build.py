@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 from harness.building.job_requests import build_requests
-from harness.building.nvcc_build import BuildResult, build_many
+from harness.building.nvcc_build import BuildResult, build_many, cached
 from harness.job import Job
 
 
@@ -28,6 +28,19 @@ def default_cache_dir(job: Job) -> Path:
         return Path(job.options.cache_dir).expanduser()
     root = os.environ.get("ASTRA_HOME")
     return (Path(root).expanduser() if root else Path.home() / ".cache" / "astra") / "builds"
+
+
+def cached_originals(job: Job) -> dict[str, BuildResult] | None:
+    """The original's build of every variant the job uses, from the build cache and without building ({variant:
+    result}); None where one is not built yet (a failed build is never cached)."""
+    out = {}
+    for side, key, request in build_requests(job):
+        if side == "orig":
+            result = cached(request, default_cache_dir(job))
+            if result is None:
+                return None
+            out[key] = result
+    return out
 
 
 def original_source(job: Job) -> str:

@@ -51,7 +51,7 @@ import torch
 from harness import sandbox
 from harness.building.job_requests import build_requests, variants_used
 from harness.building.module_loading import kept_signatures, load_module
-from harness.building.nvcc_build import BuildResult, build_many, cached
+from harness.building.nvcc_build import BuildResult, build_many
 from harness.candidate import cuda_ipc
 from harness.candidate.exchange import (
     SIGNATURES,
@@ -379,14 +379,10 @@ def _outputs_run_beside_the_build(job: Job, device: torch.device, deadline: floa
 def original_kernels(job: Job) -> list[str] | None:
     """The mangled names of every kernel of the original's modules, from their cached builds' ptxas reports,
     without building (None: an original module not built yet, or one whose build reported no kernel)."""
-    per_module = []
-    for side, _, request in build_requests(job):
-        if side == "orig":
-            result = cached(request, default_cache_dir(job))
-            if result is None:
-                return None
-            per_module.append([resource.mangled for resource in result.resources])
-    return kernel_names(per_module)
+    builds = early_build.cached_originals(job)
+    if builds is None:
+        return None
+    return kernel_names([[resource.mangled for resource in result.resources] for result in builds.values()])
 
 
 def _trials(job: Job) -> list[list[tuple[str, int]]]:

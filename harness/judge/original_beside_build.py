@@ -24,10 +24,8 @@ from typing import Any, Callable
 
 import torch
 
-from harness.building.job_requests import build_requests
 from harness.building.module_loading import load_module
-from harness.building.nvcc_build import cached
-from harness.job import Job, dtype_size
+from harness.job import Job
 from harness.judge.correctness import (
     ContextLost,
     OriginalFailed,
@@ -39,8 +37,8 @@ from harness.judge.correctness import (
     reference_args,
     run_reference,
 )
-from harness.judge.early_build import default_cache_dir
-from harness.judge.inputs import storage_numel
+from harness.judge.early_build import cached_originals
+from harness.timing.timed_sets import tensor_bytes
 
 log = logging.getLogger(__name__)
 BUDGET_MAX_BYTES = 8 << 30  # at most this much kept on the device, whatever is free
@@ -63,7 +61,7 @@ def _nbytes(*groups: dict[str, Any] | None) -> int:
 def trial_bytes(case) -> int:
     """What one trial of `case` keeps, at most: its tensors' storages as drawn, the original's copy of them and
     the reference's float64 outputs (up to 4 x a 2-byte output's size, counted here as 2 x every storage)."""
-    return 4 * sum(storage_numel(a) * dtype_size(a.dtype) for a in case.tensors() if a.role != "alias")
+    return 4 * tensor_bytes(case)
 
 
 class Prepared:
@@ -90,18 +88,13 @@ def budget_bytes(device: torch.device) -> int:
 def original_modules(job: Job) -> dict[str, Any] | None:
     """The original's module of every variant the job uses, loaded from the build cache; None where one is not
     built yet (or does not load: the judge's own load after the build reports that)."""
-    modules = {}
-    for side, key, request in build_requests(job):
-        if side != "orig":
-            continue
-        result = cached(request, default_cache_dir(job))
-        if result is None or not result.ok or result.so_path is None:
-            return None
-        try:
-            modules[key] = load_module(str(result.so_path))
-        except Exception:  # reported by the judge's own load, after the build
-            return None
-    return modules
+    builds = cached_originals(job)
+    if builds is None or any(result.so_path is None for result in builds.values()):
+        return None
+    try:
+        return {key: load_module(str(result.so_path)) for key, result in builds.items()}
+    except Exception:  # reported by the judge's own load, after the build
+        return None
 
 
 def prepare(job: Job, device: torch.device, busy: Callable[[], bool], trials: list[list[tuple[str, int]]],

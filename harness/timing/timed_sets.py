@@ -51,10 +51,15 @@ def read_only_names(case: Case) -> list[str]:
     return [a.name for a in case.tensors() if a.role == "in" and a.name not in written]
 
 
+def tensor_bytes(case: Case) -> int:
+    """Device bytes of one draw of the case's tensors: every present tensor's storage (an alias once)."""
+    return sum(storage_numel(a) * dtype_size(a.dtype) for a in case.tensors() if a.role != "alias")
+
+
 def set_footprint(case: Case) -> int:
     """Device bytes one timed set holds: every present tensor's storage (an alias once) and the pristine
     copies of the written ones."""
-    held = sum(storage_numel(a) * dtype_size(a.dtype) for a in case.tensors() if a.role != "alias")
+    held = tensor_bytes(case)
     written = set(written_names(case))
     kept = sum(storage_numel(a) * dtype_size(a.dtype) for a in case.tensors() if a.name in written and a.role != "alias")
     return held + kept

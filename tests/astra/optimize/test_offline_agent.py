@@ -107,13 +107,12 @@ def test_dry_run_builds_every_proposal(sglang_0523, capsys):
 
 def test_a_run_without_libclang_says_the_rewrite_passes_are_off(monkeypatch):
     from astra.errors import ToolMissing
-    from astra.optimize import agent_registry
     from astra.sglang import clang_env
 
-    assert agent_registry.libclang_missing() is None  # installed here (pyproject: libclang-ng)
+    assert clang_env.libclang_missing() is None  # installed here (pyproject: libclang-ng)
 
     def missing():
         raise ToolMissing("libclang's Python bindings are not installed; run: pip install 'libclang-ng>=22.1'")
 
     monkeypatch.setattr(clang_env, "clang_env", missing)
-    assert "pip install 'libclang-ng" in agent_registry.libclang_missing()
+    assert "pip install 'libclang-ng" in clang_env.libclang_missing()

@@ -236,13 +236,11 @@ def test_a_context_with_a_best_profiles_the_original_too():
 
 def test_with_a_screening_evaluator_the_planned_passes_run_before_the_parameter_search(serial_tree, fake_passes):
     src, resources = serial_tree, RESOURCES
-    screened: list[str] = []
 
     def judge(source, label):
         return verdict(resources=resources) if label == "original" else make_verdict({"decode": 0.9})
 
     def screen(source, label, cases):
-        screened.append(label)
         return make_verdict({"decode": 0.9})
 
     evaluator = Evaluator(judge, screen=screen)
@@ -250,11 +248,18 @@ def test_with_a_screening_evaluator_the_planned_passes_run_before_the_parameter_
                          spec={"name": "topk"})
     run = RunDir.create("topk", "0.5.23", "offline", SERIAL)
     rationales: list[str] = []
-    state = run_loop(run, agent, evaluator, Budget(rounds=2, patience=5, wall_s=600.0),
-                     events=lambda kind, data: rationales.append(data.get("rationale", "")) if kind == "candidate" else None)
+    searched_before: list[int] = []  # bases the parameter search had run on when each candidate was proposed
+
+    def on_event(kind, data):
+        if kind == "candidate":
+            rationales.append(data.get("rationale", ""))
+            searched_before.append(len(agent.searched))
+
+    state = run_loop(run, agent, evaluator, Budget(rounds=2, patience=5, wall_s=600.0), events=on_event)
     assert rationales[0].startswith("the profile's plan before the parameter search")
     first = [h.name for h in state.history if h.round == 0]
-    assert first == ["pass:parallelize", "pass:vectorize"]  # the plan alone, nothing the search screened
+    assert first == ["pass:parallelize", "pass:vectorize"]  # the plan alone
+    assert searched_before[:2] == [0, 0] and searched_before[-1] == 1  # the search ran after them, not before
     later = [h.name for h in state.history if h.round == 1]
     assert later and not {"pass:parallelize", "pass:vectorize"} & set(later)  # the search's round: no retries
     assert state.history[0].base == state.history[-1].base  # nothing better: the same base, searched now
