@@ -38,6 +38,7 @@ from harness.judge.correctness import (
     run_reference,
 )
 from harness.judge.early_build import cached_originals
+from harness.judge.inputs import storage_numel
 from harness.timing.timed_sets import tensor_bytes
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,9 @@ def _nbytes(*groups: dict[str, Any] | None) -> int:
 
 def trial_bytes(case) -> int:
     """What one trial of `case` keeps, at most: its tensors' storages as drawn, the original's copy of them and
-    the reference's float64 outputs (up to 4 x a 2-byte output's size, counted here as 2 x every storage)."""
-    return 4 * tensor_bytes(case)
+    the reference's float64 outputs (8 bytes for every element of every storage: a bf16 output's is 4 x its size)."""
+    elements = sum(storage_numel(a) for a in case.tensors() if a.role != "alias")
+    return 2 * tensor_bytes(case) + 8 * elements
 
 
 class Prepared:

@@ -252,7 +252,8 @@ def test_the_originals_trials_beside_the_build_are_what_the_outputs_phase_comput
     device = torch.device("cuda")
     build_all(job, cache_dir)  # the original is built: what every check of a run after its first finds
     trials = _trials(job)
-    prepared = prepare(job, device, lambda: True, trials, _launch, 1 << 30)
+    room = sum(trial_bytes(case) * len(trials[i]) for i, case in enumerate(job.cases))  # every trial fits
+    prepared = prepare(job, device, lambda: True, trials, _launch, room)
     assert prepared is not None and len(prepared) == sum(len(t) for t in trials)
     assert prepared.reference is not None and set(prepared.modules) == {"bfloat16", "float32"}
     case = job.cases[1]
@@ -263,11 +264,11 @@ def test_the_originals_trials_beside_the_build_are_what_the_outputs_phase_comput
     assert torch.equal(ref_out["y"], expected["y"]) and ref_out["y"].dtype == torch.float64
     assert prepared.take(1, 0) is None  # taken once
     ticks = iter([True, True, False])
-    assert len(prepare(job, device, lambda: next(ticks), trials, _launch, 1 << 30)) == 2  # the build ended
+    assert len(prepare(job, device, lambda: next(ticks), trials, _launch, room)) == 2  # the build ended
     one = trial_bytes(job.cases[0])
     assert len(prepare(job, device, lambda: True, trials, _launch, one)) == 1  # room for one trial of its size
     assert len(prepare(job, device, lambda: True, trials, _launch, one - 1)) == 0
-    assert prepare(job, device, lambda: False, trials, _launch, 1 << 30) is None
+    assert prepare(job, device, lambda: False, trials, _launch, room) is None
 
 
 def test_verdicts_with_the_originals_trials_beside_the_build(source_root, cache_dir, tmp_path, monkeypatch):
