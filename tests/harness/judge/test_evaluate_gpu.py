@@ -263,7 +263,7 @@ def test_the_originals_trials_beside_the_build_are_what_the_outputs_phase_comput
     expected = run_reference(prepared.reference, case, reference_args(inputs), "t")
     assert torch.equal(ref_out["y"], expected["y"]) and ref_out["y"].dtype == torch.float64
     assert prepared.take(1, 0) is None  # taken once
-    ticks = iter([True, True, False])
+    ticks = iter([True, True, True, False])  # asked once on entry, then before each trial
     assert len(prepare(job, device, lambda: next(ticks), trials, _launch, room)) == 2  # the build ended
     one = trial_bytes(job.cases[0])
     assert len(prepare(job, device, lambda: True, trials, _launch, one)) == 1  # room for one trial of its size
