@@ -280,24 +280,27 @@ def _judge_gaps(result: CaseResult, tensors: list, inputs: dict[str, Any], orig:
 
 def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: dict[str, Any],
                 orig: dict[str, Any], cand: dict[str, Any] | None, cand_error: str | None,
-                reference: Reference | None, ref_out: dict[str, Any] | None = None) -> None:
+                reference: Reference | None, ref_out: dict[str, Any] | None = None) -> list[str]:
     """Judge one trial into `result`: `inputs` as generated, `orig`/`cand` every tensor argument after each
     side's call (`cand` None when the candidate raised `cand_error`). The original must not have raised.
-    `ref_out`: the reference's outputs on these inputs, when already computed (else computed here)."""
+    `ref_out`: the reference's outputs on these inputs, when already computed (else computed here). Returns
+    the read-only arguments the original wrote on this trial (they are compared as outputs)."""
     where = describe(trial)
     result.trials += 1
     if cand_error is not None or cand is None:
         result.fail(f"{where}: candidate raised {cand_error or 'an error'}")
-        return
+        return []
     tensors = case.tensors()
     compared = [a for a in tensors if a.role in ("out", "inout")]
     read_only = [a for a in tensors if a.role == "in"]
     flags = unchanged_all([(inputs[a.name], orig[a.name]) for a in read_only]
                           + [(inputs[a.name], cand[a.name]) for a in read_only])  # one synchronisation
+    written = []
     for arg, orig_kept, cand_kept in zip(read_only, flags, flags[len(read_only):]):
         if not orig_kept:
             result.notes.append(f"{where}: original writes read-only {arg.name}; compared as an output")
             compared.append(arg)
+            written.append(arg.name)
         elif not cand_kept:
             result.fail(f"{where}: candidate wrote read-only argument {arg.name}")
     _judge_gaps(result, tensors, inputs, orig, cand, where)
@@ -310,6 +313,7 @@ def judge_trial(result: CaseResult, case: Case, job: Job, trial: Trial, inputs: 
         result.notes += [f"reference gives no {arg.name}: compared with the original's tolerances"
                          for arg in compared if ref_out and arg.name not in ref_out]
     judge_outputs(result, case, job, compared, orig, cand, ref_out, unordered, where)
+    return written
 
 
 def judge_outputs(result: CaseResult, case: Case, job: Job, compared: list, orig: dict[str, Any],

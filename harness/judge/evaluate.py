@@ -238,8 +238,9 @@ def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, de
             with clock("read_candidate"):
                 cand = None if error else read_trial(directory, t, entry, case, device, imports=imports)
             with clock("compare"):
-                judge_trial(result, case, job, trial, inputs, orig, cand, error, reference,
-                            ready[2] if ready is not None else None)
+                if judge_trial(result, case, job, trial, inputs, orig, cand, error, reference,
+                               ready[2] if ready is not None else None):
+                    record.orig_writes_inputs = True
                 exact = exact and cand is not None and same_outputs(case, orig, cand)
             if tuple(trial) == ("seed", seed):
                 first = (inputs, orig)  # the back-to-back launches and the determinism runs start from these
@@ -262,6 +263,8 @@ def judge_case(index: int, run: CandidateRun, job: Job, trials: list, launch, de
     with clock("determinism"):
         result.deterministic_orig = deterministic(launch, case, seed, device, first)
     del first
+    if prepared is not None:
+        prepared.release_when_taken()
     if read:
         judge_determinism(result)
     record.deterministic_orig, record.deterministic_cand = result.deterministic_orig, result.deterministic_cand

@@ -10,11 +10,17 @@ each trial's triple instead of computing it (`take`), and computes whatever was 
 
 Nothing is decided here: a trial on which the original or the reference raises is not kept, so phase
 `outputs` runs it again and fails the verdict as it always did ("original_failed", "reference_error"); any
-other error ends the work and the phase computes the rest, except one that leaves the CUDA context unusable,
-which is the original's ("original_failed", naming what it broke). The kept tensors are counted by their
-storages, and a trial is computed only where one more of its case's size still fits the budget. The modules and the reference loaded here are the
-ones the judge goes on with (`modules`, `reference`), so nothing is loaded twice. Only the ORIGINAL's cached
-build is ever loaded: the candidate's modules are not built yet, and the judge never loads them anyway.
+other error (running out of memory among them) ends the work and the phase computes the rest, except one that
+leaves the CUDA context unusable, which is the original's ("original_failed") or the reference's
+("reference_error"), naming what it broke. The reference's kernels are waited for before the next trial, so
+that a fault of theirs is laid at its door.
+
+The kept tensors are counted by their storages: a trial is computed only where one more of its case's bound
+(`trial_bytes`) still fits the budget, and kept only where what it holds does (a reference may return more
+than the outputs). Their memory goes back to the device once every kept trial was taken. The modules and the
+reference loaded here are the ones the judge goes on with (`modules`, `reference`), so nothing is loaded
+twice. Only the ORIGINAL's cached build is ever loaded: the candidate's modules are not built yet, and the
+judge never loads them anyway.
 """
 
 from __future__ import annotations
@@ -32,10 +38,12 @@ from harness.judge.correctness import (
     ReferenceFailed,
     describe,
     ensure_usable,
+    first_line,
     load_reference,
     original_outputs,
     reference_args,
     run_reference,
+    synchronize,
 )
 from harness.judge.early_build import cached_originals
 from harness.judge.inputs import storage_numel
@@ -81,6 +89,14 @@ class Prepared:
     def __len__(self) -> int:
         return len(self.trials)
 
+    def release_when_taken(self) -> None:
+        """Once every kept trial was taken, give their memory back to the device (the candidate's process shares
+        it), once."""
+        if not self.trials and self.kept_bytes:
+            self.kept_bytes = 0
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
 
 def budget_bytes(device: torch.device) -> int:
     free, _ = torch.cuda.mem_get_info(device)
@@ -124,26 +140,36 @@ def prepare(job: Job, device: torch.device, busy: Callable[[], bool], trials: li
         for t, trial in enumerate(trials[index]):
             if not busy() or prepared.kept_bytes + trial_bytes(case) > budget:
                 return prepared
+            where = f"{case.id}: {describe(trial)}"
             try:
                 inputs, orig = original_outputs(launches[case.variant], case, trial, device)
+            except Exception as error:  # phase `outputs` meets it again, and fails the verdict as it always did
+                _usable(device, error, where, OriginalFailed)
+                return prepared
+            try:  # waited for here, so that a fault of the reference's own kernels is laid at its door
                 ref_out = (run_reference(reference, case, reference_args(inputs), describe(trial))
                            if reference is not None else None)
-            except Exception as error:  # phase `outputs` meets it again, and fails the verdict as it always did
-                _usable(device, error, f"{case.id}: {describe(trial)}", ReferenceFailed if isinstance(
-                    error, ReferenceFailed) else OriginalFailed)
+                synchronize(device)
+            except Exception as error:
+                _usable(device, error, where, ReferenceFailed)
+                return prepared
+            size = _nbytes(inputs, orig, ref_out)
+            if prepared.kept_bytes + size > budget:  # a reference's extra outputs can pass the bound
                 return prepared
             prepared.trials[(index, t)] = (inputs, orig, ref_out)
-            prepared.kept_bytes += _nbytes(inputs, orig, ref_out)
+            prepared.kept_bytes += size
     return prepared
 
 
 def _usable(device: torch.device, error: BaseException, where: str, blame: type[RuntimeError]) -> None:
     """Raise `blame` (OriginalFailed, or ReferenceFailed for the reference) where `error` left the CUDA context
     unusable: only the original and the reference ran here, and phase `outputs` could not even start."""
+    if isinstance(error, torch.cuda.OutOfMemoryError):  # no room beside the build: phase `outputs` computes the rest
+        log.info("the original's outputs beside the build stopped at %s: out of memory", where)
+        return
     try:
         ensure_usable(device, error, where)
     except ContextLost as lost:
         who = "the reference" if blame is ReferenceFailed else "the original"
-        raise blame(f"{where}: {who}, run beside the build, left the GPU unusable: "
-                    f"{str(lost).splitlines()[0][:300]}") from error
-    log.info("the original's outputs beside the build stopped at %s: %s", where, str(error).splitlines()[0][:200])
+        raise blame(f"{where}: {who}, run beside the build, left the GPU unusable: {first_line(lost)}") from error
+    log.info("the original's outputs beside the build stopped at %s: %s", where, first_line(error))

@@ -57,6 +57,13 @@ class Checked:
     bit_exact: bool = False  # the candidate's outputs were the original's, bit for bit, on every trial
     deterministic_orig: bool | None = None
     deterministic_cand: bool | None = None
+    orig_writes_inputs: bool = False  # the original wrote a read-only argument (timed sets do not restore those)
+
+    @property
+    def reusable_orig_digests(self) -> bool:
+        """The original's timed digests may be taken once per view and seed: it is deterministic, and it writes
+        nothing that the timed sets leave unrestored between launches."""
+        return self.deterministic_orig is True and not self.orig_writes_inputs
 
     @property
     def bitwise(self) -> bool:

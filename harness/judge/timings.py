@@ -60,7 +60,7 @@ def time_cases(job: Job, results: list[CaseResult], checked: dict[str, Checked],
         remote.case = index
         record = checked.get(case.id) if job.options.outputs_checked else None
         orig = TimingSide("orig", orig_launches[case.variant], case, device, job.options.digest_key,
-                          reuse_digests=record is not None and record.deterministic_orig is True)
+                          reuse_digests=record is not None and record.reusable_orig_digests)
         pair = Pair(orig, remote, run.pause(), quiet, clock)
         timings[case.id] = {}
         for view in job.options.modes:

@@ -314,3 +314,49 @@ def test_untrusted_timings_are_validated_by_the_judge():
     assert apply_mode(result, "graph", {"error": "cand: capture failed", "kind": "capture", "side": "cand"}, env) is None
     assert not result.correct
     assert apply_mode(fresh(), "graph", {"error": "orig: capture failed", "kind": "capture", "side": "orig"}, env)
+
+
+REFERENCE_EXTRA = '''
+import torch
+
+def reference(args, dims):
+    y = args["x"] * 0.5
+    return {"y": y, "stats": torch.stack([y, y, y, y])}  # more than the outputs: 4 x y beside it
+'''
+
+REFERENCE_RAISES_ON_3_TOKENS = '''
+def reference(args, dims):
+    if dims["tokens"] == 3:
+        raise ValueError("no reference for 3 tokens")
+    return {"y": args["x"] * 0.5}
+'''
+
+
+@needs_nvcc
+def test_the_trials_beside_the_build_keep_within_the_budget_what_they_hold(source_root, cache, tmp_path):
+    """A reference may return more than the outputs: a trial is kept only where what it holds fits, whatever
+    its case's bound said; a reference that raises ends the work there (phase `outputs` meets it again)."""
+    from harness.judge.original_beside_build import prepare, trial_bytes
+
+    job = _job(source_root, cache)
+    judge.build_all(job, cache)  # the original built, as for every check of a run after its first
+    trials = judge._trials(job)
+    room = sum(trial_bytes(case) * len(trials[i]) for i, case in enumerate(job.cases))
+    (tmp_path / "extra.py").write_text(REFERENCE_EXTRA)
+    job.reference = str(tmp_path / "extra.py")
+    prepared = prepare(job, torch.device("cpu"), lambda: True, trials, judge._launch, room)
+    assert 0 < len(prepared) < sum(len(t) for t in trials) and prepared.kept_bytes <= room
+    (tmp_path / "plain.py").write_text(REFERENCE_EXTRA.replace(', "stats": torch.stack([y, y, y, y])', ""))
+    job.reference = str(tmp_path / "plain.py")
+    prepared = prepare(job, torch.device("cpu"), lambda: True, trials, judge._launch, room)
+    assert len(prepared) == sum(len(t) for t in trials)  # the bound holds for what a reference should return
+    for index, case_trials in enumerate(trials):
+        for t in range(len(case_trials)):
+            assert prepared.take(index, t) is not None
+    prepared.release_when_taken()
+    assert prepared.kept_bytes == 0
+    (tmp_path / "raises.py").write_text(REFERENCE_RAISES_ON_3_TOKENS)
+    job.reference = str(tmp_path / "raises.py")
+    prepared = prepare(job, torch.device("cpu"), lambda: True, trials, judge._launch, room)
+    assert len(prepared) == len(trials[0])  # the second case (3 tokens) stopped it
+
