@@ -186,9 +186,13 @@ def reference_args(inputs: dict[str, Any]) -> dict[str, Any]:
 
 def run_reference(reference: Reference, case: Case, args: dict[str, Any], where: str) -> dict[str, Any]:
     """The reference's outputs on `args` (float64 copies), an in-place output also under the name of the
-    argument that aliases it; raises ReferenceFailed when reference.py raises (fail closed)."""
+    argument that aliases it; raises ReferenceFailed when reference.py raises (fail closed). Its GPU work is
+    waited for here, so that a fault of its kernels (a device-side assert) is the reference's, not that of
+    whatever runs next."""
     try:
         ref_out = dict(reference(args, dict(case.dims)))
+        for device in {v.device for v in ref_out.values() if isinstance(v, torch.Tensor) and v.is_cuda}:
+            torch.cuda.synchronize(device)
     except Exception as error:  # fail closed: the spec's reference is broken, not the candidate
         raise ReferenceFailed(f"{case.id}: {where}: reference.py raised {first_line(error)}") from error
     for arg in case.args:

@@ -12,8 +12,8 @@ Nothing is decided here: a trial on which the original or the reference raises i
 `outputs` runs it again and fails the verdict as it always did ("original_failed", "reference_error"); any
 other error (running out of memory among them) ends the work and the phase computes the rest, except one that
 leaves the CUDA context unusable, which is the original's ("original_failed") or the reference's
-("reference_error"), naming what it broke. The reference's kernels are waited for before the next trial, so
-that a fault of theirs is laid at its door.
+("reference_error"), naming what it broke (`run_reference` waits for the reference's kernels, so that a
+fault of theirs is laid at its door).
 
 The kept tensors are counted by their storages: a trial is computed only where one more of its case's bound
 (`trial_bytes`) still fits the budget, and kept only where what it holds does (a reference may return more
@@ -43,7 +43,6 @@ from harness.judge.correctness import (
     original_outputs,
     reference_args,
     run_reference,
-    synchronize,
 )
 from harness.judge.early_build import cached_originals
 from harness.judge.inputs import storage_numel
@@ -146,10 +145,9 @@ def prepare(job: Job, device: torch.device, busy: Callable[[], bool], trials: li
             except Exception as error:  # phase `outputs` meets it again, and fails the verdict as it always did
                 _usable(device, error, where, OriginalFailed)
                 return prepared
-            try:  # waited for here, so that a fault of the reference's own kernels is laid at its door
+            try:  # run_reference waits for its kernels: a fault of theirs is the reference's
                 ref_out = (run_reference(reference, case, reference_args(inputs), describe(trial))
                            if reference is not None else None)
-                synchronize(device)
             except Exception as error:
                 _usable(device, error, where, ReferenceFailed)
                 return prepared
