@@ -359,4 +359,3 @@ def test_the_trials_beside_the_build_keep_within_the_budget_what_they_hold(sourc
     job.reference = str(tmp_path / "raises.py")
     prepared = prepare(job, torch.device("cpu"), lambda: True, trials, judge._launch, room)
     assert len(prepared) == len(trials[0])  # the second case (3 tokens) stopped it
-
