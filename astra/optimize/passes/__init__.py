@@ -3,7 +3,8 @@
 Where the offline agent's catalog (astra.optimize.transforms, param_space) turns knobs a kernel already
 has, a pass rewrites its code: packed 16-byte loads and stores (`vectorize`), loop-invariant loads
 hoisted (`reuse`), a block's shared-memory reduction done with warp shuffles (`warp_reduce`), fast
-intrinsics where the spec's tolerance allows (`fast_math`), several rows per CTA (`coarsen`), a loop
+intrinsics where the spec's tolerance allows (`fast_math`), several rows per CTA (`coarsen`), a row's
+thread-strided loops over several CTAs (`split`), a loop
 one thread runs spread over its CTA or warp (`parallelize`), the block size every launch uses
 given to ptxas as `__launch_bounds__` (`launch_bounds`). One pass
 per module of this package; each checks its preconditions on the parsed source and refuses with a
@@ -31,10 +32,11 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
     from astra.optimize.passes.launch_bounds import LaunchBounds
     from astra.optimize.passes.parallelize import Parallelize
     from astra.optimize.passes.reuse import Reuse
+    from astra.optimize.passes.split import Split
     from astra.optimize.passes.vectorize import Vectorize
     from astra.optimize.passes.warp_reduce import WarpReduce
 
-    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen, Parallelize, LaunchBounds]
+    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen, Split, Parallelize, LaunchBounds]
     return {cls.name: cls(headers) for cls in every if names is None or cls.name in names}
 
 

@@ -7,7 +7,9 @@ it whole (`static constexpr auto kernel = k<T>;`, then `LaunchKernel(...)(kernel
 between two of its instantiations (`const auto kernel = c ? k<A> : k<B>;`), or with such a variable; occupancy and
 attribute queries (`get_blocks_per_sm(kernel, block)`, `cudaFuncSetAttribute(kernel, ...)`) name it too.
 Any other reference (a function pointer handed elsewhere, a call through a typed pointer) is reported as
-such: the passes cannot see what is done with it.
+such: the passes cannot see what is done with it. A pass that handles the triple-chevron launch
+(`k<T><<<grid, block, smem, stream>>>(args)`) asks for it (`chevrons=True`): its Use's `args` are then the
+launch configuration (grid, block, ...) as for LaunchKernel.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ class Use:
     query: str = ""  # the query's name; "" for a launch
 
 
-def uses(unit: Unit, kernel) -> list[Use] | str:
+def uses(unit: Unit, kernel, chevrons: bool = False) -> list[Use] | str:
     """Every launch and query of `kernel` from this file (directly, or through a variable initialised with
-    it), or why not: a reference that is neither (line given)."""
+    it; with `chevrons`, triple-chevron launches too), or why not: a reference that is neither (line given)."""
     up = unit.parents()
     refs = [n for n in unit.nodes() if _names(n, kernel) and unit.in_main(n)
             and not unit.span(kernel)[0] <= unit.span(n)[0] < unit.span(kernel)[1]]
@@ -42,7 +44,7 @@ def uses(unit: Unit, kernel) -> list[Use] | str:
     seen = set()
     while pending:
         ref, origin = pending.pop(0)
-        found = _use(unit, ref, origin, up)
+        found = _use(unit, ref, origin, up) or (_chevron(unit, ref, origin, up) if chevrons else None)
         if found is not None:
             out.append(found)
             continue
@@ -82,6 +84,20 @@ def _use(unit: Unit, site, origin, up: dict) -> Use | None:
     if len(args) < 2:
         return None
     return Use(call, origin, tuple(args))
+
+
+def _chevron(unit: Unit, site, origin, up: dict) -> Use | None:
+    """The triple-chevron launch whose kernel is `site` (`k<T><<<grid, block, ...>>>(args)`), or None."""
+    node = _outer(site, up)
+    call = up.get(node)
+    if call is None or call.kind.name != "CALL_EXPR":
+        return None
+    children = list(call.get_children())
+    if len(children) < 2 or children[0] != node or children[1].kind.name != "CALL_EXPR" or not unit.code(
+            children[1]).startswith("<<<"):
+        return None
+    config = [c for c in children[1].get_children() if not unit.code(c).startswith("<<<")]
+    return Use(call, origin, tuple(config)) if len(config) >= 2 else None
 
 
 def _outer(node, up: dict):

@@ -22,7 +22,7 @@ from astra.report import run_html, run_text
 from tests.astra.optimize.test_profiling import SERIAL, verdict
 from tests.verdicts import make_verdict
 
-KNOWN_PASSES = {"vectorize", "reuse", "warp_reduce", "fast_math", "coarsen", "parallelize", "launch_bounds"}
+KNOWN_PASSES = {"vectorize", "reuse", "warp_reduce", "fast_math", "coarsen", "split", "parallelize", "launch_bounds"}
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,12 @@ def test_rules_order_the_passes_and_hold_back_what_a_symptom_forbids():
     prof = profile(few, uncoalesced, reduce, spills, done, decode=(2.0, 5.0), prefill=(1.5, 20.0), middle=(1.05, 1.0))
     plans, notes = planning.make_plan(prof, planning.load_rules())
     # priority 10 for all three; prefill has the most time above its floor; middle is near its floor: last
-    assert [p.step for p in plans] == ["pass:vectorize", "pass:parallelize", "pass:warp_reduce"]
-    assert plans[2].band == "middle" and plans[0].notes == ["also: middle: uncoalesced_stores: global stores use 50% (ncu)"]
+    assert [p.step for p in plans] == ["pass:vectorize", "pass:split", "pass:parallelize", "pass:warp_reduce"]
+    assert plans[3].band == "middle" and plans[0].notes == ["also: middle: uncoalesced_stores: global stores use 50% (ncu)"]
     assert plans[0].band == "prefill" and plans[0].expected_speedup == 1.25
     assert plans[0].rationale == "prefill: uncoalesced_loads: global loads use 25% of each 32-byte sector (ncu)"
     assert plans[0].idea.startswith("vectorize: global load efficiency low")
-    assert plans[1].band == "decode" and "132 SMs" in plans[1].rationale
+    assert plans[1].band == plans[2].band == "decode" and "132 SMs" in plans[1].rationale
     assert "all: spills: spills: reuse off, lower unroll; anything that keeps more values live makes it worse" in notes
     assert any(n.startswith("pass:coarsen held back: all: spills") for n in notes)  # few_ctas asked for it
 
