@@ -23,6 +23,7 @@ replaces `harness.judge.evaluate.evaluate`; tests use it to stand in crashing or
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import tempfile
 import threading
@@ -97,6 +98,22 @@ def collect_verdict(job: Job, out_path: Path, outcome: ProcessOutcome, timeout_s
     return verdict
 
 
+def with_build_arch(job: Job, env: dict[str, str] | None = None) -> Job:
+    """`job` with nvcc's target resolved here (harness.building.toolchain.default_arch) where it names none.
+
+    The judge starts its builds before it imports torch (harness.judge.early_build); a build without a target
+    would import torch and start CUDA just to pick one, and hold nvcc back until then. The caller has torch
+    loaded already (it checked for a GPU), so the target costs nothing here. A judge given other GPUs than
+    ours (`env` with another CUDA_VISIBLE_DEVICES) picks its own."""
+    if job.build.arch or (env is not None and env.get("CUDA_VISIBLE_DEVICES") != os.environ.get("CUDA_VISIBLE_DEVICES")):
+        return job
+    from harness.building.toolchain import default_arch
+
+    resolved = copy.deepcopy(job)
+    resolved.build.arch = default_arch()
+    return resolved
+
+
 def run_job(job: Job, *, timeout_s: float, python: str = sys.executable, env: dict[str, str] | None = None,
             progress: Callable[[str], None] | None = None) -> Verdict:
     """Evaluate `job` in a fresh worker process; always returns a Verdict, never raises for the job.
@@ -106,6 +123,7 @@ def run_job(job: Job, *, timeout_s: float, python: str = sys.executable, env: di
     `progress` gets the judge's phase lines as it runs (building, judging case i/N, timing).
     """
     start = time.monotonic()
+    job = with_build_arch(job, env)
     with tempfile.TemporaryDirectory(prefix="astra-job-") as tmp:
         outcome, out_path, key = run_judge(job.to_json(), tmp, timeout_s=timeout_s, python=python,
                                            env=harness_env(env), progress=progress)
@@ -128,6 +146,7 @@ def verify_job(job: Job, *, timeout_s: float, sanitizer_timeout_s: float = 900.0
     missing, ran out of time or could not conclude turns it into "sanitizer_unavailable" (fail closed: not a
     pass), and the judge skips its timing in both cases. The report is kept as the verdict's `sanitizer`.
     """
+    job = with_build_arch(job, env)  # once for the judge and the sanitizer's judges
     if not job.options.sanitizer:
         return run_job(job, timeout_s=timeout_s, python=python, env=env, progress=progress)
     box: dict = {}
