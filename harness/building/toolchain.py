@@ -137,12 +137,10 @@ def nvcc_release() -> tuple[int, int]:
 
 
 def default_arch() -> str:
-    """The local GPU's target (torch, imported lazily), or "90a" (Hopper) where no CUDA GPU is visible."""
-    try:
-        import torch
-    except ImportError:
-        return "90a"
-    if not torch.cuda.is_available():
-        return "90a"
-    major, minor = torch.cuda.get_device_capability()
-    return arch_for_capability(major, minor, nvcc_release())
+    """The target of the first GPU this process sees, or "90a" (Hopper) where none is visible. Asked of the CUDA
+    driver (harness.environment.cuda_devices), as torch asks it, without importing torch or making a context:
+    the judge's builds start before torch loads (harness.judge.early_build)."""
+    from harness.environment.cuda_devices import device_capability
+
+    capability = device_capability()
+    return arch_for_capability(*capability, nvcc_release()) if capability is not None else "90a"

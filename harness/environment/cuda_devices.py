@@ -9,6 +9,8 @@ check is about 10 s). So:
   device. cuInit creates no context.
 - `device_name(index)`: that device's name as the driver gives it (cuDeviceGetName: what torch's
   get_device_name reports, e.g. "NVIDIA H100 80GB HBM3"); None without it.
+- `device_capability(index)`: that device's compute capability (cuDeviceGetAttribute: what torch's
+  get_device_capability reports, e.g. (9, 0)); None without it.
 - `torch_cuda()`: the CUDA version the installed torch was built with, read from torch/version.py; None for
   a CPU build, False when torch is not installed.
 """
@@ -48,6 +50,21 @@ def device_name(index: int = 0) -> str | None:
     if lib.cuDeviceGetName(name, len(name), device) != 0:
         return None
     return name.value.decode(errors="replace") or None
+
+
+_CAPABILITY_MAJOR, _CAPABILITY_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_{MAJOR,MINOR}
+
+
+def device_capability(index: int = 0) -> tuple[int, int] | None:
+    """The compute capability of visible device `index` as the driver gives it; None without it."""
+    lib = _driver()
+    device, major, minor = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+    if lib is None or lib.cuDeviceGet(ctypes.byref(device), index) != 0:
+        return None
+    if (lib.cuDeviceGetAttribute(ctypes.byref(major), _CAPABILITY_MAJOR, device) != 0
+            or lib.cuDeviceGetAttribute(ctypes.byref(minor), _CAPABILITY_MINOR, device) != 0):
+        return None
+    return major.value, minor.value
 
 
 def torch_cuda() -> str | None | bool:

@@ -101,10 +101,10 @@ def collect_verdict(job: Job, out_path: Path, outcome: ProcessOutcome, timeout_s
 def with_build_arch(job: Job, env: dict[str, str] | None = None) -> Job:
     """`job` with nvcc's target resolved here (harness.building.toolchain.default_arch) where it names none.
 
-    The judge starts its builds before it imports torch (harness.judge.early_build); a build without a target
-    would import torch and start CUDA just to pick one, and hold nvcc back until then. The caller has torch
-    loaded already (it checked for a GPU), so the target costs nothing here. A judge given other GPUs than
-    ours (`env` with another CUDA_VISIBLE_DEVICES) picks its own."""
+    The judge starts its builds before it imports torch (harness.judge.early_build); with the target in the job,
+    they start nvcc without asking the device at all. Here it costs a question to the CUDA driver, which the
+    caller asked already (it checked for a GPU). A judge given other GPUs than ours (`env` with another
+    CUDA_VISIBLE_DEVICES) picks its own."""
     if job.build.arch or (env is not None and env.get("CUDA_VISIBLE_DEVICES") != os.environ.get("CUDA_VISIBLE_DEVICES")):
         return job
     from harness.building.toolchain import default_arch

@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from harness.environment.cuda_devices import cuda_in, device_count, device_name, torch_cuda
+from harness.building.toolchain import arch_for_capability, default_arch, nvcc_release
+from harness.environment.cuda_devices import cuda_in, device_capability, device_count, device_name, torch_cuda
 
 
 def test_the_torch_build_is_read_from_its_version_file():
@@ -32,9 +33,16 @@ def test_the_driver_names_the_device_as_torch_does():
     assert device_name(0) == expected
 
 
+def test_the_driver_gives_the_capability_torch_gives_and_nvcc_its_target():
+    expected = torch.cuda.get_device_capability(0) if torch.cuda.is_available() else None
+    assert device_capability(0) == expected
+    assert default_arch() == (arch_for_capability(*expected, nvcc_release()) if expected else "90a")
+
+
 def test_asking_does_not_import_torch():
     code = ("import sys; from harness.environment.cuda_devices import device_count, torch_cuda; "
             "device_count(); torch_cuda(); from harness.environment.cuda_devices import device_name; device_name(); "
+            "from harness.building.toolchain import default_arch; default_arch(); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
