@@ -44,8 +44,9 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
 # docs/results/passes-0.5.23.json; tests/astra/optimize/passes/test_catalog.py holds the two together).
 # warp_reduce and parallelize find their patterns in a few modules only: SGLang's kernels reduce with warp
 # shuffles already. reuse builds for ten, most of them by copying elements of a thread's own register arrays
-# out of inner loops or by a reciprocal, since SGLang's kernels already hoist their global loads.
-DEFAULT = ("fast_math", "coarsen", "launch_bounds", "vectorize", "reuse")
+# out of inner loops or by a reciprocal, since SGLang's kernels already hoist their global loads. split builds
+# for twelve: one-CTA-per-row kernels whose rows are elementwise (rotary embeddings, activations, n-gram tables).
+DEFAULT = ("fast_math", "coarsen", "launch_bounds", "vectorize", "reuse", "split")
 
 
 def all_passes() -> dict[str, RewritePass]:
