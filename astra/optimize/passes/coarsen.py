@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 
 from astra.optimize.passes.base import ParsedPass, Refusal
-from astra.optimize.passes.launches import uses
+from astra.optimize.passes.launches import qualifier, uses
 from astra.optimize.passes.syntax import Unit, body, callee, is_global, splice, walk
 
 ROWS = 2
@@ -112,7 +112,7 @@ def _coarsen(unit: Unit, kernel, functions: list, edits: list) -> str:
     edits.append(_body_edit(unit, block, rows, const))
     for outer, grid, g in staged:
         host = next((f for f in functions if unit.span(f)[0] <= unit.span(outer)[0] < unit.span(f)[1]), None)
-        qualified = _qualifier(kernel, host) + const  # the launch may stand in another namespace than the kernel
+        qualified = qualifier(kernel, host) + const  # the launch may stand in another namespace than the kernel
         a, b = unit.span(grid)
         edits.append((a, b, f"({g} + {qualified} - 1) / {qualified}"))
         close = unit.span(outer)[1] - 1  # the `)` of the launch's argument list
@@ -136,27 +136,6 @@ def _new_parameter(unit: Unit, params: list) -> tuple[int, int, str]:
     first = unit.span(params[0])[0]
     column = first - unit.line_start(first)
     return at, at, ",\n" + " " * column + "const uint32_t coarse_grid"
-
-
-def _namespaces(cursor) -> list[str]:
-    """The named namespaces `cursor` is declared in, outermost first (classes passed through)."""
-    parts = []
-    parent = cursor.semantic_parent
-    while parent is not None and parent.kind.name != "TRANSLATION_UNIT":
-        if parent.kind.name == "NAMESPACE" and parent.spelling:
-            parts.append(parent.spelling)
-        parent = parent.semantic_parent
-    return list(reversed(parts))
-
-
-def _qualifier(kernel, host) -> str:
-    """What names the kernel's namespace from the launching function's (`detail::` from `sglang` for
-    `sglang::detail`; nothing where they share it)."""
-    inner, outer = _namespaces(kernel), _namespaces(host) if host is not None else []
-    common = 0
-    while common < min(len(inner), len(outer)) and inner[common] == outer[common]:
-        common += 1
-    return "".join(f"{p}::" for p in inner[common:])
 
 
 def _constant_name(kernel: str) -> str:

@@ -9,7 +9,8 @@ attribute queries (`get_blocks_per_sm(kernel, block)`, `cudaFuncSetAttribute(ker
 Any other reference (a function pointer handed elsewhere, a call through a typed pointer) is reported as
 such: the passes cannot see what is done with it. A pass that handles the triple-chevron launch
 (`k<T><<<grid, block, smem, stream>>>(args)`) asks for it (`chevrons=True`): its Use's `args` are then the
-launch configuration (grid, block, ...) as for LaunchKernel.
+launch configuration (grid, block, ...) as for LaunchKernel. `qualifier` names a kernel's namespace from the
+function that launches it, for the passes that write a name of the kernel's file into a launch.
 """
 
 from __future__ import annotations
@@ -148,3 +149,24 @@ def _names(node, kernel) -> bool:
     if kind == "OVERLOADED_DECL_REF":
         return node.spelling == kernel.spelling
     return False
+
+
+def namespaces(cursor) -> list[str]:
+    """The named namespaces `cursor` is declared in, outermost first (classes passed through)."""
+    parts = []
+    parent = cursor.semantic_parent
+    while parent is not None and parent.kind.name != "TRANSLATION_UNIT":
+        if parent.kind.name == "NAMESPACE" and parent.spelling:
+            parts.append(parent.spelling)
+        parent = parent.semantic_parent
+    return list(reversed(parts))
+
+
+def qualifier(kernel, host) -> str:
+    """What names the kernel's namespace from the launching function's (`detail::` from `sglang` for
+    `sglang::detail`; nothing where they share it)."""
+    inner, outer = namespaces(kernel), namespaces(host) if host is not None else []
+    common = 0
+    while common < min(len(inner), len(outer)) and inner[common] == outer[common]:
+        common += 1
+    return "".join(f"{p}::" for p in inner[common:])

@@ -37,8 +37,7 @@ from __future__ import annotations
 import re
 
 from astra.optimize.passes.base import ParsedPass, Refusal
-from astra.optimize.passes.coarsen import _qualifier
-from astra.optimize.passes.launches import uses
+from astra.optimize.passes.launches import qualifier, uses
 from astra.optimize.passes.syntax import (
     LOOPS,
     Unit,
@@ -92,7 +91,7 @@ class Split(ParsedPass):
             for outer, grid in launches:
                 host = next((f for f in unit.functions() if unit.span(f)[0] <= unit.span(outer)[0] < unit.span(f)[1]),
                             None)
-                edits.append((*unit.span(grid), _split_grid(unit, grid, _qualifier(helper[0], host) + helper[1])))
+                edits.append((*unit.span(grid), _split_grid(unit, grid, qualifier(helper[0], host) + helper[1])))
             done.append(f"{kernel.spelling} ({len(loops)} loop{'s' if len(loops) > 1 else ''})")
         if helper is None:
             raise Refusal(reasons[0] if reasons else "no __global__ kernel in the file")
