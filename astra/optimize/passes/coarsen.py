@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 
 from astra.optimize.passes.base import ParsedPass, Refusal
-from astra.optimize.passes.launches import qualifier, uses
+from astra.optimize.passes.launches import launch_grids, qualifier
 from astra.optimize.passes.syntax import Unit, body, callee, is_global, splice, walk
 
 ROWS = 2
@@ -92,7 +92,7 @@ def _coarsen(unit: Unit, kernel, functions: list, edits: list) -> str:
                                                                                           unit.code(n))]
     if not rows:
         return "does not read blockIdx.x"
-    launches = _launches(unit, kernel)
+    launches = launch_grids(unit, kernel)
     if isinstance(launches, str):
         return launches
     params = [c for c in kernel.get_children() if c.kind.name == "PARM_DECL"]
@@ -140,15 +140,6 @@ def _new_parameter(unit: Unit, params: list) -> tuple[int, int, str]:
 
 def _constant_name(kernel: str) -> str:
     return "k" + "".join(part[:1].upper() + part[1:] for part in kernel.split("_") if part) + "RowsPerBlock"
-
-
-def _launches(unit: Unit, kernel):
-    """[(the launch call, its grid argument)] for every launch of the kernel (passes.launches), or why not."""
-    found = uses(unit, kernel)
-    if isinstance(found, str):
-        return found
-    out = {use.call.hash: (use.call, use.args[0]) for use in found if not use.query}  # one per launch
-    return list(out.values()) or "not launched from this file through LaunchKernel"
 
 
 def _body_edit(unit: Unit, block, rows: list, const: str) -> tuple[int, int, str]:

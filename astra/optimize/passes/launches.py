@@ -62,6 +62,17 @@ def uses(unit: Unit, kernel, chevrons: bool = False) -> list[Use] | str:
     return out
 
 
+def launch_grids(unit: Unit, kernel, chevrons: bool = False) -> list[tuple[object, object]] | str:
+    """[(the launch call, its grid argument)] for every launch of `kernel` (one per call; queries left out), or
+    why not: a reference `uses` cannot account for, or no launch from this file."""
+    found = uses(unit, kernel, chevrons)
+    if isinstance(found, str):
+        return found
+    out = {use.call.hash: (use.call, use.args[0]) for use in found if not use.query}
+    where = "LaunchKernel or <<<...>>>" if chevrons else "LaunchKernel"
+    return list(out.values()) or f"not launched from this file through {where}"
+
+
 def _use(unit: Unit, site, origin, up: dict) -> Use | None:
     """The launch or query whose kernel argument is `site`; `origin` is the kernel's own reference."""
     node = _outer(site, up)

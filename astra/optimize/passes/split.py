@@ -34,10 +34,11 @@ What makes it safe, checked on the kernel (refused otherwise, with the reason):
 
 from __future__ import annotations
 
+import functools
 import re
 
 from astra.optimize.passes.base import ParsedPass, Refusal
-from astra.optimize.passes.launches import qualifier, uses
+from astra.optimize.passes.launches import launch_grids, qualifier
 from astra.optimize.passes.syntax import (
     LOOPS,
     Unit,
@@ -75,8 +76,10 @@ class Split(ParsedPass):
         reasons: list[str] = []
         edits: list[tuple[int, int, str]] = []
         done: list[str] = []
+        edited: set = set()  # loops already offset: a device function two split kernels call is edited once
         helper: tuple[object, str] | None = None  # (the kernel the helper stands before, its name)
-        taken = {f.spelling for f in unit.functions()}
+        functions = unit.functions()
+        taken = {f.spelling for f in functions}
         for kernel in unit.kernels():
             try:
                 loops = _strided_loops(unit, kernel)
@@ -87,18 +90,19 @@ class Split(ParsedPass):
             if helper is None:
                 helper = (kernel, fresh_name("split_rows", taken))
             for loop in loops:
-                edits += _loop_edits(unit, loop)
+                if loop.hash not in edited:
+                    edited.add(loop.hash)
+                    edits += _loop_edits(unit, loop)
             for outer, grid in launches:
-                host = next((f for f in unit.functions() if unit.span(f)[0] <= unit.span(outer)[0] < unit.span(f)[1]),
-                            None)
+                host = next((f for f in functions if unit.span(f)[0] <= unit.span(outer)[0] < unit.span(f)[1]), None)
                 edits.append((*unit.span(grid), _split_grid(unit, grid, qualifier(helper[0], host) + helper[1])))
             done.append(f"{kernel.spelling} ({len(loops)} loop{'s' if len(loops) > 1 else ''})")
         if helper is None:
             raise Refusal(reasons[0] if reasons else "no __global__ kernel in the file")
-        start = unit.line_start(_template_start(unit, helper[0]))
+        start = unit.line_start(unit.span(helper[0])[0])  # a template's extent starts at `template <...>`
         edits.append((start, start, _helper_text(helper[1])))
         return splice(unit, edits), (f"each row over up to {MAX_SPLIT} CTAs (grid.y), its thread-strided loops "
-                                       f"divided among them: {', '.join(done)}")
+                                     f"divided among them: {', '.join(done)}")
 
 
 def _helper_text(name: str) -> str:
@@ -114,30 +118,17 @@ def _helper_text(name: str) -> str:
             "}\n\n")
 
 
-def _template_start(unit: Unit, function) -> int:
-    """Where `function`'s declaration starts, its `template <...>` line included."""
-    start = unit.span(function)[0]
-    parent = function.semantic_parent
-    for child in (parent.get_children() if parent is not None else []):
-        if child.kind.name == "FUNCTION_TEMPLATE" and unit.span(child)[0] <= start < unit.span(child)[1]:
-            return unit.span(child)[0]
-    return start
-
-
 def _launches(unit: Unit, kernel) -> list[tuple[object, object]]:
-    """[(the launch call, its grid argument)] of every launch of `kernel`, each grid a plain 1-D size."""
-    found = uses(unit, kernel, chevrons=True)
+    """[(the launch call, its grid argument)] of every launch of `kernel`, each grid a size or a dim3 variable."""
+    found = launch_grids(unit, kernel, chevrons=True)
     if isinstance(found, str):
         raise Refusal(found)
-    out = {use.call.hash: (use.call, use.args[0]) for use in found if not use.query}
-    if not out:
-        raise Refusal("not launched from this file (LaunchKernel or <<<...>>>)")
-    for _, grid in out.values():
+    for _, grid in found:
         g = unit.code(grid)
         if not re.fullmatch(r"[\w.:]+", g.strip()) and (
                 "dim3" in g or g.lstrip().startswith("{") or re.search(r"\+\+|--|[^=!<>]=[^=]|\(\s*\)", g)):
             raise Refusal(f"grid `{g}` is neither a plain 1-D size nor a dim3 variable")
-    return list(out.values())
+    return found
 
 
 def _split_grid(unit: Unit, grid, helper: str) -> str:
@@ -185,7 +176,7 @@ def _callees_share_nothing(unit: Unit, function, descended: dict, depth: int = 3
                 continue
             name = callee(node)
             if name.startswith("__") or name in _HARMLESS:
-                if _SHARING.search(name) or _SHARING_NAME.search(name[2:]) and not name.startswith("__ldg"):
+                if _SHARING.search(name) or _SHARING_NAME.search(name[2:]):
                     raise Refusal(f"calls {name}, which shares data between threads")
                 continue
             target = _definition(unit, node)
@@ -207,8 +198,17 @@ def _definition(unit: Unit, call):
     target = call.referenced.get_definition() if call.referenced is not None else None
     if target is not None:
         return target
-    named = [f for f in unit.functions() if f.spelling == callee(call)]
+    named = _functions_by_name(unit).get(callee(call), [])
     return named[0] if len(named) == 1 else None
+
+
+@functools.lru_cache(maxsize=4)
+def _functions_by_name(unit: Unit) -> dict[str, list]:
+    """This file's function definitions by name, read once per parsed unit (every call the pass checks asks)."""
+    out: dict[str, list] = {}
+    for function in unit.functions():
+        out.setdefault(function.spelling, []).append(function)
+    return out
 
 
 def _thread_dependent(unit: Unit, block) -> set:
@@ -263,10 +263,11 @@ def _statements(unit: Unit, node, thread_locals: set, loops: list, descended: di
         _statements(unit, inner, thread_locals, loops, descended)
     elif assignment(unit, node) and _local_target(unit, node):
         _no_writes(unit, list(node.get_children())[-1], where)
-    elif kind == "CALL_EXPR" and _own_device_function(unit, node) is not None:
+    elif kind == "CALL_EXPR" and (target := _own_device_function(unit, node)) is not None:
         for argument in list(node.get_children())[1:]:
             _no_writes(unit, argument, where)
-        target = _own_device_function(unit, node)
+        if _two_d_callers(unit, target):
+            raise Refusal(f"{where}: {target.spelling} is called by a kernel that reads blockIdx.y or gridDim.y too")
         if target.hash not in descended:
             descended[target.hash] = target
             inner = body(target)
@@ -280,6 +281,14 @@ def _statements(unit: Unit, node, thread_locals: set, loops: list, descended: di
     else:
         raise Refusal(f"{where}: `{_clip(unit.code(node))}` outside a thread-strided loop: each CTA of a split row "
                       "would run it")
+
+
+def _two_d_callers(unit: Unit, function) -> bool:
+    """Whether a kernel of this file that reads a second grid dimension calls `function` (its split loops would
+    then read that kernel's `blockIdx.y` as a share of the row)."""
+    name = re.compile(rf"\b{re.escape(function.spelling)}\b")
+    return any(name.search(unit.code(k)) and re.search(r"\b(blockIdx|gridDim)\s*\.\s*y\b", unit.code(k))
+               for k in unit.kernels())
 
 
 def _own_device_function(unit: Unit, call):

@@ -163,3 +163,31 @@ void launch_rows(T* p, int n, int rows, cudaStream_t s) { scale<T><<<rows, 128, 
     assert "scale<T><<<dim3(grid.x, split_rows(grid.x), grid.z), block, 0, s>>>(p, n)" in result.source
     assert "scale<T><<<dim3(rows, split_rows(static_cast<uint32_t>(rows))), 128, 0, s>>>" in result.source
     assert compiles(tmp_path, result.source, "template void launch<float>(float*, int, dim3, dim3, cudaStream_t);") == ""
+
+
+SHARED = LAUNCHER + """
+__device__ void scale_row(float* p, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] *= 2.f;
+}
+__global__ void first(float* p, int n) { scale_row(p + blockIdx.x * n, n); }
+__global__ void second(float* p, int n) { scale_row(p + blockIdx.x * n, n); }
+void run(float* p, int rows, int n, cudaStream_t s) {
+  LaunchKernel(rows, 128, s)(first, p, n);
+  LaunchKernel(rows, 128, s)(second, p, n);
+}
+"""
+
+
+def test_a_device_function_two_kernels_call_is_divided_once(tmp_path):
+    result = split(SHARED)
+    assert result.applies, result.reason
+    assert "first (1 loop), second (1 loop)" in result.reason
+    assert result.source.count("blockIdx.y * (blockDim.x)") == 1 and result.source.count("split_rows(") == 3
+    assert compiles(tmp_path, result.source) == ""
+
+
+def test_a_function_a_two_d_kernel_also_calls_is_left_alone():
+    two_d = SHARED.replace("__global__ void second(float* p, int n) { scale_row(p + blockIdx.x * n, n); }",
+                           "__global__ void second(float* p, int n) { scale_row(p + blockIdx.y * n, n); }")
+    result = split(two_d)
+    assert not result.applies and "called by a kernel that reads blockIdx.y" in result.reason
