@@ -20,7 +20,9 @@ KV-cache stores, MoE gate activations, n-gram tables); `astra passes split` meas
 What makes it safe, checked on the kernel (refused otherwise, with the reason):
 - threads share nothing: no shared memory, barrier, warp shuffle or vote, inline assembly, cluster or
   cooperative group, in the kernel or in a function it calls (a call this file cannot see into that looks
-  like one, `reduce` or `warp` in its name, is refused too); no 2-D or 3-D grid (`blockIdx.y`, `gridDim.z`);
+  like one, `reduce` or `warp` in its name, is refused too); no 2-D or 3-D grid (`blockIdx.y`, `gridDim.z`), also in
+  another kernel that calls a device function whose loop the split divides (its `blockIdx.y` would be read
+  as a share of the row);
 - every iteration stands alone: the loop's body assigns neither its counter nor any local declared outside
   it (a sum carried across iterations would be split into partial sums), and leaves the loop by no
   `break`, `return` or `goto`; its stride and bound are the same for every thread and every iteration;
