@@ -49,6 +49,8 @@ _VECTOR = re.compile(r"\b(?:u?int4|float4|double2|longlong2|AlignedVector|aligne
                      r"ld\.global(?:\.\w+)*\.v[248]|load_128|uint128_t|__ldg\s*\(\s*reinterpret_cast\s*<\s*const\s+u?int4)")
 _BLOCK_REDUCE = re.compile(r"\b(?:block_?[Rr]educe|BlockReduce|blockReduce\w*|block_reduce\w*)\b")
 _THREAD0 = re.compile(r"if\s*\(\s*threadIdx\.x\s*==\s*0\s*\)\s*")
+# a remainder (integers only) by a run-time value: a name or a member, not a literal, a `kConstant` or a call
+_REMAINDER = re.compile(r"[\w)\]]\s*%\s*\(?\s*(?!k[A-Z])([a-z_][\w.]*)\b(?!\s*[(<])")
 
 
 @dataclass(frozen=True)
@@ -372,6 +374,12 @@ def _source(profile: Profile, source: str) -> list[Symptom]:
     if far and not _VECTOR.search(code):
         out += [Symptom("scalar_memory", b, f"no 16-byte vector access in the source, x{profile.bands[b].x_practical:.2f} "
                         "the practical floor", "source", {"x_practical": profile.bands[b].x_practical}) for b in far]
+    remainder = _REMAINDER.search(code)
+    if far and remainder is not None:
+        line = code.count("\n", 0, remainder.start()) + 1
+        out += [Symptom("index_division", b, f"line {line}: an integer remainder by a run-time value "
+                        f"(`{remainder.group(0).strip()}`), x{profile.bands[b].x_practical:.2f} the practical floor",
+                        "source", {"line": line, "x_practical": profile.bands[b].x_practical}) for b in far]
     for m in _THREAD0.finditer(code):
         if re.search(r"\bfor\s*\(", _guarded(code, m.end())):
             line = code.count("\n", 0, m.start()) + 1

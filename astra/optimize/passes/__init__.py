@@ -6,7 +6,8 @@ hoisted (`reuse`), a block's shared-memory reduction done with warp shuffles (`w
 intrinsics where the spec's tolerance allows (`fast_math`), several rows per CTA (`coarsen`), a row's
 thread-strided loops over several CTAs (`split`), a loop
 one thread runs spread over its CTA or warp (`parallelize`), the block size every launch uses
-given to ptxas as `__launch_bounds__` (`launch_bounds`). One pass
+given to ptxas as `__launch_bounds__` (`launch_bounds`), an index's division by launch arguments as a
+multiply-high and a shift (`fastdiv`). One pass
 per module of this package; each checks its preconditions on the parsed source and refuses with a
 one-line reason when they do not hold. None is assumed to be faster or even correct: every output is
 built and verified like any other candidate. Passes compose: each reads whatever source it is given.
@@ -29,6 +30,7 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
     """The passes named (default: every pass), parsing with `headers`."""
     from astra.optimize.passes.coarsen import Coarsen
     from astra.optimize.passes.fast_math import FastMath
+    from astra.optimize.passes.fastdiv import FastDiv
     from astra.optimize.passes.launch_bounds import LaunchBounds
     from astra.optimize.passes.parallelize import Parallelize
     from astra.optimize.passes.reuse import Reuse
@@ -36,7 +38,7 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
     from astra.optimize.passes.vectorize import Vectorize
     from astra.optimize.passes.warp_reduce import WarpReduce
 
-    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen, Split, Parallelize, LaunchBounds]
+    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen, Split, Parallelize, LaunchBounds, FastDiv]
     return {cls.name: cls(headers) for cls in every if names is None or cls.name in names}
 
 
@@ -46,7 +48,9 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
 # shuffles already. reuse builds for ten, most of them by copying elements of a thread's own register arrays
 # out of inner loops or by a reciprocal, since SGLang's kernels already hoist their global loads. split builds
 # for twelve: one-CTA-per-row kernels whose rows are elementwise (rotary embeddings, activations, n-gram tables).
-DEFAULT = ("fast_math", "coarsen", "launch_bounds", "vectorize", "reuse", "split")
+# fastdiv builds for twelve: kernels that split a flat index into coordinates by run-time sizes (rotary
+# embeddings of diffusion models, channel norms, MLA concatenations, activations, MoE and n-gram tables).
+DEFAULT = ("fast_math", "coarsen", "launch_bounds", "vectorize", "reuse", "split", "fastdiv")
 
 
 def all_passes() -> dict[str, RewritePass]:

@@ -22,7 +22,8 @@ from astra.report import run_html, run_text
 from tests.astra.optimize.test_profiling import SERIAL, verdict
 from tests.verdicts import make_verdict
 
-KNOWN_PASSES = {"vectorize", "reuse", "warp_reduce", "fast_math", "coarsen", "split", "parallelize", "launch_bounds"}
+KNOWN_PASSES = {"vectorize", "reuse", "warp_reduce", "fast_math", "coarsen", "split", "parallelize", "launch_bounds",
+                "fastdiv"}
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from astra.optimize import ncu_profile
+from astra.optimize import ncu_profile, planning
 from astra.optimize.loop import source_id
 from astra.optimize.profiling import ProfilingAgent, band_facts
 from harness.judge.verdict import decide
@@ -75,6 +75,29 @@ def test_vector_source_and_no_spills_give_no_source_symptoms():
     profile = ProfilingAgent().profile(VECTOR, verdict(resources=[{"name": "copy", "registers": 32}]))
     ids = {s.id for s in profile.symptoms}
     assert ids == {"launch_bound", "far_from_floor"}
+
+
+def test_a_remainder_by_a_run_time_value_is_an_index_division_where_a_band_is_far():
+    source = """
+__global__ void rope(float* q, const float* table, int64_t n, int64_t pairs, int64_t heads) {
+  const int kPairs = 64;  // a remainder by a constant (`i % kPairs`, `i % 8`) the compiler does itself
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    const int64_t lane = i % kPairs + i % 8 + (i / 2) % 4;
+    const int64_t pair = i % pairs;
+    q[i] *= table[(i / (pairs * heads)) * pairs + pair + lane];
+  }
+}
+"""
+    profile = ProfilingAgent().profile(source, verdict(resources=[{"name": "rope", "registers": 32}]))
+    found = {(s.id, s.band): s for s in profile.symptoms}
+    assert found[("index_division", "prefill")].evidence == (
+        "line 6: an integer remainder by a run-time value (`i % pairs`), x2.00 the practical floor")
+    assert ("index_division", "decode") not in found  # decode is launch-bound, not far from its floor
+    plans, _ = planning.make_plan(profile, planning.load_rules())
+    assert plans[0].step == "pass:fastdiv" and plans[0].band == "prefill"
+    constant = source.replace("i % pairs", "i % kPairs")
+    profile = ProfilingAgent().profile(constant, verdict(resources=[{"name": "rope", "registers": 32}]))
+    assert "index_division" not in {s.id for s in profile.symptoms}
 
 
 def test_band_facts_pick_the_shape_furthest_above_its_floor():
