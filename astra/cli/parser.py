@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("passes", help="apply the rewrite passes to every buildable module and build the candidates "
                        "(no GPU needed)")
     p.add_argument("names", nargs="*", metavar="NAME",
-                   help="passes to run (vectorize, reuse, warp_reduce, fast_math, coarsen, split, parallelize, launch_bounds, fastdiv; default: every pass)")
+                   help="passes to run (vectorize, reuse, warp_reduce, fast_math, coarsen, split, parallelize, "
+                        "launch_bounds, fastdiv; default: every pass)")
     _sglang_options(p)
     p.add_argument("--module", action="append", default=[], metavar="MODULE",
                    help="only this module (repeatable; default: every sm_90a-buildable module)")

@@ -48,8 +48,8 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
 # shuffles already. reuse builds for ten, most of them by copying elements of a thread's own register arrays
 # out of inner loops or by a reciprocal, since SGLang's kernels already hoist their global loads. split builds
 # for twelve: one-CTA-per-row kernels whose rows are elementwise (rotary embeddings, activations, n-gram tables).
-# fastdiv builds for twelve: kernels that split a flat index into coordinates by run-time sizes (rotary
-# embeddings of diffusion models, channel norms, MLA concatenations, activations, MoE and n-gram tables).
+# fastdiv builds for ten: kernels that split a flat index into coordinates by run-time sizes (rotary embeddings
+# of diffusion models, channel norms, MLA concatenations, MoE routing maps, n-gram and Mamba state tables).
 DEFAULT = ("fast_math", "coarsen", "launch_bounds", "vectorize", "reuse", "split", "fastdiv")
 
 

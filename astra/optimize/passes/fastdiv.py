@@ -418,6 +418,7 @@ def _host(unit: Unit, node, kernel, params: dict, need_param: bool = False) -> s
     used = [False]
 
     def render(n) -> str:
+        check(n)
         start, end = unit.span(n)
         pieces, at = [], start
         for child in _refs(n):
@@ -427,6 +428,21 @@ def _host(unit: Unit, node, kernel, params: dict, need_param: bool = False) -> s
             at = ce
         pieces.append(unit.data[at:end].decode())
         return "".join(pieces)
+
+    def check(tree) -> None:
+        """Refuse what the host cannot compute alike: a call, a load, the thread's place, a template parameter."""
+        for n in walk(tree):
+            kind = n.kind.name
+            if kind in ("TYPE_REF", "TEMPLATE_REF") and n.referenced is not None and n.referenced.kind.name in (
+                    "TEMPLATE_TYPE_PARAMETER", "TEMPLATE_TEMPLATE_PARAMETER"):
+                raise Refusal(f"`{_flat(unit.code(node))}` depends on the kernel's template parameter {n.spelling}")
+            if kind in ("CALL_EXPR", "ARRAY_SUBSCRIPT_EXPR") or (kind == "UNARY_OPERATOR" and operator(unit, n) in (
+                    "*", "&", "++", "--")):
+                raise Refusal(f"`{_flat(unit.code(node))}` reads memory or calls")
+            if kind == "MEMBER_REF_EXPR" and re.search(r"(threadIdx|blockIdx|blockDim|gridDim)\s*\.", unit.code(n)):
+                raise Refusal(f"`{_flat(unit.code(node))}` depends on the thread")
+            if kind == "MEMBER_REF_EXPR" and "->" in unit.code(n):
+                raise Refusal(f"`{_flat(unit.code(node))}` reads memory through a pointer")
 
     def substitute(ref) -> str:
         target = ref.referenced
@@ -443,21 +459,12 @@ def _host(unit: Unit, node, kernel, params: dict, need_param: bool = False) -> s
                 return f"({render(init[0])})"
         elif target.kind.name == "VAR_DECL" and _const(target):
             if target.semantic_parent is not None and target.semantic_parent.kind.name in (
-                    "NAMESPACE", "TRANSLATION_UNIT"):
-                return "{NS}" + target.spelling if namespaces(target) == namespaces(kernel) else unit.code(ref)
+                    "NAMESPACE", "TRANSLATION_UNIT"):  # named in full: the launch may stand in another namespace
+                return "".join(f"::{part}" for part in namespaces(target)) + "::" + target.spelling
         if target.kind.name == "ENUM_CONSTANT_DECL":
             return unit.code(ref)
         raise Refusal(f"`{ref.spelling}` is not a launch argument or a constant")
 
-    for n in walk(node):
-        kind = n.kind.name
-        if kind in ("CALL_EXPR", "ARRAY_SUBSCRIPT_EXPR") or (kind == "UNARY_OPERATOR" and operator(unit, n) in (
-                "*", "&", "++", "--")):
-            raise Refusal(f"`{_flat(unit.code(node))}` reads memory or calls")
-        if kind == "MEMBER_REF_EXPR" and re.search(r"(threadIdx|blockIdx|blockDim|gridDim)\s*\.", unit.code(n)):
-            raise Refusal(f"`{_flat(unit.code(node))}` depends on the thread")
-        if kind == "MEMBER_REF_EXPR" and "->" in unit.code(n):
-            raise Refusal(f"`{_flat(unit.code(node))}` reads memory through a pointer")
     text = render(node)
     if need_param and not used[0]:
         raise Refusal("a divisor of constants alone (the compiler divides by it already)")
@@ -579,7 +586,7 @@ def _launch_text(unit: Unit, kernel, launch: tuple, statement: tuple[int, int], 
                f"dim3({unit.code(config[1]).strip()}))")
 
     def host(text: str) -> str:
-        text = text.replace("{NS}", namespace).replace(THREADS, threads)
+        text = text.replace(THREADS, threads)
         return re.sub(r"\{P\d+\}", lambda m: filled[m.group(0)], text)
 
     bounds = list(dict.fromkeys(host(b) for s in sites for b in s.bounds))

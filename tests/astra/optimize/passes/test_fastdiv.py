@@ -61,7 +61,9 @@ def test_a_copy_divides_by_multiplying_and_the_launch_takes_it_where_the_values_
     # a remainder of a quotient by a constant: the compiler divides by the constant already, kept; its bound joins
     assert "astra_mod(static_cast<uint32_t>((i / kPack)), half_kPack_div)" in out
     # the host computes the divisors from the launch's own arguments, the const local through its initializer
-    assert "if (astra_fastdiv_fits((total), (half), ((heads) * (half)), (seq), kPack, ((half) * kPack))) {" in out
+    # a constant of the file's namespaces is named in full: a launch may stand in another namespace
+    assert ("if (astra_fastdiv_fits((total), (half), ((heads) * (half)), (seq), ::demo::kPack, ((half) * "
+            "::demo::kPack))) {") in out
     assert "rope_like_fastdiv<T>, out, in, table, total, heads, half, seq, astra_fast_divisor((half))" in out
     assert "} else {\n      LaunchKernel((total + 255) / 256, 256, stream)(rope_like<T>, out, in" in out
     assert out.index("struct AstraFastDivisor") < out.index("template <typename T>\n__global__ void rope_like(")
@@ -104,14 +106,17 @@ void launch(const Params& params, cudaStream_t stream) {
     ("out[i] = in[i / in_n[0]];", "reads memory or calls"),
     ("n -= 1; out[i] = in[i % n];", "changes its parameter n"),
     ("out[i] = in[i / (n + threadIdx.x)];", "no integer division or remainder by a launch argument"),
+    ("out[i] = in[i / (n * sizeof(T))];", "depends on the kernel's template parameter T"),
+    ("const int w = n * sizeof(T); out[i] = in[i % w];", "depends on the kernel's template parameter T"),
 ])
 def test_it_refuses_what_it_cannot_prove(body, reason):
     source = LAUNCHER + f"""
+template <typename T>
 __global__ void k(float* out, const float* in, const int* in_n, int total, int n) {{
   for (int i = threadIdx.x; i < total; i += blockDim.x) {{ {body} }}
 }}
 void launch(float* out, const float* in, const int* in_n, int total, int n, cudaStream_t s) {{
-  LaunchKernel(1, 128, s)(k, out, in, in_n, total, n);
+  LaunchKernel(1, 128, s)(k<float>, out, in, in_n, total, n);
 }}
 """
     result = fastdiv(source)
