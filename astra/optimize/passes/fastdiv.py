@@ -42,14 +42,15 @@ import re
 
 from astra.optimize.passes.base import ParsedPass, Refusal
 from astra.optimize.passes.launches import namespaces, qualifier, uses
-from astra.optimize.passes.syntax import Unit, assignment, bare, fresh_name, operator, splice, stepped, walk, written
+from astra.optimize.passes.syntax import Unit, assignment, bare, callee, fresh_name, operator, splice, stepped, walk
 
 INT31_MAX = 0x7FFFFFFF
 _INTEGERS = {"INT", "UINT", "LONG", "ULONG", "LONGLONG", "ULONGLONG"}
-_THREAD_PLACE = re.compile(r"(threadIdx|blockIdx|blockDim|gridDim)\s*\.\s*[xyz]|\d+[uUlL]*|[\s()*+]|"
-                           r"static_cast\s*<\s*(unsigned\s+|signed\s+)?(int|long|long\s+long|u?int(32|64)_t|size_t)\s*>")
+_NARROW = {"CHAR_U", "UCHAR", "CHAR_S", "SCHAR", "SHORT", "USHORT"}  # a parameter or local of these: promoted
+_WIDE_CAST = r"static_cast\s*<\s*(?:(?:unsigned\s+)?long(?:\s+long)?|u?int64_t|size_t|uint32_t|unsigned(?:\s+int)?)\s*>"
+_THREAD_PLACE = re.compile(r"(threadIdx|blockIdx|blockDim|gridDim)\s*\.\s*[xyz]|\d+[uUlL]*|[\s()*+]|" + _WIDE_CAST)
 _GEOMETRY = ("threadIdx", "blockIdx", "blockDim", "gridDim")
-_SIDE_EFFECT = re.compile(r"\+\+|--|(?<![=!<>])=(?!=)")
+_SIDE_EFFECT = re.compile(r"\+\+|--|<<=|>>=|(?<![=!<>])=(?!=)")
 HELPER_NAMES = ("AstraFastDivisor", "astra_fast_divisor", "astra_fastdiv_fits", "astra_div", "astra_mod")
 
 
@@ -66,16 +67,18 @@ class FastDiv(ParsedPass):
         reasons: list[str] = []
         edits: list[tuple[int, int, str]] = []
         done: list[str] = []
-        first = None
+        first, home = None, None  # where the helper goes, and the namespaces it is declared in
         for kernel in unit.kernels():
             try:
+                _fits_a_copy(unit, kernel, home)
                 sites = _sites(unit, kernel, up)
                 launches = _launches(unit, kernel, up)
             except Refusal as refusal:
                 reasons.append(f"{kernel.spelling}: {refusal}")
                 continue
+            home = namespaces(kernel)
             copy = fresh_name(f"{kernel.spelling}_fastdiv", taken)
-            divisors = _divisor_names(sites, taken)
+            divisors = _divisor_names(sites, taken | set(re.findall(r"\w+", unit.code(kernel))))
             start = unit.line_start(unit.span(kernel)[0])  # a template's extent starts at `template <...>`
             edits.append((unit.span(kernel)[1], unit.span(kernel)[1],
                           "\n\n" + _kernel_copy(unit, kernel, start, copy, sites, divisors)))
@@ -92,6 +95,22 @@ class FastDiv(ParsedPass):
         edits.append((first, first, HELPER))
         return splice(unit, edits), ("integer division and remainder by launch arguments as a multiply-high and a "
                                      f"shift, in a copy launched where the values fit: {', '.join(done)}")
+
+
+def _fits_a_copy(unit: Unit, kernel, home: list[str] | None) -> None:
+    """Refuse a kernel whose copy the helper cannot serve or that cannot take more parameters: in another
+    namespace than the kernels rewritten before it (the helper stands before the first), in an `extern "C"`
+    block (a template cannot have C linkage), or with a default argument (the new parameters would follow it)."""
+    if home is not None and namespaces(kernel) != home:
+        raise Refusal(f"in namespace {'::'.join(namespaces(kernel)) or '(global)'}, not "
+                      f"{'::'.join(home) or '(global)'} as the kernel rewritten before it")
+    parent = kernel.lexical_parent
+    while parent is not None and parent.kind.name != "TRANSLATION_UNIT":
+        if parent.kind.name in ("LINKAGE_SPEC", "UNEXPOSED_DECL") and unit.code(parent).lstrip().startswith("extern"):
+            raise Refusal('declared in an extern "C" block')
+        parent = parent.lexical_parent
+    if any("=" in unit.code(p) for p in _params(kernel)):
+        raise Refusal("a parameter has a default argument")
 
 
 class _Site:
@@ -191,7 +210,6 @@ def _comparison(unit: Unit, cond, form: str, kernel, params: dict, changed: set)
         left, right = right, left
     elif op != form:
         return None
-    left = _uncast(left)
     decl = left.referenced if left.kind.name == "DECL_REF_EXPR" else None
     if decl is None or decl.kind.name != "VAR_DECL" or decl in changed or not _integer(decl.type):
         return None
@@ -213,27 +231,99 @@ def _signed32(decl) -> bool:
 def _linear(unit: Unit, node) -> bool:
     """`blockIdx.x * blockDim.x + threadIdx.x` (either order), `threadIdx.x` or `blockIdx.x`: below the launch's
     thread count, so below 2^31 where the launch has fewer threads."""
-    text = re.sub(r"static_cast\s*<[^>]*>|\s|\(|\)", "", unit.code(node))
+    text = re.sub(_WIDE_CAST + r"|\s|\(|\)", "", unit.code(node))
     return text in ("threadIdx.x", "blockIdx.x") or bool(re.fullmatch(
         r"(blockIdx\.x\*blockDim\.x|blockDim\.x\*blockIdx\.x)\+threadIdx\.x|threadIdx\.x\+"
         r"(blockIdx\.x\*blockDim\.x|blockDim\.x\*blockIdx\.x)", text))
 
 
-def _changed(unit: Unit, kernel) -> set:
-    """The declarations the kernel assigns, steps or takes the address of, a member's struct included."""
+def _changed(unit: Unit, root) -> set:
+    """The declarations the code under `root` may change: assigned, stepped or addressed (a member's or an array element's
+    struct included), bound to a reference to non-const (`int& r = n;`), or handed whole to a call, which may take
+    it by reference (a `const` declaration aside: nothing may change it)."""
     out = set()
-    for node in walk(kernel):
-        target = bare(next(node.get_children())) if assignment(unit, node) else stepped(unit, node)
-        while target is not None and target.kind.name in ("MEMBER_REF_EXPR", "ARRAY_SUBSCRIPT_EXPR"):
-            inner = next(target.get_children(), None)  # the struct, or the array (a pointer's element is memory)
-            if inner is None or "->" in unit.code(target)[len(unit.code(inner)):][:3] or (
-                    target.kind.name == "ARRAY_SUBSCRIPT_EXPR" and bare(inner).type.kind.name != "CONSTANTARRAY"):
-                target = None
-                break
-            target = bare(inner)
-        if target is not None and target.kind.name == "DECL_REF_EXPR" and target.referenced is not None:
+    up = unit.parents()
+    for node in walk(root):
+        target = None
+        if assignment(unit, node) or stepped(unit, node) is not None:
+            target = bare(next(node.get_children())) if assignment(unit, node) else stepped(unit, node)
+        elif node.kind.name == "VAR_DECL" and node.type.kind.name == "LVALUEREFERENCE" and not (
+                node.type.get_pointee().is_const_qualified()):
+            inits = [c for c in node.get_children() if c.kind.name != "TYPE_REF"]
+            target = bare(inits[0]) if inits else None
+        elif node.kind.name == "DECL_REF_EXPR" and up.get(node) is not None and up[node].kind.name == "CALL_EXPR" and (
+                node != next(up[node].get_children(), None)) and _by_reference(unit, up[node], node):
+            target = node  # an argument a reference parameter of the callee may bind
+        target = _root(unit, target)
+        if target is not None and target.kind.name == "DECL_REF_EXPR" and target.referenced is not None and not (
+                node.kind.name == "DECL_REF_EXPR" and target.referenced.type.is_const_qualified()):
             out.add(target.referenced)
     return out
+
+
+_REFERENCE_KINDS = ("LVALUEREFERENCE", "RVALUEREFERENCE")
+_FUNCTIONS = ("FUNCTION_DECL", "CXX_METHOD", "FUNCTION_TEMPLATE", "CONSTRUCTOR")
+
+
+def _by_reference(unit: Unit, call, argument) -> bool:
+    """Whether `argument`, handed to `call` without a conversion around it, may bind a reference to non-const:
+    the callee's own parameter where libclang resolves the call; else (a call in a template) any function of
+    the translation unit, headers included, of the callee's name that takes one there; an unknown callee may."""
+    children = list(call.get_children())
+    position = children.index(argument) - 1
+    if position < 0:  # the callee itself
+        return False
+    target = call.referenced
+    if target is not None and target.kind.name in _FUNCTIONS:
+        candidates = [target]
+    else:  # unresolved in a template: the functions of that name outside the system headers, of the object's class
+        candidates = [f for f in _named_functions(unit).get(callee(call), []) if not f.location.is_in_system_header]
+        head = children[0]
+        if head.kind.name == "MEMBER_REF_EXPR" and list(head.get_children()):
+            owner = next(head.get_children()).type.get_declaration()
+            while owner is not None and owner.kind.name in ("TYPE_ALIAS_DECL", "TYPEDEF_DECL"):
+                owner = owner.underlying_typedef_type.get_declaration()
+            if owner is not None and owner.kind.name != "NO_DECL_FOUND" and owner.spelling:
+                candidates = [f for f in candidates if f.semantic_parent is not None and (
+                    f.semantic_parent.spelling == owner.spelling)]
+    if not candidates:
+        return True
+    for function in candidates:
+        params = [c for c in function.get_children() if c.kind.name == "PARM_DECL"]
+        if position >= len(params):
+            if function.type.is_function_variadic() or not params:
+                return True
+            continue
+        type_ = params[position].type
+        if type_.kind.name in _REFERENCE_KINDS and not type_.get_pointee().is_const_qualified():
+            return True
+        if type_.kind.name not in _REFERENCE_KINDS and type_.get_canonical().kind.name in ("UNEXPOSED", "DEPENDENT"):
+            return True  # a forwarding `T&&` or a template's parameter type: it may be a reference
+    return False
+
+
+def _named_functions(unit: Unit) -> dict[str, list]:
+    """Every function of the translation unit by name (headers included), read once per unit."""
+    cache = unit.__dict__.get("_fastdiv_functions")
+    if cache is None:
+        cache = {}
+        for cursor in unit.tu.cursor.walk_preorder():
+            if cursor.kind.name in _FUNCTIONS:
+                cache.setdefault(cursor.spelling, []).append(cursor)
+        unit.__dict__["_fastdiv_functions"] = cache
+    return cache
+
+
+def _root(unit: Unit, target):
+    """The variable whose storage `target` names: through members and array elements of a struct or an array
+    it holds (a pointer's element is other memory)."""
+    while target is not None and target.kind.name in ("MEMBER_REF_EXPR", "ARRAY_SUBSCRIPT_EXPR"):
+        inner = next(target.get_children(), None)
+        if inner is None or "->" in unit.code(target)[len(unit.code(inner)):][:3] or (
+                target.kind.name == "ARRAY_SUBSCRIPT_EXPR" and bare(inner).type.kind.name != "CONSTANTARRAY"):
+            return None
+        target = bare(inner)
+    return target
 
 
 def _params(function) -> list:
@@ -279,8 +369,7 @@ def _loop(unit: Unit, loop, kernel, params: dict, up: dict):
               and _thread_place(unit, parts[1], kernel))
     if not ok:
         return None, f"the loop on line {line}: its step is not `++i` or `i += D` (D of blockDim, gridDim, literals)"
-    names, _ = written(unit, children[3])
-    if counter.spelling in {getattr(n, "spelling", n) for n in names}:
+    if counter in _changed(unit, children[3]):
         return None, f"the loop on line {line} writes its counter {counter.spelling} in its body"
     return counter, bound
 
@@ -375,7 +464,7 @@ def _bounded(unit: Unit, node, site, kernel, params: dict, facts: list[_Fact]) -
         dividend, divisor = list(node.get_children())
         divisor_host = _host(unit, divisor, kernel, params)
         inner = _bounded(unit, dividend, site, kernel, params, facts)
-        return [divisor_host] if operator(unit, node) == "%" else inner + [divisor_host]
+        return inner + [divisor_host]  # a remainder's dividend too: its bounds are what make it non-negative
     raise Refusal(f"the dividend `{_flat(unit.code(node))}` is not known to lie in [0, 2^31)")
 
 
@@ -423,6 +512,8 @@ def _host(unit: Unit, node, kernel, params: dict, need_param: bool = False) -> s
         pieces, at = [], start
         for child in _refs(n):
             cs, ce = unit.span(child)
+            if not re.fullmatch(r"(::)?(\w+::)*" + re.escape(child.spelling), unit.code(child).strip()):
+                raise Refusal(f"`{_flat(unit.code(node))}` is written through a macro (`{unit.code(child)}`)")
             pieces.append(unit.data[at:cs].decode())
             pieces.append(substitute(child))
             at = ce
@@ -436,6 +527,8 @@ def _host(unit: Unit, node, kernel, params: dict, need_param: bool = False) -> s
             if kind in ("TYPE_REF", "TEMPLATE_REF") and n.referenced is not None and n.referenced.kind.name in (
                     "TEMPLATE_TYPE_PARAMETER", "TEMPLATE_TEMPLATE_PARAMETER"):
                 raise Refusal(f"`{_flat(unit.code(node))}` depends on the kernel's template parameter {n.spelling}")
+            if kind == "TYPE_REF" and n.referenced is not None and namespaces(n.referenced)[:1] not in ([], ["std"]):
+                raise Refusal(f"`{_flat(unit.code(node))}` names a type of a namespace ({n.spelling})")
             if kind in ("CALL_EXPR", "ARRAY_SUBSCRIPT_EXPR") or (kind == "UNARY_OPERATOR" and operator(unit, n) in (
                     "*", "&", "++", "--")):
                 raise Refusal(f"`{_flat(unit.code(node))}` reads memory or calls")
@@ -452,17 +545,25 @@ def _host(unit: Unit, node, kernel, params: dict, need_param: bool = False) -> s
             raise Refusal(f"the kernel changes its parameter {target.spelling}: the launch's value is not the one divided by")
         if target.kind.name == "PARM_DECL":
             used[0] = True
+            kind = target.type.get_canonical().kind.name
+            if kind not in _INTEGERS | _NARROW and kind != "RECORD":
+                raise Refusal(f"the parameter {target.spelling} is of type {target.type.spelling}, not an integer "
+                              "or a struct")
             return "{P%d}" % params[target.hash]
         if _fixed(unit, kernel, target):
             init = [c for c in target.get_children() if c.kind.name != "TYPE_REF"]
             if len(init) == 1:
-                return f"({render(init[0])})"
+                if target.type.get_canonical().kind.name not in _INTEGERS | _NARROW:
+                    raise Refusal(f"`{target.spelling}` is of type {target.type.spelling}, not an integer")
+                return f"static_cast<{_spelled(target.type)}>({render(init[0])})"  # the local's own type
         elif target.kind.name == "VAR_DECL" and _const(target):
             if target.semantic_parent is not None and target.semantic_parent.kind.name in (
                     "NAMESPACE", "TRANSLATION_UNIT"):  # named in full: the launch may stand in another namespace
                 return "".join(f"::{part}" for part in namespaces(target)) + "::" + target.spelling
-        if target.kind.name == "ENUM_CONSTANT_DECL":
-            return unit.code(ref)
+        if target.kind.name == "ENUM_CONSTANT_DECL":  # named in full, through its enum where that is scoped
+            enum = target.semantic_parent
+            scope = [enum.spelling] if enum is not None and enum.is_scoped_enum() else []
+            return "".join(f"::{part}" for part in namespaces(target) + scope) + "::" + target.spelling
         raise Refusal(f"`{ref.spelling}` is not a launch argument or a constant")
 
     text = render(node)
@@ -557,7 +658,7 @@ def _launches(unit: Unit, kernel, up: dict) -> list[tuple]:
         if len(args) != len(_params(kernel)):
             raise Refusal(f"the launch on line {call.extent.start.line} passes {len(args)} arguments for "
                           f"{len(_params(kernel))} parameters")
-        if any(_SIDE_EFFECT.search(unit.code(arg)) for arg in args):
+        if any(_SIDE_EFFECT.search(unit.code(arg)) for arg in [*args, *use.args]):
             raise Refusal(f"an argument of the launch on line {call.extent.start.line} has a side effect")
         statement = call
         while up.get(statement) is not None and up[statement].kind.name in ("UNEXPOSED_EXPR", "PAREN_EXPR"):
@@ -581,7 +682,7 @@ def _launch_text(unit: Unit, kernel, launch: tuple, statement: tuple[int, int], 
     call, the kernel's reference, its arguments, the launch's grid and block, ...), `statement` the launch's
     (start, end), its `;` included."""
     call, ref, args, config = launch
-    filled = {f"{{P{i}}}": f"({unit.code(arg).strip()})" for i, arg in enumerate(args)}
+    filled = {f"{{P{i}}}": _argument(unit, param, arg) for i, (param, arg) in enumerate(zip(_params(kernel), args))}
     threads = (f"{namespace}astra_fastdiv_threads(dim3({unit.code(config[0]).strip()}), "
                f"dim3({unit.code(config[1]).strip()}))")
 
@@ -608,6 +709,25 @@ def _launch_text(unit: Unit, kernel, launch: tuple, statement: tuple[int, int], 
     inner = indent + "  "
     return (f"if ({namespace}astra_fastdiv_fits({', '.join(bounds)})) {{\n{inner}{_reindent(fast)}\n"
             f"{indent}}} else {{\n{inner}{_reindent(original)}\n{indent}}}")
+
+
+def _argument(unit: Unit, param, arg) -> str:
+    """The launch's argument as the kernel receives it: converted to an integer parameter's own type (the host's
+    arithmetic on it then wraps, narrows and sizes as the kernel's does), a struct as it is."""
+    text = unit.code(arg).strip()
+    if param.type.get_canonical().kind.name in _INTEGERS | _NARROW:
+        return f"static_cast<{_spelled(param.type)}>({text})"
+    return f"({text})"
+
+
+def _spelled(type_) -> str:
+    """An integer type as the host can name it, `const` dropped: as written where that is a built-in or standard
+    name (`int64_t`, `unsigned int`), else its canonical spelling."""
+    own = re.sub(r"\bconst\s+|\s+const\b", "", type_.spelling).strip()
+    if re.fullmatch(r"(unsigned |signed )?(char|short|int|long|long long)( int)?|(std::)?u?int(8|16|32|64)_t|"
+                    r"(std::)?size_t", own):
+        return own
+    return re.sub(r"\bconst\s+|\s+const\b", "", type_.get_canonical().spelling).strip()
 
 
 def _reindent(text: str) -> str:

@@ -62,9 +62,13 @@ def test_a_copy_divides_by_multiplying_and_the_launch_takes_it_where_the_values_
     assert "astra_mod(static_cast<uint32_t>((i / kPack)), half_kPack_div)" in out
     # the host computes the divisors from the launch's own arguments, the const local through its initializer
     # a constant of the file's namespaces is named in full: a launch may stand in another namespace
-    assert ("if (astra_fastdiv_fits((total), (half), ((heads) * (half)), (seq), ::demo::kPack, ((half) * "
-            "::demo::kPack))) {") in out
-    assert "rope_like_fastdiv<T>, out, in, table, total, heads, half, seq, astra_fast_divisor((half))" in out
+    # the arguments as the kernel receives them (its parameters' types), a const local through its initializer
+    # in its own type, a constant of the file's namespaces named in full (a launch may stand in another namespace)
+    assert ("if (astra_fastdiv_fits(static_cast<int64_t>(total), static_cast<int64_t>(half), static_cast<int64_t>("
+            "static_cast<int64_t>(heads) * static_cast<int64_t>(half)), static_cast<int64_t>(seq), ::demo::kPack, "
+            "(static_cast<int64_t>(half) * ::demo::kPack))) {") in out
+    assert ("rope_like_fastdiv<T>, out, in, table, total, heads, half, seq, astra_fast_divisor(static_cast<int64_t>"
+            "(half))") in out
     assert "} else {\n      LaunchKernel((total + 255) / 256, 256, stream)(rope_like<T>, out, in" in out
     assert out.index("struct AstraFastDivisor") < out.index("template <typename T>\n__global__ void rope_like(")
     assert compiles(tmp_path, out, "template struct demo::RopeLike<float>;") == ""
@@ -150,14 +154,14 @@ void launch(float* out, const float* in, int n, int cols, int groups, cudaStream
     assert "gather (4 sites:" in result.reason
     # `before` divides before the check: a thread's linear index is below the launch's thread count, which joins
     assert "inside (2 sites: idx % cols, idx / cols)" in result.reason
-    assert ("if (astra_fastdiv_fits(astra_fastdiv_threads(dim3(dim3((n + 255) / 256)), dim3(dim3(256))), (int64_t{cols}), "
-            "(int64_t{n}))) {") in out
+    assert ("if (astra_fastdiv_fits(astra_fastdiv_threads(dim3(dim3((n + 255) / 256)), dim3(dim3(256))), "
+            "static_cast<int64_t>(int64_t{cols}), static_cast<int64_t>(int64_t{n}))) {") in out
     assert ("const int64_t group = static_cast<unsigned int>(astra_mod(static_cast<uint32_t>(blockIdx.x), groups_div));"
             in out)  # the remainder's own type: blockIdx.x is unsigned
     assert "const int row = static_cast<int>(astra_div(static_cast<uint32_t>(idx), cols_div));" in out
     assert "static_cast<int64_t>(astra_div(static_cast<uint32_t>(blockIdx.x), rows_per_cta_div))" in out
-    assert ("if (astra_fastdiv_fits((groups), (n), astra_fastdiv_threads(dim3((n + 255) / 256), dim3(256)), (cols), "
-            "(int64_t{4}))) {") in out
+    assert ("if (astra_fastdiv_fits(static_cast<int>(groups), static_cast<int>(n), astra_fastdiv_threads(dim3((n + "
+            "255) / 256), dim3(256)), static_cast<int>(cols), static_cast<int64_t>(int64_t{4}))) {") in out
     assert compiles(tmp_path, out) == ""
     before_only = LAUNCHER + """
 __global__ void early(float* out, int64_t n, int64_t cols) {
@@ -170,6 +174,128 @@ void launch(float* out, int64_t n, int64_t cols, cudaStream_t s) { LaunchKernel(
     result = fastdiv(before_only)
     assert not result.applies and "`idx / cols`: the dividend `static_cast<int64_t>(blockIdx.x) * blockDim.x * 2 + " \
         "threadIdx.x` is not known to lie in [0, 2^31)" in result.reason
+
+
+def one_kernel(body: str, params: str = "float* out, int64_t n, int64_t cols", args: str = "out, n, cols",
+               before: str = "") -> str:
+    return LAUNCHER + before + f"""
+__global__ void k({params}) {{
+  {body}
+}}
+void launch({params}, cudaStream_t s) {{ LaunchKernel(1, 256, s)(k, {args}); }}
+"""
+
+
+LOOP = "for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)"
+
+
+@pytest.mark.parametrize("source, reason", [
+    # a macro's text is not what the kernel divides by: `(cols)` for `(cols * 2)`
+    (one_kernel(LOOP + " out[i] = i % STRIDE;", before="#define STRIDE (cols * 2)\n"), "written through a macro"),
+    # a loop's bound through a macro: the loop bounds nothing
+    (one_kernel("#define N2 n * 2\n  for (int64_t i = threadIdx.x; i < N2; i += blockDim.x) out[i] = i % cols;"),
+     "the dividend i is not known to lie in [0, 2^31)"),
+    # the parameter may change through a reference, or a call that takes it by reference
+    (one_kernel("int64_t& r = cols; r = r + 1;\n  " + LOOP + " out[i] = i % cols;"), "changes its parameter cols"),
+    (one_kernel("halve(cols);\n  " + LOOP + " out[i] = i % cols;",
+                before="__device__ void halve(int64_t& v) { v /= 2; }\n"), "changes its parameter cols"),
+    # the counter, through a reference
+    (one_kernel(LOOP + " { int64_t& r = i; r += 7; out[i] = i % cols; }"), "the dividend i is not known"),
+    # a cast in the check: a large unsigned index passes `static_cast<int>(idx) < n` negative
+    (one_kernel("const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x * 2;\n"
+                "  if (static_cast<int>(idx) < n) out[idx] = idx / cols;"), "is not known to lie in [0, 2^31)"),
+    # a narrowing cast is no thread's index
+    (one_kernel("out[0] = static_cast<int16_t>(blockIdx.x) / cols;"), "is not known to lie in [0, 2^31)"),
+    (one_kernel("for (int64_t i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += blockDim.x) "
+                "out[i] = i % cols;"), "the dividend i is not known to lie in [0, 2^31)"),
+    # a default argument, a kernel in an extern "C" block
+    (one_kernel(LOOP + " out[i] = i % cols;", params="float* out, int64_t n, int64_t cols = 4"),
+     "a parameter has a default argument"),
+])
+def test_what_the_host_could_not_compute_alike_is_refused(source, reason):
+    result = fastdiv(source)
+    assert not result.applies, result.source[-600:]
+    assert reason in result.reason, result.reason
+
+
+def test_a_counter_handed_to_a_call_by_value_in_a_template_is_still_bounded(tmp_path):
+    source = LAUNCHER + """
+struct Pack {
+  float v;
+  __device__ void store(float* p, int64_t offset) const { p[offset] = v; }
+};
+__device__ void bump(int64_t& i) { i += 1; }
+template <typename T>
+__global__ void k(float* out, int64_t n, int64_t cols) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    Pack pack{static_cast<float>(i % cols)};
+    pack.store(out, i);  // unresolved in the template: Pack::store takes the offset by value
+  }
+}
+template <typename T>
+__global__ void k_bumped(float* out, int64_t n, int64_t cols) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    out[i] = static_cast<float>(i % cols);
+    bump(i);  // by reference: the counter may change
+  }
+}
+template <typename T>
+struct Launch {
+  static void run(float* out, int64_t n, int64_t cols, cudaStream_t s) {
+    LaunchKernel(1, 256, s)(k<T>, out, n, cols);
+    LaunchKernel(1, 256, s)(k_bumped<T>, out, n, cols);
+  }
+};
+"""
+    result = fastdiv(source)
+    assert result.applies, result.reason
+    assert "k (1 site: i % cols)" in result.reason and "k_bumped" not in result.reason.split(": ", 1)[1]
+    assert compiles(tmp_path, result.source, "template struct Launch<float>;") == ""
+
+
+def test_narrow_parameters_and_locals_keep_their_type_on_the_host(tmp_path):
+    source = one_kernel("const uint8_t w = cols;\n  " + LOOP + " out[i] = i % w + i / rows;",
+                        params="float* out, int64_t n, uint16_t cols, int rows", args="out, n, cols, rows")
+    result = fastdiv(source)
+    assert result.applies, result.reason
+    out = result.source
+    # the host's `int c = 65543` reaches the kernel as a uint16_t 7, and a uint8_t local of 300 as 44
+    assert "astra_fast_divisor(static_cast<uint8_t>(static_cast<uint16_t>(cols)))" in out
+    assert "astra_fast_divisor(static_cast<int>(rows))" in out
+    # a remainder keeps its dividend's bounds: they make it non-negative
+    assert "astra_fastdiv_fits(static_cast<int64_t>(n), static_cast<uint8_t>(" in out
+    assert compiles(tmp_path, out) == ""
+
+
+def test_a_second_namespace_and_names_the_kernel_already_uses(tmp_path):
+    source = LAUNCHER + """
+namespace a {
+enum Vec { kVec = 4 };
+__global__ void k(float* out, int64_t n, int64_t cols, int cols_kVec_div) {
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = i % (cols * kVec) + cols_kVec_div;
+}
+}  // namespace a
+namespace b {
+__global__ void k2(float* out, int64_t n, int64_t cols) {
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = i % cols;
+}
+}  // namespace b
+void launch(float* out, int64_t n, int64_t cols, cudaStream_t s) {
+  const int kVec = 8;  // not the enumerator the kernel reads
+  LaunchKernel(1, 256, s)(a::k, out, n, cols, kVec);
+  LaunchKernel(1, 256, s)(b::k2, out, n, cols);
+}
+"""
+    result = fastdiv(source)
+    assert result.applies, result.reason
+    out = result.source
+    assert "int cols_kVec_div, AstraFastDivisor cols_kVec_div2)" in out  # not a name the kernel uses
+    # the enumerator named in full: the launching function's own `kVec` is another value
+    assert "a::astra_fastdiv_fits(static_cast<int64_t>(n), (static_cast<int64_t>(cols) * ::a::kVec))) {" in out
+    assert "a::k_fastdiv, out, n, cols, kVec, a::astra_fast_divisor(" in out
+    # the helper stands in namespace a: b's kernel is left alone
+    assert "k2" not in result.reason.split(": ", 1)[1] and "k2_fastdiv" not in out
+    assert compiles(tmp_path, out) == ""
 
 
 def test_a_loop_that_does_not_start_at_a_thread_s_place_and_a_query_are_refused():
