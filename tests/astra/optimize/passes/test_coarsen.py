@@ -68,6 +68,12 @@ def test_refusals():
     calling = helper.replace("if (threadIdx.x == 0) total = alpha;", "if (threadIdx.x == 0) total = alpha * row_twice();")
     result = all_passes()["coarsen"].apply(calling)
     assert not result.applies and "calls row_twice, which reads blockIdx or gridDim" in result.reason
+    # a programmatic dependent launch's trigger, run once per row, would release dependents after the first row
+    trigger = KERNEL.replace("  for (int i = threadIdx.x;", "  asm volatile(\"griddepcontrol.launch_dependents;\");\n"
+                             "  for (int i = threadIdx.x;", 1)
+    assert trigger != KERNEL
+    result = all_passes()["coarsen"].apply(trigger)
+    assert not result.applies and "releases its dependent launches (PDL)" in result.reason
 
 
 def test_a_kernel_in_another_namespace_and_a_typed_kernel_pointer(tmp_path):
