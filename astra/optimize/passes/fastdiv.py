@@ -44,14 +44,12 @@ from astra.optimize.passes.base import ParsedPass, Refusal
 from astra.optimize.passes.launches import namespaces, qualifier, uses
 from astra.optimize.passes.syntax import Unit, assignment, bare, callee, fresh_name, operator, splice, stepped, walk
 
-INT31_MAX = 0x7FFFFFFF
 _INTEGERS = {"INT", "UINT", "LONG", "ULONG", "LONGLONG", "ULONGLONG"}
 _NARROW = {"CHAR_U", "UCHAR", "CHAR_S", "SCHAR", "SHORT", "USHORT"}  # a parameter or local of these: promoted
 _WIDE_CAST = r"static_cast\s*<\s*(?:(?:unsigned\s+)?long(?:\s+long)?|u?int64_t|size_t|uint32_t|unsigned(?:\s+int)?)\s*>"
 _THREAD_PLACE = re.compile(r"(threadIdx|blockIdx|blockDim|gridDim)\s*\.\s*[xyz]|\d+[uUlL]*|[\s()*+]|" + _WIDE_CAST)
 _GEOMETRY = ("threadIdx", "blockIdx", "blockDim", "gridDim")
 _SIDE_EFFECT = re.compile(r"\+\+|--|<<=|>>=|(?<![=!<>])=(?!=)")
-HELPER_NAMES = ("AstraFastDivisor", "astra_fast_divisor", "astra_fastdiv_fits", "astra_div", "astra_mod")
 
 
 class FastDiv(ParsedPass):
@@ -63,7 +61,7 @@ class FastDiv(ParsedPass):
             raise Refusal("the file holds AstraFastDivisor already (fastdiv applied)")
         functions = unit.functions()
         taken = {f.spelling for f in functions}
-        up = unit.parents()
+        up = _parents(unit)
         reasons: list[str] = []
         edits: list[tuple[int, int, str]] = []
         done: list[str] = []
@@ -242,7 +240,7 @@ def _changed(unit: Unit, root) -> set:
     struct included), bound to a reference to non-const (`int& r = n;`), or handed whole to a call, which may take
     it by reference (a `const` declaration aside: nothing may change it)."""
     out = set()
-    up = unit.parents()
+    up = _parents(unit)
     for node in walk(root):
         target = None
         if assignment(unit, node) or stepped(unit, node) is not None:
@@ -311,6 +309,14 @@ def _named_functions(unit: Unit) -> dict[str, list]:
             if cursor.kind.name in _FUNCTIONS:
                 cache.setdefault(cursor.spelling, []).append(cursor)
         unit.__dict__["_fastdiv_functions"] = cache
+    return cache
+
+
+def _parents(unit: Unit) -> dict:
+    """`unit.parents()`, walked once per unit (every loop's body asks what it changes)."""
+    cache = unit.__dict__.get("_fastdiv_parents")
+    if cache is None:
+        cache = unit.__dict__["_fastdiv_parents"] = unit.parents()
     return cache
 
 
