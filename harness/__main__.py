@@ -10,8 +10,9 @@
 `run` is what `harness.worker.judge_process.run_job` starts in a fresh process: the judge. It reads its
 private config (HMAC key, time budget, sanitizer prefix) from stdin (harness.worker.judge_channel) and signs
 the verdict it writes. `candidate` is what the judge starts for candidate code (harness.candidate.process).
-Known failures of the evaluation (CUDA errors, a lost CUDA context, CUDA out of memory) become a "crashed"
-verdict written by this process; anything else escapes as a traceback and a non-zero exit, which the parent
+Known failures of the evaluation (CUDA errors, a lost CUDA context) become a "crashed" verdict written by this
+process; this process running out of GPU memory itself is "environment_error" (the judge's memory, not the
+candidate's fault: what the device held is in the reason); anything else escapes as a traceback and a non-zero exit, which the parent
 turns into "crashed" from stderr. Progress is logged to stderr (INFO), so a timeout's reason names the last
 step. The verdict file is the only result channel: nothing here prints results to stdout except `env`.
 """
@@ -83,7 +84,7 @@ def verdict_to_dict(verdict) -> dict:
 
 
 def known_failure(error: BaseException) -> str | None:
-    """A one-line reason when `error` is a CUDA failure of the candidate (fault, OOM), else None."""
+    """A one-line reason when `error` is a CUDA failure of the evaluation (a fault, out of memory), else None."""
     try:
         import torch
     except ImportError:
@@ -98,10 +99,18 @@ def known_failure(error: BaseException) -> str | None:
     return None
 
 
-def crashed_verdict(job: Job, reason: str) -> dict:
+def crashed_verdict(job: Job, reason: str, status: str = "crashed") -> dict:
     """The verdict this process writes for a known failure it caught."""
-    return Verdict(status="crashed", reason=reason, correct=False, faster=False, name=job.name,
+    return Verdict(status=status, reason=reason, correct=False, faster=False, name=job.name,
                    candidate_label=job.candidate_label).to_dict()
+
+
+def judge_out_of_memory(reason: str) -> str:
+    """The reason of an "environment_error" verdict for this process's own out-of-memory error: what the device
+    held (torch's message names each process), and what to do."""
+    return clip("the judge ran out of GPU memory, not the candidate (free the GPU of other processes and check "
+                f"again; where the suite's largest shape does not fit beside the candidate's process, lower it in the "
+                f"spec): {reason}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -121,7 +130,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         reason = known_failure(error)
         if reason is None:
             raise
-        verdict = crashed_verdict(job, reason)
+        own_memory = type(error).__name__ == "OutOfMemoryError"  # raised here, in the judge (torch.cuda's class)
+        verdict = (crashed_verdict(job, judge_out_of_memory(reason), "environment_error") if own_memory
+                   else crashed_verdict(job, reason))
     if config.key is not None:
         verdict = sign(verdict, config.key)
     write_json_atomic(args.out, verdict)

@@ -206,7 +206,9 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluator: Evaluator, bu
                                 "rationale": agent.rationale})
             return n
 
+        judged = 0
         for n, proposal, verdict in _evaluated(evaluator, proposals, register, out_of_time, durations):
+            judged += 1
             run.save_verdict(n, verdict)
             decision = improves_on(verdict, best_verdict if state.best else None)
             ok = decision.ok
@@ -220,6 +222,10 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluator: Evaluator, bu
             events("verdict", asdict(state.history[-1]))
         idle_rounds = 0 if improved else idle_rounds + 1
         state.round += 1
+        if judged < len(proposals) and durations and out_of_time():
+            # the time ran out before this round's last proposals (a search's survivors among them): say so,
+            # rather than "no progress" on what was never judged
+            state.stopped = _short_of_time(budget, start, durations, len(proposals) - judged)
         run.save(state)
     state.tokens, state.cost_usd = spent()
     run.save(state)
@@ -227,10 +233,11 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluator: Evaluator, bu
     return state
 
 
-def _short_of_time(budget: Budget, start: float, durations: list[float]) -> str:
+def _short_of_time(budget: Budget, start: float, durations: list[float], unjudged: int = 0) -> str:
     left = max(0.0, budget.wall_s - (time.time() - start))
     return (f"wall-time budget of {budget.wall_s:.0f}s: {left:.0f}s left, less than a verification takes "
-            f"({max(durations):.0f}s, the longest this session)")
+            f"({max(durations):.0f}s, the longest this session)"
+            + (f"; {unjudged} proposal(s) of the last round not judged" if unjudged else ""))
 
 
 def _evaluated(evaluator: Evaluator, proposals: list[Proposal], register: Callable[[Proposal], int],

@@ -9,7 +9,9 @@
 and the OS sandbox's seccomp part, as any process that runs candidate code: docs/threat-model.md) that builds the
 job and, shape after shape, launches the entry once to warm up and once between two marker kernels, as
 `harness.timing.ncu_cross_check` does for `astra bench --ncu`; the kernels between a pair of markers are that
-shape's. Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy,
+shape's, and only they (and the markers) are profiled (`ncu_cross_check.marked`). Replayed under every metric,
+the kernels that make the inputs took most of a profile: 35 to 120 s after the baseline, per kernel, in an
+`astra eval --offline` of twelve kernels on 4 x H100 (2026-11-28), whose budget was 120 s a kernel. Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy,
 weighted by each kernel's duration, the most registers per thread, local-memory (spill) instructions,
 and the top 3 warp-stall reasons (cycles per issued instruction, WarpStateStats' metrics). With
 `diagnose=True` (the offline agent's profiling agent, astra.optimize.profiling) it also asks for DIAGNOSIS and
@@ -239,7 +241,7 @@ class Profiler:
                 else unavailable(f"shape {case_id} is not in the suite") for case_id in case_ids}
 
     def _run(self, job: Job) -> dict[str, dict]:
-        from harness.timing.ncu_cross_check import ncu_path, split_by_markers
+        from harness.timing.ncu_cross_check import FROM_MARKED_REGIONS, ncu_path, split_by_markers
         from harness.worker.process_group import run_isolated, scrub_env
 
         ids = [case.id for case in job.cases]
@@ -247,7 +249,7 @@ class Profiler:
             job_path, manifest, log = Path(tmp) / "job.json", Path(tmp) / "done.json", Path(tmp) / "ncu.csv"
             job_path.write_text(job.to_json())
             command = [ncu_path(), "--csv", "--metrics", ",".join(self.metrics), "--cache-control", "all",
-                       "--clock-control", "none", "--print-units", "base", "--log-file", str(log),
+                       "--clock-control", "none", *FROM_MARKED_REGIONS, "--print-units", "base", "--log-file", str(log),
                        sys.executable, "-m", "astra.optimize.ncu_profile", str(job_path), str(manifest)]
             outcome = run_isolated(command, timeout_s=self.timeout_s * len(ids), env=scrub_env(dict(os.environ), tmp),
                                    cwd=tmp)
@@ -271,6 +273,7 @@ def launch(job: Job, manifest: Path) -> None:
     from harness.judge.evaluate import _launch, build_all, default_cache_dir
     from harness.judge.inputs import clone_inputs, make_inputs, poison_outputs, to_call_args
     from harness.sandbox import Confinement, decide, request_mode
+    from harness.timing.ncu_cross_check import marked
 
     paths, _, failure = build_all(job, default_cache_dir(job))
     if failure is not None:
@@ -302,14 +305,12 @@ def launch(job: Job, manifest: Path) -> None:
             torch.cuda.synchronize()
         except Exception:  # any refusal of this shape's arguments fails its profile only
             pass
-        torch.cuda._sleep(1)  # the marker kernel (harness.timing.ncu_cross_check.MARKER)
-        if call is not None:
-            try:
-                run(call)
-            except Exception:  # as above
-                pass
-        torch.cuda._sleep(1)
-        torch.cuda.synchronize()
+        with marked(torch):  # between two marker kernels (harness.timing.ncu_cross_check.MARKER)
+            if call is not None:
+                try:
+                    run(call)
+                except Exception:  # as above
+                    pass
         del call
     manifest.write_text(json.dumps({"cases": [case.id for case in job.cases]}))
 

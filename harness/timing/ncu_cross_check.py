@@ -2,8 +2,9 @@
 
 A profiled worker (`python -m harness ncu-launch JOB --manifest M`) builds the original, and for each
 timed case prepares inputs, then launches the entry once between two marker kernels (torch's
-`spin_kernel`, from `torch.cuda._sleep`). Nsight Compute profiles every kernel of that process with
-its caches flushed before each (`--cache-control all`, like the cold mode) at the clocks the card
+`spin_kernel`, from `torch.cuda._sleep`). Nsight Compute profiles the kernels of the marked region only
+(`marked`: the CUDA profiler API around each pair of markers, `--profile-from-start off`), with its caches
+flushed before each (`--cache-control all`, like the cold mode) at the clocks the card
 runs (`--clock-control none`); the kernels between a pair of markers are the case's, and their
 durations add up to the case's time. Input preparation happens outside the markers and is ignored.
 
@@ -20,6 +21,7 @@ import io
 import json
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness.job import Job
@@ -27,6 +29,9 @@ from harness.worker.process_group import harness_env, run_isolated
 
 MARKER = "spin_kernel"
 METRIC = "gpu__time_duration.sum"
+# ncu profiles nothing until the process calls cudaProfilerStart: the kernels that make a shape's inputs
+# (random fills, clones, poisoned outputs: tens per shape) are not replayed under every metric
+FROM_MARKED_REGIONS = ["--profile-from-start", "off"]
 _UNITS_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
 
 
@@ -74,6 +79,21 @@ def split_by_markers(kernels: list[tuple[str, float]], marker: str = MARKER) -> 
     return groups
 
 
+@contextmanager
+def marked(torch):
+    """The region ncu profiles: the work queued before it is finished outside it, a marker kernel opens and
+    one closes it (`split_by_markers`), and the profiler stops once the region's kernels are done."""
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    try:
+        torch.cuda._sleep(1)
+        yield
+        torch.cuda._sleep(1)
+        torch.cuda.synchronize()
+    finally:
+        torch.cuda.profiler.stop()
+
+
 def launch_cases(job: Job, manifest: Path) -> None:
     """The profiled side: one launch of the original per timed case, between two markers."""
     import torch
@@ -89,11 +109,8 @@ def launch_cases(job: Job, manifest: Path) -> None:
     for case in (c for c in job.cases if c.timed):
         launch = _launch(modules[("orig", case.variant)], job.entry)
         args = to_call_args(poison_outputs(clone_inputs(make_inputs(case, 0, "cuda")), case.args), case.args)
-        torch.cuda.synchronize()
-        torch.cuda._sleep(1)
-        launch(args)
-        torch.cuda._sleep(1)
-        torch.cuda.synchronize()
+        with marked(torch):
+            launch(args)
         ids.append(case.id)
     manifest.write_text(json.dumps(ids))
 
@@ -107,7 +124,7 @@ def cross_check(job: Job, *, timeout_s: float = 900.0) -> dict:
         job_path, manifest, log = Path(tmp) / "job.json", Path(tmp) / "cases.json", Path(tmp) / "ncu.csv"
         job_path.write_text(job.to_json())
         command = [exe, "--csv", "--metrics", METRIC, "--cache-control", "all", "--clock-control", "none",
-                   "--print-units", "base", "--log-file", str(log), sys.executable, "-m", "harness", "ncu-launch",
+                   *FROM_MARKED_REGIONS, "--print-units", "base", "--log-file", str(log), sys.executable, "-m", "harness", "ncu-launch",
                    str(job_path), "--manifest", str(manifest)]
         outcome = run_isolated(command, timeout_s=timeout_s, env=harness_env(), cwd=tmp)
         if not manifest.exists() or not log.exists():

@@ -193,6 +193,24 @@ def test_no_verification_starts_that_the_wall_budget_cannot_hold(run):
     # 3 s, past the 2.6 s budget, so it never starts (the old rule started it: 2 s < 2.6 s)
     assert [h.name for h in state.history] == ["c0", "c1"]
     assert "less than a verification takes" in state.stopped and "the longest this session" in state.stopped
+    assert state.stopped.endswith("; 3 proposal(s) of the last round not judged")
+
+
+def test_a_round_cut_short_by_time_says_so_not_no_progress(run):
+    """With patience 1, a round whose last proposals the time left no room for ends the run on the time, not
+    on "no progress": those proposals were never judged."""
+    import time
+
+    def slow(source: str, label: str):
+        if label != "original":
+            time.sleep(0.6)
+        return evaluator(source, label)
+
+    agent = ScriptedAgent([[("a", "correct 1.0"), ("b", "correct 1.3")]])
+    state = run_loop(run, agent, Evaluator(slow), Budget(rounds=5, patience=1, wall_s=1.0))
+    assert [h.name for h in state.history] == ["a"]
+    assert state.stopped.startswith("wall-time budget of 1s") and "1 proposal(s) of the last round not judged" \
+        in state.stopped
 
 
 def test_an_original_under_its_own_floor_is_told_before_any_candidate(run):

@@ -323,3 +323,49 @@ def test_judge_outputs_gives_the_same_verdict_with_and_without_the_shortcut(monk
             assert bits(fast.reference) == bits(full.reference)
             assert (fast.correct, fast.reasons) == (full.correct, full.reasons)
             assert set(fast.checks) == {"out", "residual", "idx"}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int32], ids=str)
+def test_an_output_compared_in_pieces_gives_the_oracles_check(monkeypatch, dtype):
+    """A large output is compared CHUNK elements at a time (the judge's memory stays bounded): the check is the
+    oracle's (maxima and counts exact, the first differing positions the same), strided views included."""
+    import harness.judge.compare as compare
+
+    monkeypatch.setattr(compare, "CHUNK", 7)
+    compared = 0
+    for shape_index, shape in enumerate([(5, 9), (3, 4, 6), (64,)]):
+        if dtype.is_floating_point:
+            pairs = _pairs(dtype, shape, seed=900 + shape_index)
+        else:
+            orig = torch.randint(0, 50, shape, generator=torch.Generator().manual_seed(shape_index)).to(dtype)
+            changed = orig.clone().reshape(-1)
+            changed[[3, 20, 40 % changed.numel()]] += 1
+            pairs = [("same", orig, orig.clone()), ("changed", orig, changed.reshape(shape))]
+        for label, orig, cand in pairs:
+            tols = _tolerances(dtype) if dtype.is_floating_point else [EXACT]
+            for tol in tols:
+                assert bits(compare_outputs(orig, cand, tol)) == bits(compare_outputs_oracle(orig, cand, tol)), \
+                    (label, shape, tol)
+                compared += 1
+    assert compared >= 6
+    orig = torch.randn(8, 12, dtype=torch.float32)[:, ::3]
+    cand = orig + 1e-3
+    cand[5, 2] = NAN
+    assert bits(compare_outputs(orig, cand, DEFAULT_TOLERANCE["float32"])) == bits(
+        compare_outputs_oracle(orig, cand, DEFAULT_TOLERANCE["float32"]))
+
+
+def test_an_error_against_the_reference_in_pieces_is_the_whole_ones(monkeypatch):
+    import harness.judge.compare as compare
+
+    gen = torch.Generator().manual_seed(3)
+    ref = torch.randn(11, 13, dtype=torch.float64, generator=gen)
+    out = (ref + torch.randn(11, 13, dtype=torch.float64, generator=gen) * 1e-2).to(torch.bfloat16)
+    out[4, 4] = INF
+    whole = error_vs_reference(out, ref)
+    monkeypatch.setattr(compare, "CHUNK", 10)
+    pieces = error_vs_reference(out, ref)
+    assert pieces["max_abs"] == whole["max_abs"] and pieces["nonfinite"] == whole["nonfinite"] == 1
+    assert pieces["rel_l2"] == pytest.approx(whole["rel_l2"], rel=1e-12)
+    with pytest.raises(ValueError, match="reference shape"):
+        error_vs_reference(out, ref[:, :5])

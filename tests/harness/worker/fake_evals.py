@@ -1,7 +1,7 @@
 """Stand-in evaluations for the worker tests, selected with ASTRA_HARNESS_EVALUATE=<this file>:dispatch.
 
 `dispatch(job)` behaves as `job.name` says: "succeed", "segfault", "abort", "hang" (spawns a grandchild
-first), "raise", "cuda_error", "exit_after_verdict", "forge" (writes a passing verdict itself and exits
+first), "raise", "cuda_error", "judge_out_of_memory", "exit_after_verdict", "forge" (writes a passing verdict itself and exits
 0, as a candidate that reached the verdict file would), "silent_exit", "hang_under_tool" (succeeds,
 but hangs when run under a sanitizer), "gated_checks", "incorrect_after_measured" (the timing gate, see each).
 "succeed" follows the judge's timing gate (harness.judge.timing_gate) as the real judge does. Each records its pid (and a grandchild's) in $ASTRA_TEST_PIDFILE
@@ -116,6 +116,15 @@ def cuda_error(job: Job) -> Verdict:
                        "CUDA kernel errors might be asynchronously reported at some other API call")
 
 
+def judge_out_of_memory(job: Job) -> Verdict:
+    """The judge's own process out of GPU memory (torch's error, raised here)."""
+    import torch
+
+    _record()
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB. GPU 0 has a total capacity "
+                                      "of 79.18 GiB of which 4.57 GiB is free. This process has 21.90 GiB in use")
+
+
 def exit_after_verdict(job: Job) -> Verdict:
     """Writes its (passing) verdict itself, then dies before the worker could: must read as crashed."""
     out = sys.argv[sys.argv.index("--out") + 1]
@@ -155,7 +164,7 @@ def silent_exit(job: Job) -> Verdict:
 
 BEHAVIOURS = {
     "succeed": succeed, "segfault": segfault, "abort": abort, "hang": hang, "raise": raise_error,
-    "cuda_error": cuda_error, "exit_after_verdict": exit_after_verdict, "silent_exit": silent_exit,
+    "cuda_error": cuda_error, "judge_out_of_memory": judge_out_of_memory, "exit_after_verdict": exit_after_verdict, "silent_exit": silent_exit,
     "forge": forge, "hang_under_tool": hang_under_tool, "secrets": secrets, "gated_checks": gated_checks,
     "incorrect_after_measured": incorrect_after_measured,
 }
