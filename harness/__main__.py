@@ -130,6 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         reason = known_failure(error)
         if reason is None:
             raise
+        logging.getLogger("harness").exception("the evaluation failed")  # where, in the verdict's stderr tail
         own_memory = type(error).__name__ == "OutOfMemoryError"  # raised here, in the judge (torch.cuda's class)
         verdict = (crashed_verdict(job, judge_out_of_memory(reason), "environment_error") if own_memory
                    else crashed_verdict(job, reason))

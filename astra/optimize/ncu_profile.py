@@ -257,12 +257,15 @@ class Profiler:
                 how = "timed out" if outcome.timed_out else f"exit {outcome.returncode}"
                 tail = (outcome.stderr or outcome.stdout).strip().splitlines()[-1:] or ["no output"]
                 return {i: unavailable(f"the profiled launch did not finish ({how}): {tail[0][:300]}") for i in ids}
-            groups = split_by_markers(parse_csv(log.read_text(errors="replace")))
+            kernels = parse_csv(log.read_text(errors="replace"))
+            groups = split_by_markers(kernels)
         if len(groups) != len(ids):
             why = f"ncu reported {len(groups)} marked launch(es) for {len(ids)} shape(s) (output not as expected)"
             return {i: unavailable(why) for i in ids}
-        return {i: summarize(group) if group else unavailable("ncu reported no kernel between the markers")
-                for i, group in zip(ids, groups)}
+        # kernels ncu replayed outside the marked regions: none when only they were profiled
+        unmarked = len(kernels) - 2 * len(groups) - sum(len(group) for group in groups)
+        return {i: {**summarize(group), "unmarked_kernels": unmarked} if group
+                else unavailable("ncu reported no kernel between the markers") for i, group in zip(ids, groups)}
 
 
 def launch(job: Job, manifest: Path) -> None:
@@ -286,6 +289,8 @@ def launch(job: Job, manifest: Path) -> None:
                       filesystem=False)
     box.begin()
     box.warm_up("cuda")
+    torch.cuda.profiler.start()  # ncu sets up its profiling at the first start: before the seal, not under seccomp
+    torch.cuda.profiler.stop()
     box.seal()
     runs = {variant: _launch(load_module(paths[("cand", variant)]), job.entry)
             for variant in dict.fromkeys(case.variant for case in job.cases)}

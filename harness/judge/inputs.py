@@ -88,20 +88,35 @@ def _cast_float(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return values.to(dtype)
 
 
+EXTREME_PIECE = 1 << 24  # elements made at once: the temporaries of a large tensor's extreme values stay bounded
+
+
 def _extreme(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Signs of `values`; magnitudes cycling through subnormal, smallest-normal, drawn and (float16 only)
-    near-overflow values, by element index (deterministic, so both processes agree)."""
-    info = torch.finfo(dtype)
+    near-overflow values, by element index (deterministic, so both processes agree). Made EXTREME_PIECE
+    elements at a time, each element as on its own: an input of 268M elements took 6 GiB of temporaries at once,
+    which ran the judge out of memory on an H100 (concat_mla_k at 16,384 tokens, SGLang 0.5.23)."""
     flat = values.reshape(-1)
-    index = torch.arange(flat.numel(), device=flat.device) % 4
+    if flat.numel() <= EXTREME_PIECE:
+        return _extreme_piece(flat, 0, dtype).reshape(values.shape)
+    out = torch.empty_like(flat)
+    for start in range(0, flat.numel(), EXTREME_PIECE):
+        piece = flat[start:start + EXTREME_PIECE]
+        out[start:start + piece.numel()] = _extreme_piece(piece, start, dtype)
+    return out.reshape(values.shape)
+
+
+def _extreme_piece(flat: torch.Tensor, start: int, dtype: torch.dtype) -> torch.Tensor:
+    """`_extreme` of the elements `start`, `start` + 1, ... of a flat tensor."""
+    info = torch.finfo(dtype)
+    index = torch.arange(start, start + flat.numel(), device=flat.device) % 4
     sign = torch.where(flat < 0, -1.0, 1.0).to(flat.dtype)
     frac = flat.abs().remainder(1.0) + 0.5  # in [0.5, 1.5): varied but bounded
     tiny = torch.full_like(flat, info.tiny)
     huge = torch.full_like(flat, info.max / 2 if dtype == torch.float16 else 1.0)
     magnitude = torch.stack([tiny * frac / 8, tiny * frac * 2, flat.abs(), huge * frac / 1.5 if dtype ==
                              torch.float16 else flat.abs()], dim=0)
-    picked = magnitude.gather(0, index.unsqueeze(0)).squeeze(0)
-    return (sign * picked).reshape(values.shape)
+    return sign * magnitude.gather(0, index.unsqueeze(0)).squeeze(0)
 
 
 def view_strides(arg: ArgSpec) -> tuple[int, ...]:

@@ -1,5 +1,7 @@
 """Parsing Nsight Compute's CSV and grouping kernels by marker (the live run is GPU-only)."""
 
+import pytest
+
 from harness.timing import ncu_cross_check as ncu
 
 CSV = '''==PROF== Connected to process 123 (/usr/bin/python3)
@@ -39,3 +41,22 @@ def test_missing_ncu_is_a_reason_not_an_error(monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     result = ncu.cross_check(job=None)
     assert result["cases"] == {} and "ncu (Nsight Compute) not found" in result["skipped"]
+
+
+@pytest.mark.gpu
+@pytest.mark.network
+def test_the_cross_check_times_every_timed_case_of_a_real_kernel(sglang_0523):
+    """`astra bench --ncu`'s profiled worker on fused_add_rmsnorm: each timed case's kernels between its markers,
+    the markers alone profiled besides (--profile-from-start off)."""
+    from astra.spec import jobs
+    from astra.spec import model as spec_mod
+
+    if ncu.ncu_path() is None:
+        pytest.skip("needs ncu (Nsight Compute)")
+    job = jobs.make_job(spec_mod.load("fused_add_rmsnorm"), sglang_0523)
+    timed = [case.id for case in job.cases if case.timed]
+    job.cases = [case for case in job.cases if case.id in timed[:3]]
+    result = ncu.cross_check(job, timeout_s=400)
+    assert result["skipped"] is None, result
+    assert sorted(result["cases"]) == sorted(timed[:3]) and all(us > 0 for us in result["cases"].values())
+    assert result["empty_us"] is not None and result["empty_us"] > 0
