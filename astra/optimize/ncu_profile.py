@@ -262,7 +262,7 @@ class Profiler:
         if len(groups) != len(ids):
             why = f"ncu reported {len(groups)} marked launch(es) for {len(ids)} shape(s) (output not as expected)"
             return {i: unavailable(why) for i in ids}
-        # kernels ncu replayed outside the marked regions: none when only they were profiled
+        # kernels ncu replayed outside the marked regions: the one before the seal, when only they were profiled
         unmarked = len(kernels) - 2 * len(groups) - sum(len(group) for group in groups)
         return {i: {**summarize(group), "unmarked_kernels": unmarked} if group
                 else unavailable("ncu reported no kernel between the markers") for i, group in zip(ids, groups)}
@@ -289,7 +289,11 @@ def launch(job: Job, manifest: Path) -> None:
                       filesystem=False)
     box.begin()
     box.warm_up("cuda")
-    torch.cuda.profiler.start()  # ncu sets up its profiling at the first start: before the seal, not under seccomp
+    # ncu sets up its profiling at the first kernel it profiles: one kernel before the seal (under seccomp, that
+    # first profile killed the process with SIGSEGV on an H100); it comes before the first marker, outside every shape
+    torch.cuda.profiler.start()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     box.seal()
     runs = {variant: _launch(load_module(paths[("cand", variant)]), job.entry)
