@@ -9,7 +9,8 @@ What it offers:
 - `screen(source, label, case_ids)`: a cheap look on those cases only (the offline search's rungs), where
   `screens` says it can (a GPU run);
 - `prebuild(sources, case_ids, base)`: those sources' variants built at once, on every CPU core, into the
-  cache the workers read; returns the sources that build to the base's machine code;
+  cache the workers read; returns {source: why it need not be screened}: it builds to the base's machine
+  code, or it failed to build (with nvcc's first error line);
 - `gpus`: the host's GPU indices: the loop judges a round's candidates side by side, one per GPU;
 - `timed_dtype`: the dtype the quick suite and the search's representative shapes use;
 - `extra_shapes`: shapes added to the spec's suite (the LLM agent's testing role, `add_shapes`), judged
@@ -71,8 +72,10 @@ class Evaluator:
             raise AstraError("this evaluator cannot screen (no GPU)")
         return self._screen(source, label, cases)
 
-    def prebuild(self, sources: list[str], cases: list[str], base: str | None = None) -> set[str]:
-        return set() if self._prebuild is None else set(self._prebuild(sources, cases, base) or ())
+    def prebuild(self, sources: list[str], cases: list[str], base: str | None = None) -> dict[str, str]:
+        from astra.optimize.param_search import not_screened
+
+        return {} if self._prebuild is None else not_screened(self._prebuild(sources, cases, base))
 
     def add_shapes(self, shapes: list[dict]) -> None:
         """Shapes every later judgement adds to the spec's suite."""
@@ -157,13 +160,15 @@ class HarnessEvaluator(Evaluator):
         env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
         return runner(job, timeout_s=timeout_for(job), env=env)
 
-    def prebuild(self, sources: list[str], cases: list[str], base: str | None = None) -> set[str]:
+    def prebuild(self, sources: list[str], cases: list[str], base: str | None = None) -> dict[str, str]:
         """Builds the candidate variants those sources (and the search's base) need on every CPU core into
         the cache the workers read, so a rung's builds run side by side instead of one per worker, and
-        returns the sources whose every built variant is the base's machine code (astra.optimize.machine_code):
-        screening those could only measure x1.000. The base is built as a candidate too, so both sit in an
-        overlay folder of the same length and their modules compare."""
+        returns {source: why a worker need not screen it}: a variant failed to build ("build_failed: " and
+        nvcc's first error line), or every built variant is the base's machine code
+        (astra.optimize.machine_code): screening those could only measure x1.000. The base is built as a
+        candidate too, so both sit in an overlay folder of the same length and their modules compare."""
         from astra.optimize.machine_code import code_digest
+        from astra.optimize.param_search import BUILD_FAILED, SAME_CODE
 
         if self._variants is None:
             self._variants = {c.id: c.variant for c in jobs.make_job(self.spec, self.tree, label="screen").cases}
@@ -176,13 +181,25 @@ class HarnessEvaluator(Evaluator):
                     owners.append((i, key))
                     requests.append(req)
         digests: dict[int, dict[str, str | None]] = {}
+        skipped: dict[str, str] = {}
+        offset = 1 if base is not None else 0  # every[0] is the base when one is named
         for (i, key), result in zip(owners, build_many(requests, paths.sub("builds"))):
             digests.setdefault(i, {})[key] = code_digest(result.so_path) if result.ok and result.so_path else None
+            if not result.ok and i >= offset:
+                skipped.setdefault(every[i], f"{BUILD_FAILED}: {first_error(result.error)}")
         if base is None or not digests.get(0):
-            return set()
+            return skipped
         reference = digests[0]
-        return {every[i] for i, found in digests.items() if i > 0 and found == reference
-                and all(d is not None for d in found.values())}
+        for i, found in digests.items():
+            if i > 0 and found == reference and all(d is not None for d in found.values()):
+                skipped.setdefault(every[i], SAME_CODE)
+        return skipped
+
+
+def first_error(text: str | None) -> str:
+    """The first line of a build's output that says `error` (else its first line)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return next((line for line in lines if "error" in line.lower()), lines[0] if lines else "the build failed")
 
 
 class BuildOnlyEvaluator(Evaluator):

@@ -9,9 +9,11 @@ pairs and the triple of moves on different parameters) and screened on the first
 
 Screening a point costs a build and a short worker run; `prebuild(sources, case_ids, base)` (every CPU
 core, the harness's content-hashed cache, the variants of the rung's shapes) builds a rung's points at
-once so the workers find them built, and names the points whose modules are the base's machine code (an
-edit of a constant the entry never reaches): those are not screened. The search stops screening at its
-deadline and ranks what it has.
+once so the workers find them built, and names the points not worth a worker run: those whose modules are the
+base's machine code (an edit of a constant the entry never reaches) and those that failed to build (a
+static assertion on the block size, ...), each with nvcc's first error line. Neither is screened: a worker
+would only say the same, in 3 to 7 s (hc_combine's search on 4 x H100, 2026-11-28: five build failures in its
+67 s). The search stops screening at its deadline and ranks what it has.
 """
 
 from __future__ import annotations
@@ -26,9 +28,18 @@ from harness import Verdict, score
 
 WIN = 1.01  # a screened point must beat the original by 1% on its shapes (the rest is noise on few shapes)
 Screen = Callable[[str, str, list[str]], Verdict]  # (source, label, case ids) -> verdict on those cases
-# (sources, the case ids they will be screened on, the search's base) -> the sources that build to the
-# base's machine code (not screened: they can only measure x1.000)
-Prebuild = Callable[[list[str], list[str], str], "set[str] | None"]
+SAME_CODE = "builds to the base's machine code"  # a prebuild's reason: it can only measure x1.000
+BUILD_FAILED = "build_failed"  # a prebuild's reason starts so when the source failed to build
+# (sources, the case ids they will be screened on, the search's base) -> {source: why it is not screened}:
+# SAME_CODE, or BUILD_FAILED and nvcc's first error line; a set names sources of the base's machine code
+Prebuild = Callable[[list[str], list[str], str], "dict[str, str] | set[str] | None"]
+
+
+def not_screened(found: "dict[str, str] | set[str] | list[str] | None") -> dict[str, str]:
+    """A prebuild's answer as {source: reason} (a set or list: sources of the base's machine code)."""
+    if not found:
+        return {}
+    return dict(found) if isinstance(found, dict) else dict.fromkeys(found, SAME_CODE)
 
 
 @dataclass
@@ -111,14 +122,23 @@ class Search:
 
     def _rung(self, rung: int, points: list[Point]) -> list[Point]:
         points = [p for p in points if p.source != self.base_source]
-        same: set[str] = set()
+        skipped: dict[str, str] = {}
         if self.prebuild and points and time.time() < self.deadline:
-            same = self.prebuild([p.source for p in points], self.rungs[rung], self.base_source) or set()
-        for point in points:
-            if point.source in same:  # dead code for this entry: it can only measure x1.000
-                self.note(f"rung {rung}: {point.reason}: builds to the base's machine code, not screened")
-        points = [p for p in points if p.source not in same]
+            skipped = not_screened(self.prebuild([p.source for p in points], self.rungs[rung], self.base_source))
         screened = []
+        for point in points:
+            why = skipped.get(point.source)
+            if why is None:
+                continue
+            if why.startswith(BUILD_FAILED):  # what a worker would answer, known from the rung's build
+                point.status = BUILD_FAILED
+                point.scores.append(0.0)
+                self.note(f"rung {rung} ({len(self.rungs[rung])} shapes): {point.reason}: {BUILD_FAILED} "
+                          f"({_first_line(why.removeprefix(BUILD_FAILED).lstrip(': '))}) [the rung's build, not screened]")
+                screened.append(point)
+            else:  # dead code for this entry: it can only measure x1.000
+                self.note(f"rung {rung}: {point.reason}: {why}, not screened")
+        points = [p for p in points if p.source not in skipped]
         for point in points:
             if time.time() >= self.deadline:
                 self.note(f"rung {rung}: deadline reached, {len(points) - len(screened)} point(s) not screened")

@@ -28,8 +28,12 @@ def test_the_search_skips_an_edit_that_builds_to_the_base_code(tmp_path):
     live = base.replace("kThreads = 256", "kThreads = 128")
     case = next(c.id for c in jobs.make_job(spec, tree).cases if c.timed)  # bf16: one variant to build
     prebuild = HarnessEvaluator(spec, tree).prebuild
-    assert prebuild([dead, live], [case], base) == {dead}
-    assert prebuild([dead], [case]) == set()  # no base named: nothing is called the same
+    assert prebuild([dead, live], [case], base) == {dead: "builds to the base's machine code"}
+    assert prebuild([dead], [case]) == {}  # no base named: nothing is called the same
+    broken = base.replace("constexpr int kThreads = 256;", "constexpr int kThreads = 256;\nstatic_assert(kThreads < 0);")
+    found = prebuild([broken, live], [case], base)
+    assert list(found) == [broken] and found[broken].startswith("build_failed: ")
+    assert "error" in found[broken]
 
 
 def test_a_file_that_is_not_a_module_has_no_digest(tmp_path):

@@ -378,3 +378,32 @@ def test_the_agent_hands_the_specs_entries_to_the_search(tmp_path):
     assert "param:BLOCK_DIM=64" in calls
     assert proposals[0].name == "param:BLOCK_DIM=64" and "template argument of function launch" in proposals[0].description
     assert "constexpr int BLOCK_DIM = 64;" in proposals[0].source
+
+
+def test_a_point_that_failed_its_rungs_build_is_judged_without_a_worker():
+    """A build failure found by the rung's build is the point's verdict (score 0): no worker run for it."""
+    calls: list = []
+
+    def prebuild(sources, cases, base):
+        return {s: "build_failed: kernel.cuh(27): error: static assertion failed" for s in sources
+                if "kBlockSize = 1024" in s}
+
+    sources: list = []
+
+    def screen(source, label, cases):
+        sources.append(source)
+        return _cost_model(calls)(source, label, cases)
+
+    search = Search(KERNEL, screen, [["decode0"]], deadline=float("inf"), prebuild=prebuild)
+    search.run()
+    failed = [line for line in search.log if "build_failed" in line]
+    assert failed == ["rung 0 (1 shapes): kBlockSize 256 -> 1024: build_failed (kernel.cuh(27): error: static "
+                      "assertion failed) [the rung's build, not screened]"]
+    assert not any("kBlockSize = 1024" in s for s in sources) and search.screened == len(calls) == len(sources)
+
+
+def test_a_prebuild_answer_as_a_set_names_the_base_code():
+    from astra.optimize.param_search import SAME_CODE, not_screened
+
+    assert not_screened({"a", "b"}) == {"a": SAME_CODE, "b": SAME_CODE}
+    assert not_screened(None) == {} and not_screened({"a": "build_failed: x"}) == {"a": "build_failed: x"}
