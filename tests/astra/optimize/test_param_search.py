@@ -324,17 +324,15 @@ def test_screens_are_cheap_and_candidates_are_verified_in_full(sglang_0523):
         evaluation_options("quick")
 
 
-def test_a_point_that_builds_to_the_base_code_is_not_screened():
+def _search_skipping(skip: dict[str, str]) -> tuple[Search, list, list]:
+    """A search whose prebuild answers `skip` ({text in a source: reason}) for every rung; the sources its
+    workers screened, and the cost model's calls."""
     calls: list = []
-    skipped: list = []
-
-    def prebuild(sources, cases, base):
-        assert base == KERNEL and cases == ["decode0"]
-        same = {s for s in sources if "kBlockSize = 128" in s}
-        skipped.extend(same)
-        return same
-
     sources: list = []
+
+    def prebuild(sources_, cases, base):
+        assert base == KERNEL and cases == ["decode0"]
+        return {s: why for s in sources_ for text, why in skip.items() if text in s}
 
     def screen(source, label, cases):
         sources.append(source)
@@ -342,9 +340,24 @@ def test_a_point_that_builds_to_the_base_code_is_not_screened():
 
     search = Search(KERNEL, screen, [["decode0"]], deadline=float("inf"), prebuild=prebuild)
     search.run()
-    assert len(skipped) == 1 and skipped[0] not in sources and len(sources) > 3
+    return search, sources, calls
+
+
+def test_a_point_that_builds_to_the_base_code_is_not_screened():
+    search, sources, calls = _search_skipping({"kBlockSize = 128": "builds to the base's machine code"})
+    assert not any("kBlockSize = 128" in s for s in sources) and len(sources) > 3
     assert "rung 0: kBlockSize 256 -> 128: builds to the base's machine code, not screened" in search.log[:3]
     assert search.screened == len(calls)
+
+
+def test_a_point_that_failed_its_rungs_build_is_judged_without_a_worker():
+    """A build failure found by the rung's build is the point's verdict (score 0): no worker run for it."""
+    search, sources, calls = _search_skipping(
+        {"kBlockSize = 1024": "build_failed: kernel.cuh(27): error: static assertion failed"})
+    failed = [line for line in search.log if "build_failed" in line]
+    assert failed == ["rung 0 (1 shapes): kBlockSize 256 -> 1024: build_failed (kernel.cuh(27): error: static "
+                      "assertion failed) [the rung's build, not screened]"]
+    assert not any("kBlockSize = 1024" in s for s in sources) and search.screened == len(calls) == len(sources)
 
 
 HOST_ENTRY = """
@@ -378,28 +391,6 @@ def test_the_agent_hands_the_specs_entries_to_the_search(tmp_path):
     assert "param:BLOCK_DIM=64" in calls
     assert proposals[0].name == "param:BLOCK_DIM=64" and "template argument of function launch" in proposals[0].description
     assert "constexpr int BLOCK_DIM = 64;" in proposals[0].source
-
-
-def test_a_point_that_failed_its_rungs_build_is_judged_without_a_worker():
-    """A build failure found by the rung's build is the point's verdict (score 0): no worker run for it."""
-    calls: list = []
-
-    def prebuild(sources, cases, base):
-        return {s: "build_failed: kernel.cuh(27): error: static assertion failed" for s in sources
-                if "kBlockSize = 1024" in s}
-
-    sources: list = []
-
-    def screen(source, label, cases):
-        sources.append(source)
-        return _cost_model(calls)(source, label, cases)
-
-    search = Search(KERNEL, screen, [["decode0"]], deadline=float("inf"), prebuild=prebuild)
-    search.run()
-    failed = [line for line in search.log if "build_failed" in line]
-    assert failed == ["rung 0 (1 shapes): kBlockSize 256 -> 1024: build_failed (kernel.cuh(27): error: static "
-                      "assertion failed) [the rung's build, not screened]"]
-    assert not any("kBlockSize = 1024" in s for s in sources) and search.screened == len(calls) == len(sources)
 
 
 def test_a_prebuild_answer_as_a_set_names_the_base_code():
