@@ -242,7 +242,7 @@ class Profiler:
 
     def _run(self, job: Job) -> dict[str, dict]:
         from harness.timing.ncu_cross_check import FROM_MARKED_REGIONS, ncu_path, split_by_markers
-        from harness.worker.process_group import run_isolated, scrub_env
+        from harness.worker.process_group import run_isolated, scrub_env, telling_line
 
         ids = [case.id for case in job.cases]
         with tempfile.TemporaryDirectory(prefix="astra-ncu-profile-") as tmp:
@@ -255,8 +255,8 @@ class Profiler:
                                    cwd=tmp)
             if not manifest.exists() or not log.exists():
                 how = "timed out" if outcome.timed_out else f"exit {outcome.returncode}"
-                tail = (outcome.stderr or outcome.stdout).strip().splitlines()[-1:] or ["no output"]
-                return {i: unavailable(f"the profiled launch did not finish ({how}): {tail[0][:300]}") for i in ids}
+                said = telling_line(outcome.stderr or outcome.stdout or "") or "no output"  # a fault's line, not its stack
+                return {i: unavailable(f"the profiled launch did not finish ({how}): {said[:300]}") for i in ids}
             kernels = parse_csv(log.read_text(errors="replace"))
             groups = split_by_markers(kernels)
         if len(groups) != len(ids):

@@ -306,3 +306,24 @@ def test_ncu_profiles_several_shapes_in_one_process(sglang_0523):
     # only the marked launches were profiled, and the one kernel before the seal, not the inputs' kernels
     assert found[small.id]["unmarked_kernels"] == 1
     assert not found["no/such/shape"]["available"] and "not in the suite" in found["no/such/shape"]["why"]
+
+
+def test_a_profiled_process_that_faults_is_told_by_its_fault_not_its_stack(monkeypatch, tmp_path):
+    """ncu's child killed by a fault: the profile says the fault's line (faulthandler's header), not the
+    last line of the stack it printed."""
+    import harness.timing.ncu_cross_check as cross_check
+    from harness.job import BuildBase, Case, Job
+
+    fake_ncu = tmp_path / "ncu"
+    fake_ncu.write_text("#!/bin/sh\n"
+                        "printf 'Fatal Python error: Segmentation fault\\n\\nCurrent thread 0x1 (most recent call first):\\n"
+                        "  File \"<unknown>\", line 0, in 0xffffffffffffffff\\n' >&2\nexit 11\n")
+    fake_ncu.chmod(0o755)
+    monkeypatch.setattr(cross_check, "ncu_path", lambda: str(fake_ncu))
+    job = Job(name="k", entry="f", kernel_file="k.cuh", build=BuildBase(source_root="/nonexistent", include_dirs=[],
+              cuda_files=[]), variants={}, cases=[Case(id="m/tp1/bfloat16/n=1", band="decode", label="m/tp1",
+              dtype="bfloat16", dims={"n": 1}, variant="v", bytes=4, args=[])], tolerance={})
+    found = ncu_profile.Profiler(None, None, timeout_s=30)._run(job)
+    why = found["m/tp1/bfloat16/n=1"]["why"]
+    assert not found["m/tp1/bfloat16/n=1"]["available"]
+    assert why == "the profiled launch did not finish (exit 11): Fatal Python error: Segmentation fault"
