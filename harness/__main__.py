@@ -11,8 +11,8 @@
 private config (HMAC key, time budget, sanitizer prefix) from stdin (harness.worker.judge_channel) and signs
 the verdict it writes. `candidate` is what the judge starts for candidate code (harness.candidate.process).
 Known failures of the evaluation (CUDA errors, a lost CUDA context) become a "crashed" verdict written by this
-process; this process running out of GPU memory itself is "environment_error" (the judge's memory, not the
-candidate's fault: what the device held is in the reason); anything else escapes as a traceback and a non-zero exit, which the parent
+process; this process running out of GPU memory itself is "environment_error" (what the device held, the
+candidate's process among it, is in the reason; under compute-sanitizer it makes the tool's run inconclusive); anything else escapes as a traceback and a non-zero exit, which the parent
 turns into "crashed" from stderr. Progress is logged to stderr (INFO), so a timeout's reason names the last
 step. The verdict file is the only result channel: nothing here prints results to stdout except `env`.
 """
@@ -108,9 +108,9 @@ def crashed_verdict(job: Job, reason: str, status: str = "crashed") -> dict:
 def judge_out_of_memory(reason: str) -> str:
     """The reason of an "environment_error" verdict for this process's own out-of-memory error: what the device
     held (torch's message names each process), and what to do."""
-    return clip("the judge ran out of GPU memory, not the candidate (free the GPU of other processes and check "
-                f"again; where the suite's largest shape does not fit beside the candidate's process, lower it in the "
-                f"spec): {reason}")
+    return clip("the judge ran out of GPU memory beside the candidate's process, whose own memory counts (free the "
+                "GPU of other processes and check again; where the suite's largest shape does not fit beside the "
+                f"candidate's process, lower it in the spec): {reason}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

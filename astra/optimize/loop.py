@@ -222,7 +222,7 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluator: Evaluator, bu
             events("verdict", asdict(state.history[-1]))
         idle_rounds = 0 if improved else idle_rounds + 1
         state.round += 1
-        if judged < len(proposals) and durations and out_of_time():
+        if judged < len(proposals) and out_of_time():
             # the time ran out before this round's last proposals (a search's survivors among them): say so,
             # rather than "no progress" on what was never judged
             state.stopped = _short_of_time(budget, start, durations, len(proposals) - judged)
@@ -235,9 +235,10 @@ def _rounds(run: RunDir, state: RunState, agent: Agent, evaluator: Evaluator, bu
 
 def _short_of_time(budget: Budget, start: float, durations: list[float], unjudged: int = 0) -> str:
     left = max(0.0, budget.wall_s - (time.time() - start))
-    return (f"wall-time budget of {budget.wall_s:.0f}s: {left:.0f}s left, less than a verification takes "
-            f"({max(durations):.0f}s, the longest this session)"
-            + (f"; {unjudged} proposal(s) of the last round not judged" if unjudged else ""))
+    said = (f"wall-time budget of {budget.wall_s:.0f}s: {left:.0f}s left, less than a verification takes "
+            f"({max(durations):.0f}s, the longest this session)" if durations
+            else f"wall-time budget of {budget.wall_s:.0f}s spent")  # spent on proposing, before any verification
+    return said + (f"; {unjudged} proposal(s) of the last round not judged" if unjudged else "")
 
 
 def _evaluated(evaluator: Evaluator, proposals: list[Proposal], register: Callable[[Proposal], int],

@@ -139,9 +139,9 @@ class Search:
             else:  # dead code for this entry: it can only measure x1.000
                 self.note(f"rung {rung}: {point.reason}: {why}, not screened")
         points = [p for p in points if p.source not in skipped]
-        for point in points:
+        for done, point in enumerate(points):
             if time.time() >= self.deadline:
-                self.note(f"rung {rung}: deadline reached, {len(points) - len(screened)} point(s) not screened")
+                self.note(f"rung {rung}: deadline reached, {len(points) - done} point(s) not screened")
                 break
             start = time.time()
             verdict = self.screen(point.source, param_space.slug(point.assignment), self.rungs[rung])

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Iterator
 
 import torch
 
@@ -101,12 +102,21 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
     return x.abs() < math.inf
 
 
-def _pieces(t: torch.Tensor) -> list[torch.Tensor]:
-    """`t` itself when it has CHUNK elements or fewer, else its elements in row-major order in pieces of CHUNK."""
+def _pieces(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """`t` itself when it has CHUNK elements or fewer, else its elements in row-major order, CHUNK or fewer at a
+    time, a few rows (dim 0) each, made one at a time: views of a contiguous tensor, copies of those rows of a
+    strided one. The pieces depend on the shape alone, so two tensors of one shape are cut alike."""
     if t.numel() <= CHUNK:
-        return [t]
-    flat = t.reshape(-1)
-    return [flat[start:start + CHUNK] for start in range(0, flat.numel(), CHUNK)]
+        yield t
+    else:
+        per_row = t.numel() // t.shape[0]
+        if per_row > CHUNK:  # a row alone is too large: its own pieces, row after row
+            for row in range(t.shape[0]):
+                yield from _pieces(t[row])
+        else:
+            rows = CHUNK // per_row
+            for start in range(0, t.shape[0], rows):
+                yield t.narrow(0, start, min(rows, t.shape[0] - start)).reshape(-1)
 
 
 def _differences(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float]):
@@ -139,21 +149,20 @@ def _float_stats(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float]) 
                         outside.sum().to(torch.float64), class_differs.sum().to(torch.float64)])
 
 
-def _first_bad(shape: torch.Size, pieces: list[tuple[torch.Tensor, torch.Tensor]], tol: dict[str, float],
-               limit: int = 3) -> list[list[int]]:
-    """The first `limit` differing positions (row-major order), as indices into `shape`."""
+def _first_bad(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float], limit: int = 3) -> list[list[int]]:
+    """The first `limit` differing positions (row-major order), as indices into the outputs' shape."""
+    if orig.numel() <= CHUNK:
+        _, _, _, outside, class_differs = _differences(orig, cand, tol)
+        return [list(map(int, index)) for index in torch.nonzero(class_differs | outside)[:limit].tolist()]
     found: list[list[int]] = []
     offset = 0
-    for orig, cand in pieces:
-        _, _, _, outside, class_differs = _differences(orig, cand, tol)
-        bad = class_differs | outside
-        if len(pieces) == 1:
-            return [list(map(int, index)) for index in torch.nonzero(bad)[:limit].tolist()]
-        for flat in torch.nonzero(bad.reshape(-1))[: limit - len(found)].flatten().tolist():
-            found.append(_unravel(offset + int(flat), shape))
+    for o, c in zip(_pieces(orig), _pieces(cand)):
+        _, _, _, outside, class_differs = _differences(o, c, tol)
+        for flat in torch.nonzero((class_differs | outside).reshape(-1))[: limit - len(found)].flatten().tolist():
+            found.append(_unravel(offset + int(flat), orig.shape))
         if len(found) >= limit:
             break
-        offset += orig.numel()
+        offset += o.numel()
     return found
 
 
@@ -180,8 +189,7 @@ def compare_outputs(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float
                           for o, c in zip(_pieces(orig), _pieces(cand)))
         reason = f"{mismatches} of {numel} integer elements differ" if mismatches else ""
         return OutputCheck(mismatches == 0, max_abs, 0.0, mismatches, 0, numel, reason)
-    pieces = list(zip(_pieces(orig), _pieces(cand)))
-    parts = [_float_stats(o, c, tol) for o, c in pieces]
+    parts = [_float_stats(o, c, tol) for o, c in zip(_pieces(orig), _pieces(cand))]
     if len(parts) == 1:
         stats = parts[0]
     else:  # the largest errors, the counts summed
@@ -196,7 +204,7 @@ def compare_outputs(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float
         reasons.append(f"{mismatches} of {numel} elements outside atol={tol.get('atol')} rtol={tol.get('rtol')} "
                        f"(max abs {max_abs:.3g}, max rel {max_rel:.3g})")
     if reasons:  # where: the first differing positions, for whoever fixes the kernel
-        reasons.append("first at " + ", ".join(str(index) for index in _first_bad(orig.shape, pieces, tol)))
+        reasons.append("first at " + ", ".join(str(index) for index in _first_bad(orig, cand, tol)))
     return OutputCheck(not reasons, max_abs, max_rel, mismatches, nonfinite, numel, "; ".join(reasons))
 
 

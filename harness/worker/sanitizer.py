@@ -264,8 +264,9 @@ def run_tool(exe: str, tool: str, job: Job, *, timeout_s: float, python: str, en
 
 
 def _inconclusive(tool: str, findings: list[dict], verdict: dict, outcome: ProcessOutcome) -> str | None:
-    """Why a run without findings proves nothing: the worker failed under the tool (None otherwise)."""
-    if findings or outcome.timed_out or verdict.get("status") not in (None, "crashed"):
+    """Why a run without findings proves nothing: the worker failed under the tool, or the machine did (the judge
+    out of GPU memory: `environment_error`; the tool may never have run the candidate's kernels); None otherwise."""
+    if findings or outcome.timed_out or verdict.get("status") not in (None, "crashed", "environment_error"):
         return None
     why = verdict.get("reason") or telling_line(outcome.stderr) or describe_exit(outcome.returncode or 0)
     return f"{tool}: the worker failed under the tool without an access error: {clip(why, 200)}"

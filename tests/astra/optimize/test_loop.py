@@ -233,3 +233,19 @@ def test_an_original_under_its_own_floor_is_told_before_any_candidate(run):
                      Budget(rounds=1), events=lambda kind, data: events.append((kind, data)))
     kinds = [k for k, _ in events]
     assert kinds.index("warning") < kinds.index("candidate") and state.history[0].name == "same"
+
+
+def test_a_round_whose_proposing_spent_the_time_says_what_was_not_judged(run):
+    """The agent's proposing (a search, an exec command) spent the whole budget before any verification of this
+    session: the run stops on the time, with the count of proposals never judged."""
+    import time
+
+    class SlowAgent(ScriptedAgent):
+        def propose(self, ctx):
+            time.sleep(0.6)
+            return super().propose(ctx)
+
+    agent = SlowAgent([[("a", "correct 1.2"), ("b", "correct 1.3")]])
+    state = run_loop(run, agent, Evaluator(evaluator), Budget(rounds=5, wall_s=0.5))
+    assert state.history == []
+    assert state.stopped == "wall-time budget of 0s spent; 2 proposal(s) of the last round not judged"

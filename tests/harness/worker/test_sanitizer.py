@@ -269,6 +269,16 @@ def test_worker_failing_under_the_tool_is_inconclusive_not_a_finding(fake_tool):
     assert [w["kind"] for w in report["runs"][0]["warnings"]] == ["target_error"]
 
 
+def test_a_judge_out_of_memory_under_the_tool_is_inconclusive(fake_tool):
+    """The judge under the tool out of GPU memory (beside the candidate's process, the other tools' and the
+    main judge's) may never have run the candidate's kernels: no finding proves nothing."""
+    (fake_tool / "memcheck.log").write_text(CLEAN_LOG)
+    report = sanitize(tiny_job("judge_out_of_memory"), tools=("memcheck",), timeout_s=60)
+    assert report["findings"] == [] and report["runs"][0]["verdict_status"] == "environment_error"
+    assert "memcheck: the worker failed under the tool" in report["skipped"]
+    assert "ran out of GPU memory" in report["skipped"]
+
+
 def test_the_sanitizer_runs_beside_the_checks_and_before_the_timing(fake_tool, tmp_path, monkeypatch):
     """Each tool starts once the judge has measured the idle GPU (harness.judge.timing_gate), while the judge still
     builds and checks outputs, and every tool has ended before the judge's first timed sample."""

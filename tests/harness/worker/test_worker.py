@@ -102,10 +102,10 @@ def test_cuda_error_is_caught_in_the_worker(fake_env):
     assert verdict.worker["returncode"] == 0  # the worker wrote this verdict itself
 
 
-def test_the_judge_out_of_memory_is_the_machine_not_the_candidate(fake_env):
+def test_the_judge_out_of_memory_is_an_environment_error(fake_env):
     verdict = run_job(fake_job("judge_out_of_memory"), timeout_s=120, env=fake_env)
     assert verdict.status == "environment_error" and verdict.correct is False
-    assert verdict.reason.startswith("the judge ran out of GPU memory, not the candidate")
+    assert verdict.reason.startswith("the judge ran out of GPU memory beside the candidate's process")
     assert "Tried to allocate 6.00 GiB" in verdict.reason and "lower it in the spec" in verdict.reason
 
 
