@@ -9,7 +9,8 @@
 and the OS sandbox's seccomp part, as any process that runs candidate code: docs/threat-model.md) that builds the
 job and, shape after shape, launches the entry once to warm up and once between two marker kernels, as
 `harness.timing.ncu_cross_check` does for `astra bench --ncu`; the kernels between a pair of markers are that
-shape's, and only they (and the markers) are profiled (`ncu_cross_check.marked`). Replayed under every metric,
+shape's, and only they (and the markers) are profiled (`ncu_cross_check.marked`). A candidate's code runs inside
+the region and could stop the profiler itself: a profile advises the planners, it never decides a verdict. Replayed under every metric,
 the kernels that make the inputs took most of a profile: 35 to 120 s after the baseline, per kernel, in an
 `astra eval --offline` of twelve kernels on 4 x H100 (2026-11-28), whose budget was 120 s a kernel. Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy,
 weighted by each kernel's duration, the most registers per thread, local-memory (spill) instructions,
