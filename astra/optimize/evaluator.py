@@ -164,7 +164,8 @@ class HarnessEvaluator(Evaluator):
         """Builds the candidate variants those sources (and the search's base) need on every CPU core into
         the cache the workers read, so a rung's builds run side by side instead of one per worker, and
         returns {source: why a worker need not screen it}: the compiler refused a variant ("build_failed: " and
-        nvcc's first error line; `compile_error`), or every built variant is the base's machine code
+        nvcc's first error line; a full disk or a timed-out build is left to the worker, which builds again), or
+        every built variant is the base's machine code
         (astra.optimize.machine_code): screening those could only measure x1.000. The base is built as a
         candidate too, so both sit in an overlay folder of the same length and their modules compare."""
         from astra.optimize.machine_code import code_digest
@@ -185,7 +186,7 @@ class HarnessEvaluator(Evaluator):
         offset = 1 if base is not None else 0  # every[0] is the base when one is named
         for (i, key), result in zip(owners, build_many(requests, paths.sub("builds"))):
             digests.setdefault(i, {})[key] = code_digest(result.so_path) if result.ok and result.so_path else None
-            if not result.ok and i >= offset and compile_error(result.error):
+            if not result.ok and i >= offset and result.refused:
                 skipped.setdefault(every[i], f"{BUILD_FAILED}: {first_error(result.error)}")
         if base is None or not digests.get(0):
             return skipped
@@ -194,16 +195,6 @@ class HarnessEvaluator(Evaluator):
             if i > 0 and found == reference and all(d is not None for d in found.values()):
                 skipped.setdefault(every[i], SAME_CODE)
         return skipped
-
-
-def compile_error(text: str | None) -> bool:
-    """Whether a failed build's output is the compiler refusing the source (what a worker's build would say
-    again), not the machine failing it: a full disk, a build that could not run or ran out of time is left to
-    the worker, which builds again."""
-    from harness.judge.evaluate import disk_full
-
-    said = text or ""
-    return bool(said) and not disk_full(said) and "timed out" not in said and "could not run" not in said
 
 
 def first_error(text: str | None) -> str:

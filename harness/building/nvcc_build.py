@@ -49,6 +49,8 @@ __all__ = ["BuildRequest", "BuildResult", "build", "build_many", "cached", "trim
 
 KEY_VERSION = "astra-harness-build-1"
 BUILD_JOBS_ENV = "ASTRA_BUILD_JOBS"  # builds at once by default (build_jobs)
+TIMED_OUT = "build timed out"  # how a build's reason starts when a tool ran past the build's time
+DISK_FULL = ("No space left on device", "ENOSPC", "Disk quota exceeded")  # what a tool says when the disk is full
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
@@ -73,7 +75,9 @@ class BuildRequest:
 
 @dataclass
 class BuildResult:
-    """What a build produced; `error` is a trimmed excerpt for a reader, `log` the full output."""
+    """What a build produced; `error` is a trimmed excerpt for a reader, `log` the full output. `refused`: a
+    compiler or the linker refused the sources (building them again says the same), as opposed to the machine
+    failing the build (a full disk, a timeout, a tool that could not run)."""
 
     ok: bool
     so_path: str | None
@@ -84,6 +88,7 @@ class BuildResult:
     error: str | None
     resources: list[KernelResources]
     key: str
+    refused: bool = False
 
 
 @dataclass
@@ -239,7 +244,7 @@ def _run_all(plan: _Plan, cwd: Path, deadline: float, keep_going: bool) -> tuple
         log.append("$ " + " ".join(command) + "\n" + output)
         tool = Path(command[0]).name
         if rc is None:
-            return "\n".join(log), f"build timed out (in {tool})"
+            return "\n".join(log), f"{TIMED_OUT} (in {tool})"
         if rc != 0 and reason is None:
             reason = f"{tool} exited with status {rc}"
     return "\n".join(log), reason
@@ -271,6 +276,11 @@ def _cached(final: Path, key: str, start: float) -> BuildResult | None:
         return None
     return BuildResult(True, str(final / meta["so_name"]), True, time.monotonic() - start, meta["command"], log,
                        None, resources, key)
+
+
+def disk_full(text: str | None) -> bool:
+    """Whether a build's output says the disk (or the quota) is full."""
+    return any(marker in (text or "") for marker in DISK_FULL)
 
 
 def _failed(reason: str, start: float, key: str = "", command: list[str] | None = None, log: str = "") -> BuildResult:
@@ -345,10 +355,11 @@ def _build_locked(plan: _Plan, key: str, final: Path, timeout_s: float, keep_goi
         if reason is not None:
             strip = [str(plan.overlay / f"root{i}") for i in plan.targets] if plan.overlay else []
             excerpt = trim_errors(log, strip)
-            if "timed out" in reason:
+            timed_out = reason.startswith(TIMED_OUT)
+            if timed_out:
                 excerpt = f"{reason} after {timeout_s:g} s\n{excerpt}".rstrip()
             return BuildResult(False, None, False, time.monotonic() - start, command, log,
-                               excerpt or reason, resources, key)
+                               excerpt or reason, resources, key, refused=not timed_out and not disk_full(log))
         meta = {"ok": True, "command": command, "commands": plan.commands,
                 "so_name": plan.so_name, "seconds": time.monotonic() - start}
         (staging / "build.log").write_text(log)

@@ -151,9 +151,6 @@ def _float_stats(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float]) 
 
 def _first_bad(orig: torch.Tensor, cand: torch.Tensor, tol: dict[str, float], limit: int = 3) -> list[list[int]]:
     """The first `limit` differing positions (row-major order), as indices into the outputs' shape."""
-    if orig.numel() <= CHUNK:
-        _, _, _, outside, class_differs = _differences(orig, cand, tol)
-        return [list(map(int, index)) for index in torch.nonzero(class_differs | outside)[:limit].tolist()]
     found: list[list[int]] = []
     offset = 0
     for o, c in zip(_pieces(orig), _pieces(cand)):

@@ -51,7 +51,7 @@ import torch
 from harness import sandbox
 from harness.building.job_requests import build_requests, variants_used
 from harness.building.module_loading import kept_signatures, load_module
-from harness.building.nvcc_build import BuildResult, build_many
+from harness.building.nvcc_build import BuildResult, build_many, disk_full
 from harness.candidate import cuda_ipc
 from harness.candidate.exchange import (
     SIGNATURES,
@@ -97,7 +97,6 @@ log = logging.getLogger(__name__)
 STARTUP_S = 180.0  # torch import and module load in the candidate process, before its signatures
 FIRST_CASE_EXTRA_S = 30.0  # the first case also pays for the candidate's CUDA context
 UNCHECKED_NOTE = "outputs not compared: the original timed against itself"
-_DISK_FULL = ("No space left on device", "ENOSPC", "Disk quota exceeded")
 
 
 def _build_summary(side: str, variant: str, result: BuildResult) -> dict[str, Any]:
@@ -120,10 +119,6 @@ def _failure(job: Job, status: str, reason: str, **extra: Any) -> Verdict:
 def _exports(job: Job, variant: str) -> list[str]:
     wrappers = job.variants[variant].cuda_wrappers + job.variants[variant].cpp_wrappers
     return list(dict.fromkeys([w[0] for w in wrappers] + [job.entry]))
-
-
-def disk_full(text: str | None) -> bool:
-    return any(marker in (text or "") for marker in _DISK_FULL)
 
 
 def build_all(job: Job, cache_dir: Path) -> tuple[dict[tuple[str, str], str], list[dict], Verdict | None]:

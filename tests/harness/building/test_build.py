@@ -164,7 +164,7 @@ def test_syntax_error_is_a_trimmed_result(tree, tmp_path):
     broken = SCALE.replace("tile[threadIdx.x % 128] = alpha;", "tile[threadIdx.x % 128] = alpha")
     line = broken.splitlines().index("  __syncthreads();") + 1
     result = build(scale_request(tree, overrides={"mylib/scale.cuh": broken}), tmp_path)
-    assert not result.ok and result.so_path is None
+    assert not result.ok and result.so_path is None and result.refused  # the compiler's refusal
     assert f"mylib/scale.cuh({line}): error" in result.error, result.error
     assert "overlays" not in result.error  # the overlay prefix is stripped for the reader
     assert len(result.error.splitlines()) <= 40 and "error" in result.log
@@ -194,14 +194,14 @@ def test_missing_nvcc_is_a_clean_failure(tree, tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_HOME", str(empty))
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     result = build(scale_request(tree), tmp_path / "cache")
-    assert not result.ok and result.so_path is None
+    assert not result.ok and result.so_path is None and not result.refused  # the machine's, not the source's
     assert result.error.startswith("nvcc not found: set CUDA_HOME or install the CUDA toolkit")
 
 
 @needs_nvcc
 def test_timeout_is_a_result(tree, tmp_path):
     result = build(scale_request(tree, name="scale_slow"), tmp_path, timeout_s=0.3)
-    assert not result.ok and "timed out" in result.error
+    assert not result.ok and "timed out" in result.error and not result.refused
     assert not list(tmp_path.glob("scale_slow-*"))
 
 
