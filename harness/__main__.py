@@ -10,10 +10,11 @@
 `run` is what `harness.worker.judge_process.run_job` starts in a fresh process: the judge. It reads its
 private config (HMAC key, time budget, sanitizer prefix) from stdin (harness.worker.judge_channel) and signs
 the verdict it writes. `candidate` is what the judge starts for candidate code (harness.candidate.process).
-Known failures of the evaluation (CUDA errors, a lost CUDA context) become a "crashed" verdict written by this
-process; this process running out of GPU memory itself is "environment_error" (what the device held, the
-candidate's process among it, is in the reason; under compute-sanitizer it makes the tool's run inconclusive); anything else escapes as a traceback and a non-zero exit, which the parent
-turns into "crashed" from stderr. Progress is logged to stderr (INFO), so a timeout's reason names the last
+Known failures of the evaluation become a verdict written by this process (`known_failure`): CUDA errors and
+a lost CUDA context "crashed"; this process out of GPU memory itself "environment_error" (what the device held,
+the candidate's process among it, is in the reason; under compute-sanitizer it makes the tool's run
+inconclusive). Anything else escapes as a traceback and a non-zero exit, which the parent turns into "crashed"
+from stderr. Progress is logged to stderr (INFO), so a timeout's reason names the last
 step. The verdict file is the only result channel: nothing here prints results to stdout except `env`.
 """
 
@@ -83,8 +84,9 @@ def verdict_to_dict(verdict) -> dict:
     raise TypeError(f"evaluate returned {type(verdict).__name__}, not a verdict")
 
 
-def known_failure(error: BaseException) -> str | None:
-    """A one-line reason when `error` is a CUDA failure of the evaluation (a fault, out of memory), else None."""
+def known_failure(error: BaseException) -> tuple[str, str] | None:
+    """(status, one-line reason) when `error` is a CUDA failure of the evaluation, else None: this process out
+    of GPU memory is "environment_error" (`judge_out_of_memory`), a fault or a lost context "crashed"."""
     try:
         import torch
     except ImportError:
@@ -93,13 +95,13 @@ def known_failure(error: BaseException) -> str | None:
 
     message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if isinstance(error, torch.cuda.OutOfMemoryError):
-        return clip(f"CUDA out of memory: {message}")
+        return "environment_error", judge_out_of_memory(f"CUDA out of memory: {message}")
     if isinstance(error, ContextLost) or (isinstance(error, RuntimeError) and _CUDA_FAILURE.search(str(error))):
-        return clip(message)
+        return "crashed", clip(message)
     return None
 
 
-def crashed_verdict(job: Job, reason: str, status: str = "crashed") -> dict:
+def caught_verdict(job: Job, status: str, reason: str) -> dict:
     """The verdict this process writes for a known failure it caught."""
     return Verdict(status=status, reason=reason, correct=False, faster=False, name=job.name,
                    candidate_label=job.candidate_label).to_dict()
@@ -127,13 +129,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         verdict = verdict_to_dict(evaluate(job))
     except RuntimeError as error:
-        reason = known_failure(error)
-        if reason is None:
+        known = known_failure(error)
+        if known is None:
             raise
         logging.getLogger("harness").exception("the evaluation failed")  # where, in the verdict's stderr tail
-        own_memory = type(error).__name__ == "OutOfMemoryError"  # raised here, in the judge (torch.cuda's class)
-        verdict = (crashed_verdict(job, judge_out_of_memory(reason), "environment_error") if own_memory
-                   else crashed_verdict(job, reason))
+        verdict = caught_verdict(job, *known)
     if config.key is not None:
         verdict = sign(verdict, config.key)
     write_json_atomic(args.out, verdict)

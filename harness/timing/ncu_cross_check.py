@@ -124,8 +124,8 @@ def cross_check(job: Job, *, timeout_s: float = 900.0) -> dict:
         job_path, manifest, log = Path(tmp) / "job.json", Path(tmp) / "cases.json", Path(tmp) / "ncu.csv"
         job_path.write_text(job.to_json())
         command = [exe, "--csv", "--metrics", METRIC, "--cache-control", "all", "--clock-control", "none",
-                   *FROM_MARKED_REGIONS, "--print-units", "base", "--log-file", str(log), sys.executable, "-m", "harness", "ncu-launch",
-                   str(job_path), "--manifest", str(manifest)]
+                   *FROM_MARKED_REGIONS, "--print-units", "base", "--log-file", str(log),
+                   sys.executable, "-m", "harness", "ncu-launch", str(job_path), "--manifest", str(manifest)]
         outcome = run_isolated(command, timeout_s=timeout_s, env=harness_env(), cwd=tmp)
         if not manifest.exists() or not log.exists():
             tail = (outcome.stderr or outcome.stdout).strip().splitlines()[-1:] or ["no output"]
