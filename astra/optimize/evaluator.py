@@ -34,6 +34,7 @@ from astra.optimize.param_search import Prebuild, Screen
 from astra.sglang.tree import SglangTree
 from astra.spec import jobs
 from astra.spec.model import KernelSpec
+from astra.text import one_line
 from astra.verify.runner import timeout_for
 from harness import Job, Options, Verdict, build_many, run_job, verify_job
 
@@ -73,9 +74,7 @@ class Evaluator:
         return self._screen(source, label, cases)
 
     def prebuild(self, sources: list[str], cases: list[str], base: str | None = None) -> dict[str, str]:
-        from astra.optimize.param_search import not_screened
-
-        return {} if self._prebuild is None else not_screened(self._prebuild(sources, cases, base))
+        return {} if self._prebuild is None else dict(self._prebuild(sources, cases, base) or {})
 
     def add_shapes(self, shapes: list[dict]) -> None:
         """Shapes every later judgement adds to the spec's suite."""
@@ -164,10 +163,10 @@ class HarnessEvaluator(Evaluator):
         """Builds the candidate variants those sources (and the search's base) need on every CPU core into
         the cache the workers read, so a rung's builds run side by side instead of one per worker, and
         returns {source: why a worker need not screen it}: the compiler refused a variant ("build_failed: " and
-        nvcc's first error line; a full disk or a timed-out build is left to the worker, which builds again), or
-        every built variant is the base's machine code
-        (astra.optimize.machine_code): screening those could only measure x1.000. The base is built as a
-        candidate too, so both sit in an overlay folder of the same length and their modules compare."""
+        the first line of nvcc's errors; a full disk or a timed-out build is left to the worker, which builds
+        again), or every built variant is the base's machine code (astra.optimize.machine_code): screening those
+        could only measure x1.000. The base is built as a candidate too, so both sit in an overlay folder of the
+        same length and their modules compare."""
         from astra.optimize.machine_code import code_digest
         from astra.optimize.param_search import BUILD_FAILED, SAME_CODE
 
@@ -187,7 +186,10 @@ class HarnessEvaluator(Evaluator):
         for (i, key), result in zip(owners, build_many(requests, paths.sub("builds"))):
             digests.setdefault(i, {})[key] = code_digest(result.so_path) if result.ok and result.so_path else None
             if not result.ok and i >= offset and result.refused:
-                skipped.setdefault(every[i], f"{BUILD_FAILED}: {first_error(result.error)}")
+                # the line the worker's verdict would give (harness.judge.evaluate's build_failed reason)
+                lines = (result.error or "").strip().splitlines()
+                first = one_line(lines[0] if lines else "the build failed", 300)
+                skipped.setdefault(every[i], f"{BUILD_FAILED}: {first}")
         if base is None or not digests.get(0):
             return skipped
         reference = digests[0]
@@ -195,12 +197,6 @@ class HarnessEvaluator(Evaluator):
             if i > 0 and found == reference and all(d is not None for d in found.values()):
                 skipped.setdefault(every[i], SAME_CODE)
         return skipped
-
-
-def first_error(text: str | None) -> str:
-    """The first line of a build's output that says `error` (else its first line)."""
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return next((line for line in lines if "error" in line.lower()), lines[0] if lines else "the build failed")
 
 
 class BuildOnlyEvaluator(Evaluator):

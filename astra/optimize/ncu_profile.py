@@ -9,12 +9,15 @@
 and the OS sandbox's seccomp part, as any process that runs candidate code: docs/threat-model.md) that builds the
 job and, shape after shape, launches the entry once to warm up and once between two marker kernels, as
 `harness.timing.ncu_cross_check` does for `astra bench --ncu`; the kernels between a pair of markers are that
-shape's, and only they (and the markers) are profiled (`ncu_cross_check.marked`). A candidate's code runs inside
-the region and could stop the profiler itself: a profile advises the planners, it never decides a verdict. Replayed under every metric,
+shape's, and only they (and the markers) are profiled (`ncu_cross_check.marked`). Replayed under every metric,
 the kernels that make the inputs took most of a profile: 35 to 120 s after the baseline, per kernel, in an
-`astra eval --offline` of twelve kernels on 4 x H100 (2026-11-28), whose budget was 120 s a kernel. Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy,
-weighted by each kernel's duration, the most registers per thread, local-memory (spill) instructions,
-and the top 3 warp-stall reasons (cycles per issued instruction, WarpStateStats' metrics). With
+`astra eval --offline` of twelve kernels on 4 x H100 (2026-11-28), whose budget was 120 s a kernel. A
+candidate's code runs inside the region and could stop the profiler itself: a profile advises the planners, it
+never decides a verdict.
+
+Per shape: DRAM throughput (% of peak and bytes/s) and achieved occupancy, weighted by each kernel's duration,
+the most registers per thread, local-memory (spill) instructions, and the top 3 warp-stall reasons (cycles per
+issued instruction, WarpStateStats' metrics). With
 `diagnose=True` (the offline agent's profiling agent, astra.optimize.profiling) it also asks for DIAGNOSIS and
 the instruction mix per pipe: sectors and requests of global loads and stores and the bytes used per sector,
 theoretical occupancy and its launch__occupancy_limit_* limiters, waves and the SM count. Without ncu,
@@ -250,13 +253,14 @@ class Profiler:
             job_path, manifest, log = Path(tmp) / "job.json", Path(tmp) / "done.json", Path(tmp) / "ncu.csv"
             job_path.write_text(job.to_json())
             command = [ncu_path(), "--csv", "--metrics", ",".join(self.metrics), "--cache-control", "all",
-                       "--clock-control", "none", *FROM_MARKED_REGIONS, "--print-units", "base", "--log-file", str(log),
+                       "--clock-control", "none", *FROM_MARKED_REGIONS, "--print-units", "base",
+                       "--log-file", str(log),
                        sys.executable, "-m", "astra.optimize.ncu_profile", str(job_path), str(manifest)]
             outcome = run_isolated(command, timeout_s=self.timeout_s * len(ids), env=scrub_env(dict(os.environ), tmp),
                                    cwd=tmp)
             if not manifest.exists() or not log.exists():
                 how = "timed out" if outcome.timed_out else f"exit {outcome.returncode}"
-                said = telling_line(outcome.stderr or outcome.stdout or "") or "no output"  # a fault's line, not its stack
+                said = telling_line(outcome.stderr or outcome.stdout or "") or "no output"  # a fault's, not its stack
                 return {i: unavailable(f"the profiled launch did not finish ({how}): {said[:300]}") for i in ids}
             kernels = parse_csv(log.read_text(errors="replace"))
             groups = split_by_markers(kernels)

@@ -31,15 +31,8 @@ Screen = Callable[[str, str, list[str]], Verdict]  # (source, label, case ids) -
 SAME_CODE = "builds to the base's machine code"  # a prebuild's reason: it can only measure x1.000
 BUILD_FAILED = "build_failed"  # a prebuild's reason starts so when the source failed to build
 # (sources, the case ids they will be screened on, the search's base) -> {source: why it is not screened}:
-# SAME_CODE, or BUILD_FAILED and nvcc's first error line; a set names sources of the base's machine code
-Prebuild = Callable[[list[str], list[str], str], "dict[str, str] | set[str] | None"]
-
-
-def not_screened(found: "dict[str, str] | set[str] | list[str] | None") -> dict[str, str]:
-    """A prebuild's answer as {source: reason} (a set or list: sources of the base's machine code)."""
-    if not found:
-        return {}
-    return dict(found) if isinstance(found, dict) else dict.fromkeys(found, SAME_CODE)
+# SAME_CODE, or BUILD_FAILED and nvcc's first error line (None: every source is screened)
+Prebuild = Callable[[list[str], list[str], str], "dict[str, str] | None"]
 
 
 @dataclass
@@ -124,7 +117,7 @@ class Search:
         points = [p for p in points if p.source != self.base_source]
         skipped: dict[str, str] = {}
         if self.prebuild and points and time.time() < self.deadline:
-            skipped = not_screened(self.prebuild([p.source for p in points], self.rungs[rung], self.base_source))
+            skipped = self.prebuild([p.source for p in points], self.rungs[rung], self.base_source) or {}
         screened = []
         for point in points:
             why = skipped.get(point.source)
@@ -133,8 +126,9 @@ class Search:
             if why.startswith(BUILD_FAILED):  # what a worker would answer, known from the rung's build
                 point.status = BUILD_FAILED
                 point.scores.append(0.0)
-                self.note(f"rung {rung} ({len(self.rungs[rung])} shapes): {point.reason}: {BUILD_FAILED} "
-                          f"({_first_line(why.removeprefix(BUILD_FAILED).lstrip(': '))}) [the rung's build, not screened]")
+                said = _first_line(why.removeprefix(BUILD_FAILED).lstrip(": "))
+                self.note(f"rung {rung} ({len(self.rungs[rung])} shapes): {point.reason}: {BUILD_FAILED} ({said}) "
+                          "[the rung's build, not screened]")
                 screened.append(point)
             else:  # dead code for this entry: it can only measure x1.000
                 self.note(f"rung {rung}: {point.reason}: {why}, not screened")

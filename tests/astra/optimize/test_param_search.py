@@ -152,7 +152,7 @@ def test_winners_a_later_rung_could_not_screen_are_still_proposed():
     def prebuild(sources, cases, base):
         if cases == wide:
             holder["search"].deadline = 0.0  # the time runs out as the second rung starts
-        return set()
+        return {}
 
     search = Search(KERNEL, _cost_model(calls), [["decode0"], wide], deadline=float("inf"), prebuild=prebuild)
     holder["search"] = search
@@ -392,9 +392,3 @@ def test_the_agent_hands_the_specs_entries_to_the_search(tmp_path):
     assert proposals[0].name == "param:BLOCK_DIM=64" and "template argument of function launch" in proposals[0].description
     assert "constexpr int BLOCK_DIM = 64;" in proposals[0].source
 
-
-def test_a_prebuild_answer_as_a_set_names_the_base_code():
-    from astra.optimize.param_search import SAME_CODE, not_screened
-
-    assert not_screened({"a", "b"}) == {"a": SAME_CODE, "b": SAME_CODE}
-    assert not_screened(None) == {} and not_screened({"a": "build_failed: x"}) == {"a": "build_failed: x"}
