@@ -287,14 +287,24 @@ def _failed(reason: str, start: float, key: str = "", command: list[str] | None 
     return BuildResult(False, None, False, time.monotonic() - start, command or [], log, reason, [], key)
 
 
-def build(req: BuildRequest, cache_dir: Path, *, timeout_s: float = 300, keep_going: bool = False) -> BuildResult:
+def build(req: BuildRequest, cache_dir: Path, *, timeout_s: float = 300, keep_going: bool = False,
+          prepared: Callable[[], None] | None = None) -> BuildResult:
     """Build `req` (or reuse the cached build with the same key). Never raises for a failed build.
 
     `keep_going` compiles every translation unit even after one fails, so the log holds all errors.
+    `prepared` is called once, when what is left needs little of this interpreter: the sources are planned and
+    overlaid, and the build waits for its key's lock, then for its compilers (or it returned).
     """
     start = time.monotonic()
     cache_dir = Path(cache_dir)
     key = ""
+    told = [prepared is None]
+
+    def tell() -> None:
+        if not told[0]:
+            told[0] = True
+            prepared()  # type: ignore[misc]
+
     try:
         if not _NAME_RE.match(req.name):
             raise BuildFailure(f"bad module name {req.name!r}: use letters, digits, '_', '.', '-'")
@@ -304,6 +314,9 @@ def build(req: BuildRequest, cache_dir: Path, *, timeout_s: float = 300, keep_go
         final = cache_dir / f"{req.name}-{key[:16]}"
         if hit := _cached(final, key, start):
             return hit
+        if plan.overlay is not None:  # safe beside other builders (staged, then renamed into place)
+            materialise_overlay(plan.overlay, plan.roots, plan.targets)
+        tell()
         with _flock(cache_dir / f".{req.name}-{key[:16]}.lock"):
             if hit := _cached(final, key, start):
                 return hit
@@ -312,6 +325,8 @@ def build(req: BuildRequest, cache_dir: Path, *, timeout_s: float = 300, keep_go
         return _failed(str(failure), start, key)
     except (OSError, subprocess.SubprocessError) as error:
         return _failed(f"build could not run: {error}", start, key)
+    finally:
+        tell()
 
 
 def cached(req: BuildRequest, cache_dir: Path) -> BuildResult | None:
@@ -341,8 +356,6 @@ def _build_locked(plan: _Plan, key: str, final: Path, timeout_s: float, keep_goi
 
     Failures are returned, never cached: a fixed environment (a header installed) must not keep failing.
     """
-    if plan.overlay is not None:
-        materialise_overlay(plan.overlay, plan.roots, plan.targets)
     staging = final.parent / f".staging-{uuid.uuid4().hex}"
     staging.mkdir()
     try:

@@ -18,8 +18,10 @@ import threading
 from pathlib import Path
 
 from harness.building.job_requests import build_requests
-from harness.building.nvcc_build import BuildResult, build_many, cached
+from harness.building.nvcc_build import BuildResult, build_jobs, build_many, cached
 from harness.job import Job
+
+PREPARE_WAIT_S = 5.0  # the longest the judge holds its torch import for the builds' planning (tenths of a second)
 
 
 def default_cache_dir(job: Job) -> Path:
@@ -62,29 +64,44 @@ def scan(job: Job) -> str | None:
 
 
 class _Early:
-    """One job's builds in a thread: `results` once it ended (None: scanned out, or the build step raised)."""
+    """One job's builds in a thread: `results` once it ended (None: scanned out, or the build step raised);
+    `prepared` is set once every build's own Python work is done (harness.building.nvcc_build.build's
+    `prepared`: planned and overlaid, waiting on a lock or on its compilers) or the thread ended."""
 
     def __init__(self, job: Job) -> None:
         self.requests = [request for _, _, request in build_requests(job)]
         self.cache_dir = default_cache_dir(job)
         self.results: list[BuildResult] | None = None
+        self.prepared = threading.Event()
+        # the builds that start at once (build_many runs build_jobs() at a time): the rest wait for a compiler
+        self._waiting, self._lock = min(len(self.requests), build_jobs()), threading.Lock()
         self.thread = threading.Thread(target=self._run, args=(job,), daemon=True, name="early-build")
+
+    def _one_prepared(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+            if self._waiting <= 0:
+                self.prepared.set()
 
     def _run(self, job: Job) -> None:
         from harness import sandbox
 
         try:  # what the evaluation decides before it builds: a sandbox it cannot have, a source the scan rejects
             if sandbox.decide(job.options.sandbox)[1] is None and scan(job) is None:
-                self.results = build_many(self.requests, self.cache_dir)
+                self.results = build_many(self.requests, self.cache_dir, prepared=self._one_prepared)
         except Exception:  # the evaluation builds again and reports what fails, as it always has
             self.results = None
+        finally:
+            self.prepared.set()
 
 
 _started: _Early | None = None
 
 
-def start(job: Job) -> None:
-    """Start `job`'s builds now (a job whose requests cannot even be planned is left to the evaluation)."""
+def start(job: Job, prepare_wait_s: float = PREPARE_WAIT_S) -> None:
+    """Start `job`'s builds now (a job whose requests cannot even be planned is left to the evaluation), and
+    return once their own Python work is done (at most `prepare_wait_s`): importing torch holds the
+    interpreter for seconds, and a build thread planning beside it waited that long to start its compilers."""
     global _started
     try:
         early = _Early(job)
@@ -92,6 +109,7 @@ def start(job: Job) -> None:
         return
     _started = early
     early.thread.start()
+    early.prepared.wait(prepare_wait_s)
 
 
 def running() -> bool:

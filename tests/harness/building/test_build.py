@@ -400,3 +400,24 @@ def test_build_many_starts_the_largest_source_first_and_keeps_the_order(tmp_path
     assert build_mod.build_many(reqs, tmp_path, jobs=1) == ["a", "b", "c", "d"]
     assert started == ["d", "b", "a", "c"]
     assert build_mod.source_size(reqs[1]) == len("// large\n" * 500)
+
+
+@needs_nvcc
+def test_prepared_is_told_once_per_build_before_its_compiler_runs(tree, tmp_path, monkeypatch):
+    """A build tells `prepared` once, after planning and overlaying and before its compiler: for a fresh
+    build, a candidate's overlaid build, a cache hit and a source nvcc refuses."""
+    import harness.building.nvcc_build as nvcc_build
+
+    order: list[str] = []
+    real_run_all = nvcc_build._run_all
+    monkeypatch.setattr(nvcc_build, "_run_all", lambda *a, **k: order.append("compiler") or real_run_all(*a, **k))
+    cache = tmp_path / "cache"
+    candidate = {"mylib/scale.cuh": SCALE + "// a candidate\n"}
+    broken = {"mylib/scale.cuh": SCALE + "\nthis is not C++;\n"}
+    for label, changes in (("fresh", {}), ("overlay", {"overrides": candidate}), ("hit", {}),
+                           ("refused", {"overrides": broken})):
+        order.clear()
+        result = build(scale_request(tree, **changes), cache, prepared=lambda: order.append("prepared"))
+        assert result.ok == (label != "refused"), label
+        expected = ["prepared"] if label == "hit" else ["prepared", "compiler"]
+        assert order == expected, label

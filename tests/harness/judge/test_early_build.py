@@ -91,7 +91,8 @@ def test_a_source_the_scan_rejects_never_reaches_nvcc(tree, tmp_path):
 def test_results_for_other_requests_or_another_cache_are_not_taken(tree, tmp_path, monkeypatch):
     job = scale_job(tree, tmp_path / "cache", None)
     calls = []
-    monkeypatch.setattr(early_build, "build_many", lambda requests, cache: calls.append(requests) or ["built"])
+    monkeypatch.setattr(early_build, "build_many",
+                        lambda requests, cache, prepared: calls.append(requests) or ["built"])
     requests = [r for _, _, r in build_requests(job)]
     early_build.start(job)
     assert early_build.take(requests, tmp_path / "elsewhere") is None
@@ -106,13 +107,38 @@ def test_running_holds_while_the_early_builds_go_and_ends_with_them(tree, tmp_pa
 
     job = scale_job(tree, tmp_path / "cache", None)
     release = threading.Event()
-    monkeypatch.setattr(early_build, "build_many", lambda requests, cache: release.wait(30) and ["built"])
+    monkeypatch.setattr(early_build, "build_many", lambda requests, cache, prepared: release.wait(30) and ["built"])
     assert not early_build.running()  # nothing started
-    early_build.start(job)
+    early_build.start(job, prepare_wait_s=0.0)
     assert early_build.running()
     release.set()
     assert early_build.take([r for _, _, r in build_requests(job)], tmp_path / "cache") == ["built"]
     assert not early_build.running()
+
+
+def test_start_returns_once_every_build_is_prepared_while_the_compilers_run(tree, tmp_path, monkeypatch):
+    import threading
+    import time
+
+    job = scale_job(tree, tmp_path / "cache", SCALE + "// a candidate\n")
+    requests = [r for _, _, r in build_requests(job)]
+    release, told = threading.Event(), []
+
+    def fake_build_many(requests, cache, prepared):
+        for _ in requests:  # planning, one request after the other, then the compilers
+            time.sleep(0.2)
+            told.append(time.monotonic())
+            prepared()
+        release.wait(30)
+        return ["built"]
+
+    monkeypatch.setattr(early_build, "build_many", fake_build_many)
+    early_build.start(job)
+    returned = time.monotonic()
+    assert len(told) == len(requests) == 2 and told[-1] <= returned  # not before the last build was prepared
+    assert early_build.running()  # and not after: the compilers still run
+    release.set()
+    assert early_build.take(requests, tmp_path / "cache") == ["built"]
 
 
 @needs_nvcc
