@@ -293,7 +293,7 @@ def build(req: BuildRequest, cache_dir: Path, *, timeout_s: float = 300, keep_go
 
     `keep_going` compiles every translation unit even after one fails, so the log holds all errors.
     `prepared` is called once, when what is left needs little of this interpreter: the sources are planned and
-    overlaid, and the build waits for its key's lock, then for its compilers (or it returned).
+    overlaid, and the build waits for its key's lock, then for its compilers (or it returned). It must not raise.
     """
     start = time.monotonic()
     cache_dir = Path(cache_dir)

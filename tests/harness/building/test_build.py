@@ -417,7 +417,52 @@ def test_prepared_is_told_once_per_build_before_its_compiler_runs(tree, tmp_path
     for label, changes in (("fresh", {}), ("overlay", {"overrides": candidate}), ("hit", {}),
                            ("refused", {"overrides": broken})):
         order.clear()
-        result = build(scale_request(tree, **changes), cache, prepared=lambda: order.append("prepared"))
+        request = scale_request(tree, **changes)
+        overlay = plan_build(request, cache).overlay
+
+        def tell(overlay=overlay) -> None:
+            order.append("prepared")
+            assert overlay is None or (overlay / ".done").exists()  # the candidate's sources overlaid first
+
+        result = build(request, cache, prepared=tell)
         assert result.ok == (label != "refused"), label
         expected = ["prepared"] if label == "hit" else ["prepared", "compiler"]
         assert order == expected, label
+
+
+def test_prepared_is_told_before_the_lock_and_on_failures(tree, tmp_path, monkeypatch):
+    """`prepared` comes before the key's lock (a builder waiting on another's compile has told it), and once on
+    a failure before any compiler: a bad name, an overlay that cannot be written."""
+    import fcntl
+    import os
+
+    import harness.building.nvcc_build as nvcc_build
+
+    cache = tmp_path / "cache"
+    request = scale_request(tree, overrides={"mylib/scale.cuh": SCALE + "// held\n"})
+    plan = plan_build(request, cache)
+    key = build_key(request, plan)
+    cache.mkdir(parents=True, exist_ok=True)
+    told = threading.Event()
+    handle = os.open(cache / f".{request.name}-{key[:16]}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(handle, fcntl.LOCK_EX)  # another builder of this key holds the lock
+    monkeypatch.setattr(nvcc_build, "_run_all", lambda *a, **k: ("", "stopped here"))
+    worker = threading.Thread(target=build, args=(request, cache), kwargs={"prepared": told.set})
+    worker.start()
+    try:
+        assert told.wait(30)  # told while it waits for the lock
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        os.close(handle)
+        worker.join(60)
+    calls: list[str] = []
+    assert not build(scale_request(tree, name="bad name"), cache, prepared=lambda: calls.append("bad")).ok
+
+    def no_room(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(nvcc_build, "materialise_overlay", no_room)
+    failed = build(scale_request(tree, overrides={"mylib/scale.cuh": SCALE + "// full\n"}), cache,
+                   prepared=lambda: calls.append("full"))
+    assert not failed.ok and "could not run" in failed.error
+    assert calls == ["bad", "full"]

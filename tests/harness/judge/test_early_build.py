@@ -133,12 +133,32 @@ def test_start_returns_once_every_build_is_prepared_while_the_compilers_run(tree
         return ["built"]
 
     monkeypatch.setattr(early_build, "build_many", fake_build_many)
+    monkeypatch.setattr(early_build, "build_jobs", lambda: 8)  # both start at once, whatever this machine's cores
     early_build.start(job)
     returned = time.monotonic()
     assert len(told) == len(requests) == 2 and told[-1] <= returned  # not before the last build was prepared
     assert early_build.running()  # and not after: the compilers still run
     release.set()
     assert early_build.take(requests, tmp_path / "cache") == ["built"]
+
+
+def test_start_waits_only_for_the_builds_that_start_at_once(tree, tmp_path, monkeypatch):
+    import threading
+
+    job = scale_job(tree, tmp_path / "cache", SCALE + "// a candidate\n")
+    release = threading.Event()
+
+    def one_compiler_at_a_time(requests, cache, prepared):
+        prepared()  # the first build planned; the second waits for a compiler
+        release.wait(30)
+        return ["built"]
+
+    monkeypatch.setattr(early_build, "build_many", one_compiler_at_a_time)
+    monkeypatch.setattr(early_build, "build_jobs", lambda: 1)
+    early_build.start(job, prepare_wait_s=20.0)
+    assert early_build.running()  # returned on the first build's word, not after the 20 s bound
+    release.set()
+    early_build.take([r for _, _, r in build_requests(job)], tmp_path / "cache")
 
 
 @needs_nvcc
