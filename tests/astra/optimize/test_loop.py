@@ -237,7 +237,7 @@ def test_an_original_under_its_own_floor_is_told_before_any_candidate(run):
 
 def test_a_round_whose_proposing_spent_the_time_says_what_was_not_judged(run):
     """The agent's proposing (a search, an exec command) spent the whole budget before any verification of this
-    session: the run stops on the time, with the count of proposals never judged."""
+    run: the run stops on the time, with the count of proposals never judged."""
     import time
 
     class SlowAgent(ScriptedAgent):
