@@ -11,7 +11,8 @@ trying in its place:
 - `unroll`: the factor of `#pragma unroll N`;
 - `cap`: a thread-count cap in host code, `dim3 block(std::min(heads * rot_dim / 2, 512))` or
   `threads = std::min(..., 512)`: the literal bound of a `std::min` in a statement about threads or blocks;
-- `launch`: a literal block size given to `LaunchKernel(grid, 256, ...)` or `<<<grid, 256, ...>>>`;
+- `launch`: a literal block size given to `LaunchKernel(grid, 256, ...)` or `<<<grid, 256, ...>>>`, unless
+  the kernel it launches never reads `blockDim` (a one-warp kernel striding by 32: more threads race);
 - `floor`: a thread-count floor in host code, `num_thread = std::max(num_experts, 128)`: the literal bound
   of a `std::max` in a statement about threads or blocks (a floor of 128 threads where 32 serve);
 - `warps`: a CTA's warp count written as linked literals (launch bounds, the launch's block size, the
@@ -33,6 +34,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from astra.cxx import decls
+from astra.cxx.brackets import closing
 from astra.cxx.text import blank
 from astra.optimize import cpp_args, entry_templates, warp_geometry
 
@@ -50,6 +53,8 @@ _NOT_TUNABLE = re.compile(r"(?i)(warp_?size|warp_?threads|max|min|per_?sm)")
 _MIN = re.compile(r"\bstd::min\s*(?:<[^<>();]*>)?\s*\(")
 _MAX = re.compile(r"\bstd::max\s*(?:<[^<>();]*>)?\s*\(")
 _LAUNCH = re.compile(r"\bLaunchKernel\s*\(|<<<")
+_METHOD = re.compile(r"\s*\.\s*\w+\s*\(")
+_FIRST_ARG = re.compile(r"\s*\(\s*&?\s*(?:\w+\s*::\s*)*(\w+)")  # (kernel<T>, ...), (&ns::kernel, ...)
 _ABOUT_THREADS = re.compile(r"(?i)thread|block|dim3|tpb|cta")
 _FLOOR_OF = re.compile(r"(?i)thread|tpb|cta_?size")
 MAX_THREADS = cpp_args.MAX_THREADS
@@ -165,14 +170,73 @@ def _thread_caps(text: str, call: re.Pattern = _MIN, about: re.Pattern = None) -
 
 
 def _launch_blocks(text: str) -> list[tuple[int, int, int]]:
-    """A literal block size: the second argument of `LaunchKernel(...)` or of `<<<...>>>`."""
+    """A literal block size: the second argument of `LaunchKernel(...)` or of `<<<...>>>`, unless the kernel
+    it launches is found in the file and never reads `blockDim` (see `_fixed_block`)."""
     blocks = []
+    code = blank(text)
+    pieces = None
     for m in _LAUNCH.finditer(text):
         spans = cpp_args.arguments(text, m.end(), ">>>" if m.group(0) == "<<<" else ")")
         found = cpp_args.literal(text, spans[1]) if len(spans) >= 2 else None
         if found:
-            blocks.append(found)
+            pieces = decls.chunks(text) if pieces is None else pieces
+            if not _fixed_block(code, pieces, _launched(code, m)):
+                blocks.append(found)
     return blocks
+
+
+def _launched(code: str, launch: re.Match) -> str | None:
+    """The name of the kernel a launch starts: the first argument of `LaunchKernel(...)(kernel, ...)`, or
+    what stands before `<<<` (template arguments left out); a local that names a kernel
+    (`KernelT kernel = my_kernel<4>;`, `auto k = &my_kernel;`) is read through. None when it cannot tell."""
+    if launch.group(0) == "<<<":
+        head = code[:launch.start()].rstrip()
+        if head.endswith(">"):  # my_kernel<T, 4><<<...>>>: back over the template arguments
+            depth, i = 0, len(head) - 1
+            while i >= 0:
+                depth += {">": 1, "<": -1}.get(head[i], 0)
+                if depth == 0:
+                    break
+                i -= 1
+            head = head[:max(i, 0)].rstrip()
+        name = re.search(r"(\w+)$", head)  # ns::kernel: the last name
+    else:
+        close = closing(code, launch.end() - 1)
+        while close is not None:  # LaunchKernel(...).enable_pdl(on)(kernel, ...): past the configuration calls
+            method = _METHOD.match(code, close + 1)
+            if not method:
+                break
+            close = closing(code, method.end() - 1)
+        name = _FIRST_ARG.match(code, close + 1) if close is not None else None
+    if name is None:
+        return None
+    alias = None
+    for a in re.finditer(rf"\b{re.escape(name.group(1))}\s*=\s*&?\s*(\w+)", code[:launch.start()]):
+        alias = a.group(1)
+    return alias or name.group(1)
+
+
+def _fixed_block(code: str, pieces: list, kernel: str | None) -> bool:
+    """Whether `kernel` is written for the block size it is launched with: its definition in the file, and the
+    file's functions it calls (transitively), never read `blockDim`. Such a kernel spreads its work with its
+    own constants (`for (i = lane; i < n; i += 32)` in a one-warp kernel): more threads repeat that work and
+    race on its stores, fewer leave part of it undone, and a race can give the original's outputs by timing
+    alone, which no check of outputs rules out. False when the kernel is not found in the file."""
+    bodies: dict[str, str] = {}
+    for c in pieces:  # a forward declaration, an overload, a specialisation: all read as one
+        if c.name:
+            bodies[c.name] = bodies.get(c.name, "") + "\n" + code[c.start:c.end]
+    if kernel not in bodies or "__global__" not in bodies[kernel]:
+        return False
+    seen, todo = {kernel}, [kernel]
+    while todo:
+        body = bodies[todo.pop()]
+        if re.search(r"\bblockDim\b", body):
+            return False
+        for name in decls.references(body, set(bodies) - seen):
+            seen.add(name)
+            todo.append(name)
+    return True
 
 
 def line_of(text: str, param: Param) -> int:

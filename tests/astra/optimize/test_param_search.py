@@ -226,11 +226,52 @@ def test_thread_caps_and_literal_block_sizes_are_found_in_real_kernels(sglang_05
     assert all(rope[p.start:p.end] == "512" and "std::min" in rope[rope.rfind("\n", 0, p.start):p.start] for p in caps)
     experts = _sglang_kernel(sglang_0523, "moe/paged_experts.cuh")
     launches = {p.value: p for p in param_space.find_params(experts) if p.kind == "launch"}
-    assert set(launches) == {32, 256}  # the block sizes; the literal grid of 256 blocks is not touched
+    # the block sizes; the literal grid of 256 blocks is not touched, nor the one-warp decide kernel's 32
+    # (it never reads blockDim: test_a_kernel_that_never_reads_blockdim_keeps_its_block_size)
+    assert set(launches) == {256}
     text = param_space.render(experts, list(launches.values()), {launches[256].name: 512})
     assert "LaunchKernel(256, 512," in text and text.count("LaunchKernel(256, 256,") == experts.count("LaunchKernel(256, 256,") - 1
     softmax = {p.name: p for p in param_space.find_params(_sglang_kernel(sglang_0523, "moe/moe_topk_softmax.cuh"))}
     assert softmax["TPB"].value == 256 and softmax["WARPS_PER_TB"].value == 4
+
+
+ONE_WARP = """
+#include <cstdint>
+namespace demo {
+__device__ int spread(int n) { return n * blockDim.x; }
+
+// one warp: its lanes stride by 32 and lane 0 commits; a second warp would repeat the loop and race
+__global__ void one_warp(int* slots, const int* ids, int n) {
+  const int lane = threadIdx.x;
+  for (int i = lane; i < n; i += 32) slots[ids[i]] = i;
+  if (lane == 0) slots[0] = n;
+}
+__global__ void strided(float* out, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = 0.f;
+}
+template <int kN>
+__global__ void through_helper(int* out) { out[threadIdx.x] = spread(kN); }
+template <int kN>
+__global__ void fixed_tile(int* out) { out[threadIdx.x + kN] = 1; }
+
+void launch(int* slots, const int* ids, int n, float* out, cudaStream_t stream) {
+  LaunchKernel(1, 32, stream).enable_pdl(false)(one_warp, slots, ids, n);
+  LaunchKernel(1, 256, stream)(&demo::strided, out, n);
+  through_helper<4><<<1, 128, 0, stream>>>(slots);
+  auto tile = fixed_tile<8>;
+  tile<<<2, 64, 0, stream>>>(slots);
+}
+}  // namespace demo
+"""
+
+
+def test_a_kernel_that_never_reads_blockdim_keeps_its_block_size():
+    """A literal block size is tuned only where the launched kernel reads blockDim (itself or through a
+    function of the file it calls): a one-warp kernel whose lanes stride by 32 would, with 64 threads,
+    run its loop twice over and race on its stores, and the race can leave the original's outputs."""
+    launches = {p.value: p for p in param_space.find_params(ONE_WARP) if p.kind == "launch"}
+    assert set(launches) == {256, 128}  # strided, through_helper; not one_warp (32) nor fixed_tile (64)
+    assert ONE_WARP[launches[128].start - 10:launches[128].end].endswith("<<<1, 128")
 
 
 def test_warp_sizes_maxima_and_comments_are_never_tuned(sglang_0523):
