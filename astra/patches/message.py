@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from astra.patches import scope
+from astra.spec.checks import EXACT_DTYPES
 from harness import Verdict
 
 _MODE_TEXT = {
@@ -105,6 +106,9 @@ def correctness_lines(verdict: Verdict, tolerance: dict, sanitizer_required: boo
            "same SGLang sources with the same flags."]
     for dtype in dtypes:
         tol = tolerance.get(dtype) or {}
+        if dtype in EXACT_DTYPES and not tol:
+            out.append(f"- {dtype} outputs: compared exactly (no tolerance)")
+            continue
         out.append(f"- tolerance {dtype}: atol {tol.get('atol', '?')}, rtol {tol.get('rtol', '?')}, "
                    f"floor {tol.get('floor', '?')}")
     worst = [(name, ref.get("cand"), ref.get("orig")) for c in cases for name, ref in c.reference.items()

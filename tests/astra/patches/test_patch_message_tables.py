@@ -1,8 +1,11 @@
-"""The timing tables of a patch message (astra.patches.message) on SYNTHETIC verdicts (tests/verdicts.py)."""
+"""The timing tables and correctness lines of a patch message (astra.patches.message) on SYNTHETIC verdicts
+(tests/verdicts.py, or a case written here)."""
 
 from __future__ import annotations
 
-from astra.patches.message import OVER_FLOOR, OVER_FLOOR_NOTE, timing_tables
+from astra.patches.message import OVER_FLOOR, OVER_FLOOR_NOTE, correctness_lines, timing_tables
+from harness import Verdict
+from harness.judge.verdict import CaseResult
 from tests.verdicts import make_verdict
 
 
@@ -32,3 +35,12 @@ def test_astra_patch_takes_drafts_as_check_does(tmp_path, monkeypatch, capsys):
     assert main(["patch", "mydraft", "--candidate", str(tmp_path / "c.cuh"), "--verdict", str(tmp_path / "v.json")]) == 4
     err = capsys.readouterr().err
     assert "unprobed draft" in err and "astra probe mydraft" in err
+
+
+def test_the_patch_says_exact_where_a_dtype_has_no_tolerance():
+    """An integer suite is compared bit for bit: the message says so rather than `atol ?, rtol ?`."""
+    case = CaseResult(id="edge/int32/n=1", band="decode", label="edge", dtype="int32", dims={"n": 1}, timed=True,
+                      bytes=4, trials=3)
+    lines = correctness_lines(Verdict(status="correct", reason="", correct=True, cases=[case]), {})
+    assert "- int32 outputs: compared exactly (no tolerance)" in lines
+    assert not any("?" in line for line in lines)
