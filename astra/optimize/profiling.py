@@ -16,7 +16,8 @@ Four kinds of evidence, each symptom naming its own (`source`):
   instruction mix per pipe, registers and local-memory (spill) instructions;
 - source: what the kernel text shows (`serial_loop`: a loop only thread 0 runs; `scalar_memory`: no 16-byte
   vector access anywhere while a band is far from its floor; a block-wide reduction for
-  `block_reduce_small_row`).
+  `block_reduce_small_row`; `serial_launches`: a launch after another launch of the same host function,
+  without programmatic dependent launch).
 
 The thresholds are this module's constants; a symptom's evidence always carries the numbers it rests on.
 Without ncu the profile says why in `notes`, and the planner works from the other three.
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from astra import input_files
+from astra.cxx import decls
 from astra.cxx.text import blank
 from astra.optimize.loop import source_id
 from harness import BANDS, Verdict, geomean
@@ -48,6 +50,7 @@ SM_WARPS, SM_REGISTERS, SM_SMEM = 64, 65536, 228 * 1024  # Hopper, per SM
 _VECTOR = re.compile(r"\b(?:u?int4|float4|double2|longlong2|AlignedVector|aligned_vector|vec_t|Vec(?:tor)?<|"
                      r"ld\.global(?:\.\w+)*\.v[248]|load_128|uint128_t|__ldg\s*\(\s*reinterpret_cast\s*<\s*const\s+u?int4)")
 _BLOCK_REDUCE = re.compile(r"\b(?:block_?[Rr]educe|BlockReduce|blockReduce\w*|block_reduce\w*)\b")
+_LAUNCH = re.compile(r"\bLaunchKernel\s*\(")
 _THREAD0 = re.compile(r"if\s*\(\s*threadIdx\.x\s*==\s*0\s*\)\s*")
 # a remainder (integers only) by a run-time value: a name or a member, not a literal, a `kConstant` or a call
 _REMAINDER = re.compile(r"[\w)\]]\s*%\s*\(?\s*(?!k[A-Z])([a-z_][\w.]*)\b(?!\s*[(<])")
@@ -385,6 +388,12 @@ def _source(profile: Profile, source: str) -> list[Symptom]:
             line = code.count("\n", 0, m.start()) + 1
             out.append(Symptom("serial_loop", "all", f"line {line}: a loop only thread 0 runs", "source", {"line": line}))
             break
+    chained = _launch_after_launch(source, code)
+    if chained is not None:
+        line, count = chained
+        out.append(Symptom("serial_launches", "all", f"line {line}: a launch after another launch of its function "
+                           f"({count} there), without programmatic dependent launch", "source",
+                           {"line": line, "launches": count}))
     reduce = _BLOCK_REDUCE.search(code)
     if reduce is not None and "__syncthreads" in code:
         line = code.count("\n", 0, reduce.start()) + 1
@@ -396,6 +405,22 @@ def _source(profile: Profile, source: str) -> list[Symptom]:
                 out.append(Symptom("block_reduce_small_row", band, f"line {line}: a block-wide reduction ({why}, "
                                    f"{facts.case})", "source", {"line": line, "block": block}))
     return out
+
+
+def _launch_after_launch(source: str, code: str) -> tuple[int, int] | None:
+    """(line, launches) of the first `LaunchKernel(...)` statement of a host function that follows another
+    launch statement of that function and does not set `.enable_pdl(...)`: an op of several kernels whose next
+    launch waits for the last one to end (pdl_chain's pattern; the pass reads the branches, this does not)."""
+    for chunk in decls.chunks(source):
+        text = code[chunk.start:chunk.end]
+        if "__global__" in text:
+            continue
+        launches = [m.start() for m in _LAUNCH.finditer(text)]
+        for at in launches[1:]:
+            end = text.find(";", at)
+            if ".enable_pdl(" not in text[at:end if end >= 0 else len(text)]:
+                return code.count("\n", 0, chunk.start + at) + 1, len(launches)
+    return None
 
 
 def _guarded(code: str, start: int) -> str:

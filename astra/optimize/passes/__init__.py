@@ -7,7 +7,8 @@ intrinsics where the spec's tolerance allows (`fast_math`), several rows per CTA
 thread-strided loops over several CTAs (`split`), a loop
 one thread runs spread over its CTA or warp (`parallelize`), the block size every launch uses
 given to ptxas as `__launch_bounds__` (`launch_bounds`), an index's division by launch arguments as a
-multiply-high and a shift (`fastdiv`). One pass
+multiply-high and a shift (`fastdiv`), a launch after another launch of the op started under programmatic
+dependent launch (`pdl_chain`). One pass
 per module of this package; each checks its preconditions on the parsed source and refuses with a
 one-line reason when they do not hold. None is assumed to be faster or even correct: every output is
 built and verified like any other candidate. Passes compose: each reads whatever source it is given.
@@ -33,12 +34,13 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
     from astra.optimize.passes.fastdiv import FastDiv
     from astra.optimize.passes.launch_bounds import LaunchBounds
     from astra.optimize.passes.parallelize import Parallelize
+    from astra.optimize.passes.pdl_chain import PdlChain
     from astra.optimize.passes.reuse import Reuse
     from astra.optimize.passes.split import Split
     from astra.optimize.passes.vectorize import Vectorize
     from astra.optimize.passes.warp_reduce import WarpReduce
 
-    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen, Split, Parallelize, LaunchBounds, FastDiv]
+    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen, Split, Parallelize, LaunchBounds, FastDiv, PdlChain]
     return {cls.name: cls(headers) for cls in every if names is None or cls.name in names}
 
 
@@ -50,6 +52,7 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
 # for twelve: one-CTA-per-row kernels whose rows are elementwise (rotary embeddings, activations, n-gram tables).
 # fastdiv builds for ten: kernels that split a flat index into coordinates by run-time sizes (rotary embeddings
 # of diffusion models, channel norms, MLA concatenations, MoE routing maps, n-gram and Mamba state tables).
+# pdl_chain builds for seven: most ops launch one kernel, and SGLang chains its own multi-kernel ops by hand.
 DEFAULT = ("fast_math", "coarsen", "launch_bounds", "vectorize", "reuse", "split", "fastdiv")
 
 

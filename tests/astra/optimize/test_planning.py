@@ -23,7 +23,7 @@ from tests.astra.optimize.test_profiling import SERIAL, verdict
 from tests.verdicts import make_verdict
 
 KNOWN_PASSES = {"vectorize", "reuse", "warp_reduce", "fast_math", "coarsen", "split", "parallelize", "launch_bounds",
-                "fastdiv"}
+                "fastdiv", "pdl_chain"}
 
 
 @dataclass(frozen=True)

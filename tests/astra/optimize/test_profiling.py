@@ -77,6 +77,26 @@ def test_vector_source_and_no_spills_give_no_source_symptoms():
     assert ids == {"launch_bound", "far_from_floor"}
 
 
+def test_a_launch_after_another_launch_of_its_function_plans_pdl_chain():
+    source = VECTOR + """
+void run(const uint4* in, uint4* tmp, uint4* out, int n, cudaStream_t stream) {
+  LaunchKernel(n / 256, 256, stream)(copy, in, tmp, n);
+  // LaunchKernel(1, 32, stream)(copy, ...) in a comment does not count
+  LaunchKernel(n / 256, 256, stream)(copy, tmp, out, n);
+}
+"""
+    profile = ProfilingAgent().profile(source, verdict(resources=[{"name": "copy", "registers": 32}]))
+    found = {(s.id, s.band): s for s in profile.symptoms}
+    symptom = found[("serial_launches", "all")]
+    assert symptom.evidence == ("line 10: a launch after another launch of its function (2 there), without "
+                                "programmatic dependent launch") and symptom.facts == {"line": 10, "launches": 2}
+    plans, _ = planning.make_plan(profile, planning.load_rules())
+    assert plans[0].step == "pass:pdl_chain"
+    chained = source.replace("stream)(copy, tmp", "stream).enable_pdl(true)(copy, tmp")
+    profile = ProfilingAgent().profile(chained, verdict(resources=[{"name": "copy", "registers": 32}]))
+    assert "serial_launches" not in {s.id for s in profile.symptoms}
+
+
 def test_a_remainder_by_a_run_time_value_is_an_index_division_where_a_band_is_far():
     source = """
 __global__ void rope(float* q, const float* table, int64_t n, int64_t pairs, int64_t heads) {
