@@ -53,6 +53,7 @@ _NOT_TUNABLE = re.compile(r"(?i)(warp_?size|warp_?threads|max|min|per_?sm)")
 _MIN = re.compile(r"\bstd::min\s*(?:<[^<>();]*>)?\s*\(")
 _MAX = re.compile(r"\bstd::max\s*(?:<[^<>();]*>)?\s*\(")
 _LAUNCH = re.compile(r"\bLaunchKernel\s*\(|<<<")
+_BLOCK_SIZE = re.compile(r"\bblockDim\b|\bthis_thread_block\b|\bthread_block\b|\btiled_partition\b")
 _METHOD = re.compile(r"\s*\.\s*\w+\s*\(")
 _FIRST_ARG = re.compile(r"\s*\(\s*&?\s*(?:\w+\s*::\s*)*(\w+)")  # (kernel<T>, ...), (&ns::kernel, ...)
 _ABOUT_THREADS = re.compile(r"(?i)thread|block|dim3|tpb|cta")
@@ -170,25 +171,27 @@ def _thread_caps(text: str, call: re.Pattern = _MIN, about: re.Pattern = None) -
 
 
 def _launch_blocks(text: str) -> list[tuple[int, int, int]]:
-    """A literal block size: the second argument of `LaunchKernel(...)` or of `<<<...>>>`, unless the kernel
-    it launches is found in the file and never reads `blockDim` (see `_fixed_block`)."""
+    """A literal block size: the second argument of `LaunchKernel(...)` or of `<<<...>>>`, unless every kernel
+    it may launch is found in the file and never reads `blockDim` (see `_fixed_block`)."""
     blocks = []
     code = blank(text)
-    pieces = None
+    device = None
     for m in _LAUNCH.finditer(text):
         spans = cpp_args.arguments(text, m.end(), ">>>" if m.group(0) == "<<<" else ")")
         found = cpp_args.literal(text, spans[1]) if len(spans) >= 2 else None
         if found:
-            pieces = decls.chunks(text) if pieces is None else pieces
-            if not _fixed_block(code, pieces, _launched(code, m)):
+            device = _device_code(text, code) if device is None else device
+            names = _launched(code, m, device)
+            if not (names and all(_fixed_block(device, name) for name in names)):
                 blocks.append(found)
     return blocks
 
 
-def _launched(code: str, launch: re.Match) -> str | None:
-    """The name of the kernel a launch starts: the first argument of `LaunchKernel(...)(kernel, ...)`, or
-    what stands before `<<<` (template arguments left out); a local that names a kernel
-    (`KernelT kernel = my_kernel<4>;`, `auto k = &my_kernel;`) is read through. None when it cannot tell."""
+def _launched(code: str, launch: re.Match, device: dict[str, str]) -> list[str]:
+    """The kernels a launch may start: the first argument of `LaunchKernel(...)(kernel, ...)`, or what stands
+    before `<<<` (namespaces and template arguments left out); a local that names a kernel
+    (`auto kernel = my_kernel<4>;`, `auto k = &ns::my_kernel;`, `auto k = c ? a<1> : a<2>;`) is read through to
+    every kernel of the file its initialiser names. Empty when it cannot tell."""
     if launch.group(0) == "<<<":
         head = code[:launch.start()].rstrip()
         if head.endswith(">"):  # my_kernel<T, 4><<<...>>>: back over the template arguments
@@ -209,31 +212,43 @@ def _launched(code: str, launch: re.Match) -> str | None:
             close = closing(code, method.end() - 1)
         name = _FIRST_ARG.match(code, close + 1) if close is not None else None
     if name is None:
-        return None
-    alias = None
-    for a in re.finditer(rf"\b{re.escape(name.group(1))}\s*=\s*&?\s*(\w+)", code[:launch.start()]):
-        alias = a.group(1)
-    return alias or name.group(1)
+        return []
+    if name.group(1) in device and "__global__" in device[name.group(1)]:
+        return [name.group(1)]
+    initialiser = None
+    for a in re.finditer(rf"\b{re.escape(name.group(1))}\s*=([^;]*);", code[:launch.start()]):
+        initialiser = a.group(1)
+    if initialiser is None:
+        return []
+    return [w for w in dict.fromkeys(re.findall(r"\w+", initialiser)) if "__global__" in device.get(w, "")]
 
 
-def _fixed_block(code: str, pieces: list, kernel: str | None) -> bool:
+def _device_code(text: str, code: str) -> dict[str, str]:
+    """The file's device code by name: each `__global__` or `__device__` definition (a declaration, an overload,
+    a specialisation: all read as one) and each `#define` (a macro may read blockDim for a kernel)."""
+    out: dict[str, str] = {}
+    for c in decls.layout(text) or decls.chunks(text):
+        piece = code[c.start:c.end]
+        if c.name and (c.kind == decls.DIRECTIVE or "__global__" in piece or "__device__" in piece):
+            out[c.name] = out.get(c.name, "") + "\n" + piece
+    return out
+
+
+def _fixed_block(device: dict[str, str], kernel: str) -> bool:
     """Whether `kernel` is written for the block size it is launched with: its definition in the file, and the
-    file's functions it calls (transitively), never read `blockDim`. Such a kernel spreads its work with its
-    own constants (`for (i = lane; i < n; i += 32)` in a one-warp kernel): more threads repeat that work and
-    race on its stores, fewer leave part of it undone, and a race can give the original's outputs by timing
-    alone, which no check of outputs rules out. False when the kernel is not found in the file."""
-    bodies: dict[str, str] = {}
-    for c in pieces:  # a forward declaration, an overload, a specialisation: all read as one
-        if c.name:
-            bodies[c.name] = bodies.get(c.name, "") + "\n" + code[c.start:c.end]
-    if kernel not in bodies or "__global__" not in bodies[kernel]:
+    file's device functions and macros it names (transitively), never read the block's size (`blockDim`, or a
+    cooperative group of the block). Such a kernel spreads its work with its own constants
+    (`for (i = lane; i < n; i += 32)` in a one-warp kernel): more threads repeat that work and race on its
+    stores, fewer leave part of it undone, and a race can give the original's outputs by timing alone, which no
+    check of outputs rules out. False where the kernel's body is not in the file."""
+    if "__global__" not in device.get(kernel, "") or "{" not in device[kernel]:
         return False
     seen, todo = {kernel}, [kernel]
     while todo:
-        body = bodies[todo.pop()]
-        if re.search(r"\bblockDim\b", body):
+        body = device[todo.pop()]
+        if _BLOCK_SIZE.search(body):
             return False
-        for name in decls.references(body, set(bodies) - seen):
+        for name in decls.references(body, set(device) - seen):
             seen.add(name)
             todo.append(name)
     return True

@@ -24,8 +24,9 @@ chained nor released.
 Refused: a later kernel that already waits or releases (PDLWaitPrimary, PDLTriggerSecondary,
 `griddepcontrol`, cudaGridDependencySynchronize), a launch that already says `.enable_pdl(...)`, a file where no
 launch comes after another.
-The instructions are emitted for sm_90 and later only (`__CUDA_ARCH__ >= 900`); elsewhere both are absent and
-the attribute, where the launcher sets it, is ignored by the driver.
+The instructions are emitted for sm_90 and later only (`__CUDA_ARCH__ >= 900`), as SGLang's own PDLWaitPrimary
+is. A GPU before Hopper ignores the attribute; a build for an older architecture run on Hopper through its PTX
+would launch with the attribute and no wait, which SGLang's JIT (built for the GPU it runs on) never does.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ RELEASE = 'asm volatile("griddepcontrol.launch_dependents;");'
 _GUARD = "#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)"
 _PDL = re.compile(r"\b(?:PDLWaitPrimary|PDLTriggerSecondary|cudaGridDependencySynchronize|"
                   r"cudaTriggerProgrammaticLaunchCompletion)\b|griddepcontrol")
+_ANOTHER_PATH = ("CASE_STMT", "DEFAULT_STMT", "BREAK_STMT", "CONTINUE_STMT", "RETURN_STMT", "GOTO_STMT")
+_LAUNCH_TEXT = re.compile(rb"\bLaunchKernel\s*\(")
+_RELEASES = re.compile(r"\b(?:PDLTriggerSecondary|cudaTriggerProgrammaticLaunchCompletion)\b|"
+                       r"asm\s+volatile\s*\(\s*\"griddepcontrol\.launch_dependents;\"")
 _WAIT_CALL = re.compile(r"\b(?:PDLWaitPrimary\s*<[^<>;]*>\s*\(\s*\)|cudaGridDependencySynchronize\s*\(\s*\))\s*;|"
                         r"asm\s+volatile\s*\(\s*\"griddepcontrol\.wait;\"[^;]*;")
 
@@ -76,17 +81,24 @@ class PdlChain(ParsedPass):
             if not unit.code(use.call).startswith("LaunchKernel(") or close is None:
                 reasons.append(f"{kernel.spelling}: the launch on line {_line(unit, use.call)} is not LaunchKernel(...)")
                 continue
-            edits[(close + 1, close + 1)] = ".enable_pdl(true)"
             start = _body_start(unit, kernel)
+            if start is None:
+                reasons.append(f"{kernel.spelling}: its body is not written out in the file (a macro?)")
+                continue
+            edits[(close + 1, close + 1)] = ".enable_pdl(true)"
             edits[(start, start)] = _block(unit, start, WAIT, "wait for the launch before this one (PDL)")
             for other in earlier:
                 releases.setdefault(other.spelling, other)
             after = ", ".join(sorted(k.spelling for k in earlier)) or "a launch"
-            done.append((_line(unit, use.call), f"{kernel.spelling} after {after} (line {_line(unit, use.call)})"))
+            told = (_line(unit, use.call), f"{kernel.spelling} after {after} (line {_line(unit, use.call)})")
+            if told not in done:  # an explicit specialisation: the same launch read twice
+                done.append(told)
         if not done:
             raise Refusal("; ".join(reasons))
         for kernel in releases.values():
-            at = _after_wait(unit, kernel)
+            at = _after_wait(unit, plain, kernel)
+            if at is None or _in_code(unit, plain, _RELEASES, *unit.span(kernel)):
+                continue  # not written out in the file, or it releases where its author chose already
             if (at, at) in edits:  # the kernel waits too (a chain of three): release right after its new wait
                 edits[(at, at)] += _block(unit, at, RELEASE, "let the next launch start (PDL)")
             else:
@@ -119,7 +131,9 @@ def _earlier_kernels(unit: Unit, use: Use, launches: list, up: dict) -> list | N
         if parent.kind.name == "COMPOUND_STMT":
             siblings = list(parent.get_children())
             for sibling in reversed(siblings[: siblings.index(node)]):
-                if "LaunchKernel(" not in unit.code(sibling):
+                if sibling.kind.name in _ANOTHER_PATH:
+                    return None  # a `case` before this one, or a jump: what precedes may not have run
+                if not _launches_here(unit, sibling):
                     continue
                 found: list = []
                 for n in walk(sibling):
@@ -130,22 +144,48 @@ def _earlier_kernels(unit: Unit, use: Use, launches: list, up: dict) -> list | N
     return None
 
 
-def _body_start(unit: Unit, kernel) -> int:
-    """Just past the `{` of the kernel's body."""
-    return unit.span(body(kernel))[0] + 1
+def _launches_here(unit: Unit, statement) -> bool:
+    """Whether `statement` launches through LaunchKernel when it runs: a launch outside any lambda it defines."""
+    lambdas = [unit.span(n) for n in walk(statement) if n.kind.name == "LAMBDA_EXPR"]
+    return any(not any(a <= m.start() < b for a, b in lambdas)
+               for m in _LAUNCH_TEXT.finditer(unit.data, *unit.span(statement)))
 
 
-def _after_wait(unit: Unit, kernel) -> int:
-    """Where a release goes: past the kernel's own wait for its primary if it has one, else its body's start."""
+def _body_start(unit: Unit, kernel) -> int | None:
+    """Just past the `{` of the kernel's body; None where that brace is not written in the file itself (a
+    kernel a macro defines)."""
+    block = body(kernel)
+    if block is None or not unit.in_main(block):
+        return None
+    start = unit.span(block)[0]
+    return start + 1 if unit.data[start:start + 1] == b"{" else None
+
+
+def _after_wait(unit: Unit, plain: str, kernel) -> int | None:
+    """Where a release goes: past the kernel's own wait for its primary if it has one, else its body's start
+    (`plain`: the file with comments and literals blanked, one character per byte)."""
     start = _body_start(unit, kernel)
-    text = unit.data[start:unit.span(kernel)[1]].decode()
-    wait = _WAIT_CALL.search(text)
-    return start + len(text[:wait.end()].encode()) if wait else start
+    if start is None:
+        return None
+    wait = _in_code(unit, plain, _WAIT_CALL, start, unit.span(kernel)[1])
+    return wait.end() if wait else start
+
+
+def _in_code(unit: Unit, plain: str, pattern: re.Pattern, start: int, end: int) -> re.Match | None:
+    """The first match of `pattern` in the file's bytes [start, end) that begins in code, not in a comment or
+    a literal (an `asm` statement's string is read: it says which instruction)."""
+    raw = unit.data.decode("latin-1")
+    for m in pattern.finditer(raw, start, end):
+        if plain[m.start()] == raw[m.start()]:
+            return m
+    return None
 
 
 def _block(unit: Unit, at: int, statement: str, why: str) -> str:
+    """The guarded statement, on lines of its own, to insert at `at` (just past a `{` or a statement)."""
     indent = _indent_inside(unit, at)
-    return f"\n{_GUARD}\n{indent}{statement}  // {why}\n#endif"
+    after = "" if unit.data[at:at + 1] in (b"\n", b"\r") else "\n"  # code after `{` on its line stays code
+    return f"\n{_GUARD}\n{indent}{statement}  // {why}\n#endif{after}"
 
 
 def _indent_inside(unit: Unit, at: int) -> str:

@@ -253,6 +253,14 @@ template <int kN>
 __global__ void through_helper(int* out) { out[threadIdx.x] = spread(kN); }
 template <int kN>
 __global__ void fixed_tile(int* out) { out[threadIdx.x + kN] = 1; }
+template <bool kFirst>
+__global__ void one_warp_of(int* slots) {
+  for (int i = threadIdx.x; i < 64; i += 32) slots[i] = kFirst;
+}
+#define ROW_STRIDE blockDim.x
+__global__ void macro_stride(float* out, int n) {
+  for (int i = threadIdx.x; i < n; i += ROW_STRIDE) out[i] = 1.f;
+}
 
 void launch(int* slots, const int* ids, int n, float* out, cudaStream_t stream) {
   LaunchKernel(1, 32, stream).enable_pdl(false)(one_warp, slots, ids, n);
@@ -260,6 +268,11 @@ void launch(int* slots, const int* ids, int n, float* out, cudaStream_t stream) 
   through_helper<4><<<1, 128, 0, stream>>>(slots);
   auto tile = fixed_tile<8>;
   tile<<<2, 64, 0, stream>>>(slots);
+  auto pick = n > 4 ? one_warp_of<true> : one_warp_of<false>;
+  LaunchKernel(1, 32, stream)(pick, slots);
+  auto qualified = &demo::one_warp;
+  qualified<<<1, 32, 0, stream>>>(slots, ids, n);
+  macro_stride<<<1, 512, 0, stream>>>(out, n);
 }
 }  // namespace demo
 """
@@ -270,7 +283,9 @@ def test_a_kernel_that_never_reads_blockdim_keeps_its_block_size():
     function of the file it calls): a one-warp kernel whose lanes stride by 32 would, with 64 threads,
     run its loop twice over and race on its stores, and the race can leave the original's outputs."""
     launches = {p.value: p for p in param_space.find_params(ONE_WARP) if p.kind == "launch"}
-    assert set(launches) == {256, 128}  # strided, through_helper; not one_warp (32) nor fixed_tile (64)
+    # strided, through_helper, macro_stride (blockDim through a macro); not one_warp (32, named directly or
+    # through `&demo::one_warp`), one_warp_of (through a choice of two instances) nor fixed_tile (64)
+    assert sorted(launches) == [128, 256, 512]
     assert ONE_WARP[launches[128].start - 10:launches[128].end].endswith("<<<1, 128")
 
 

@@ -106,3 +106,42 @@ def test_the_middle_of_three_waits_then_releases(tmp_path):
     assert absmax.index(WAIT) < absmax.index(RELEASE) < absmax.index("for (")  # its own wait first
     assert ".enable_pdl(true)(absmax" in out and "LaunchKernel(132, 256, stream)(absmax" in out
     assert compiles(tmp_path, out, "template void run<false, float>(float*, const float*, float*, int, cudaStream_t);") == ""
+
+
+def test_code_on_the_brace_line_a_macro_kernel_and_an_author_placed_release(tmp_path):
+    """The wait goes on lines of its own, so code written after `{` stays code; a kernel whose body a macro
+    writes is refused; an earlier kernel that releases where its author chose gets no second release."""
+    tight = KERNEL.replace("__global__ void quant(T* y, const float* x, const float* scale, int n) {\n  const int i",
+                           "__global__ void quant(T* y, const float* x, const float* scale, int n) {  const int i")
+    result = _apply(tight)
+    assert result.applies, result.reason
+    assert "#endif\n  const int i = blockIdx.x" in result.source
+    assert compiles(tmp_path, result.source, "template void run<false, float>(float*, const float*, float*, int, cudaStream_t);") == ""
+    macro = KERNEL.replace(
+        "template <typename T>\n__global__ void quant(T* y, const float* x, const float* scale, int n) {\n"
+        "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n  if (i < n) y[i] = static_cast<T>(x[i] / *scale);\n}",
+        "#define QUANT(T) __global__ void quant(T* y, const float* x, const float* scale, int n) { \\\n"
+        "  const int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = static_cast<T>(x[i] / *scale); }\n"
+        "QUANT(float)").replace("(quant<T>, y", "(quant, y")
+    assert macro.count("QUANT(") == 2
+    result = _apply(macro)
+    assert not result.applies and result.reason == "quant: its body is not written out in the file (a macro?)"
+    released = KERNEL.replace("atomicMax(reinterpret_cast<int*>(scale), __float_as_int(fabsf(x[i])));",
+                              "atomicMax(reinterpret_cast<int*>(scale), __float_as_int(fabsf(x[i])));\n"
+                              "  cudaTriggerProgrammaticLaunchCompletion();")
+    result = _apply(released)
+    assert result.applies and RELEASE not in result.source and WAIT in result.source
+
+
+def test_switch_cases_and_a_lambda_defined_earlier_are_not_a_chain():
+    cases = KERNEL.replace(
+        "  if constexpr (!kStatic) {\n    LaunchKernel(132, 256, stream)(absmax, scale, x, n);\n  }\n"
+        "  LaunchKernel((n + 255) / 256, 256, stream)(quant<T>, y, x, scale, n);",
+        "  switch (n % 2) {\n    case 0:\n      LaunchKernel(132, 256, stream)(absmax, scale, x, n);\n      break;\n"
+        "    default:\n      LaunchKernel((n + 255) / 256, 256, stream)(quant<T>, y, x, scale, n);\n  }")
+    assert cases != KERNEL and not _apply(cases).applies
+    deferred = KERNEL.replace(
+        "  if constexpr (!kStatic) {\n    LaunchKernel(132, 256, stream)(absmax, scale, x, n);\n  }\n",
+        "  auto later = [&] { LaunchKernel(132, 256, stream)(absmax, scale, x, n); };\n")
+    result = _apply(deferred)
+    assert deferred != KERNEL and not result.applies, result.reason
