@@ -63,4 +63,3 @@ def test_the_option_reaches_the_job_and_the_patch_says_it():
         correctness_lines(verdict, {})
     verdict.sandbox = "off (--no-sandbox)"
     assert "- OS sandbox: off (--no-sandbox)" in correctness_lines(verdict, {})
-

@@ -139,9 +139,12 @@ def test_switch_cases_and_a_lambda_defined_earlier_are_not_a_chain():
         "  LaunchKernel((n + 255) / 256, 256, stream)(quant<T>, y, x, scale, n);",
         "  switch (n % 2) {\n    case 0:\n      LaunchKernel(132, 256, stream)(absmax, scale, x, n);\n      break;\n"
         "    default:\n      LaunchKernel((n + 255) / 256, 256, stream)(quant<T>, y, x, scale, n);\n  }")
-    assert cases != KERNEL and not _apply(cases).applies
+    assert cases != KERNEL
+    result = _apply(cases)
+    assert not result.applies and "comes after another launch of its function" in result.reason
     deferred = KERNEL.replace(
         "  if constexpr (!kStatic) {\n    LaunchKernel(132, 256, stream)(absmax, scale, x, n);\n  }\n",
         "  auto later = [&] { LaunchKernel(132, 256, stream)(absmax, scale, x, n); };\n")
     result = _apply(deferred)
-    assert deferred != KERNEL and not result.applies, result.reason
+    assert deferred != KERNEL
+    assert not result.applies and "comes after another launch of its function" in result.reason
