@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(no GPU needed)")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="passes to run (vectorize, reuse, warp_reduce, fast_math, coarsen, split, parallelize, "
-                        "launch_bounds, fastdiv, pdl_chain; default: every pass)")
+                        "launch_bounds, fastdiv, pdl_chain, batch_loads; default: every pass)")
     _sglang_options(p)
     p.add_argument("--module", action="append", default=[], metavar="MODULE",
                    help="only this module (repeatable; default: every sm_90a-buildable module)")

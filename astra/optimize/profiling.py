@@ -17,7 +17,8 @@ Four kinds of evidence, each symptom naming its own (`source`):
 - source: what the kernel text shows (`serial_loop`: a loop only thread 0 runs; `scalar_memory`: no 16-byte
   vector access anywhere while a band is far from its floor; a block-wide reduction for
   `block_reduce_small_row`; `serial_launches`: a launch after another launch of the same host function,
-  without programmatic dependent launch).
+  without programmatic dependent launch; `loads_behind_stores`: an unrolled loop that loads, then stores,
+  while a band is far from its floor).
 
 The thresholds are this module's constants; a symptom's evidence always carries the numbers it rests on.
 Without ncu the profile says why in `notes`, and the planner works from the other three.
@@ -51,6 +52,9 @@ _VECTOR = re.compile(r"\b(?:u?int4|float4|double2|longlong2|AlignedVector|aligne
                      r"ld\.global(?:\.\w+)*\.v[248]|load_128|uint128_t|__ldg\s*\(\s*reinterpret_cast\s*<\s*const\s+u?int4)")
 _BLOCK_REDUCE = re.compile(r"\b(?:block_?[Rr]educe|BlockReduce|blockReduce\w*|block_reduce\w*)\b")
 _LAUNCH = re.compile(r"\bLaunchKernel\s*\(")
+_UNROLLED_FOR = re.compile(r"#pragma\s+unroll[ \t]*\n\s*for\s*\(")
+_LOAD_CALL = re.compile(r"\.\s*load\s*\(|::load\s*\(|\b__ldg\s*\(|\bload_as\s*<|=\s*\*\s*reinterpret_cast\s*<")
+_STORE = re.compile(r"\.\s*store\s*\(|\bstore_as\s*<|\w\s*\[[^\]\n]*\]\s*=(?!=)")
 _THREAD0 = re.compile(r"if\s*\(\s*threadIdx\.x\s*==\s*0\s*\)\s*")
 # a remainder (integers only) by a run-time value: a name or a member, not a literal, a `kConstant` or a call
 _REMAINDER = re.compile(r"[\w)\]]\s*%\s*\(?\s*(?!k[A-Z])([a-z_][\w.]*)\b(?!\s*[(<])")
@@ -394,6 +398,12 @@ def _source(profile: Profile, source: str) -> list[Symptom]:
         out.append(Symptom("serial_launches", "all", f"line {line}: a launch after another launch of its function "
                            f"({count} there), without programmatic dependent launch", "source",
                            {"line": line, "launches": count}))
+    behind = _loads_then_stores(code)
+    if far and behind is not None:
+        out += [Symptom("loads_behind_stores", b, f"line {behind}: an unrolled loop loads, then stores: the compiler "
+                        "cannot move the next iteration's loads above a store through a pointer that may alias "
+                        f"them, x{profile.bands[b].x_practical:.2f} the practical floor", "source",
+                        {"line": behind, "x_practical": profile.bands[b].x_practical}) for b in far]
     reduce = _BLOCK_REDUCE.search(code)
     if reduce is not None and "__syncthreads" in code:
         line = code.count("\n", 0, reduce.start()) + 1
@@ -420,6 +430,23 @@ def _launch_after_launch(source: str, code: str) -> tuple[int, int] | None:
             end = text.find(";", at)
             if ".enable_pdl(" not in text[at:end if end >= 0 else len(text)]:
                 return code.count("\n", 0, chunk.start + at) + 1, len(launches)
+    return None
+
+
+def _loads_then_stores(code: str) -> int | None:
+    """The line of the first `#pragma unroll` loop whose body loads global memory before it stores (batch_loads'
+    pattern; the pass reads the loop's tree and its aliasing, this reads the text)."""
+    for m in _UNROLLED_FOR.finditer(code):
+        depth, at = 1, m.end()
+        while at < len(code) and depth:
+            depth += {"(": 1, ")": -1}.get(code[at], 0)
+            at += 1
+        loop = _guarded(code, at + len(code[at:]) - len(code[at:].lstrip()))
+        load, store = _LOAD_CALL.search(loop), None
+        if load is not None:
+            store = _STORE.search(loop, load.end())
+        if store is not None:
+            return code.count("\n", 0, m.start()) + 2
     return None
 
 

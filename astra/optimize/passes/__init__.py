@@ -29,6 +29,7 @@ __all__ = ["DEFAULT", "PASSES", "Headers", "ParsedPass", "PassResult", "Refusal"
 
 def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None) -> dict[str, RewritePass]:
     """The passes named (default: every pass), parsing with `headers`."""
+    from astra.optimize.passes.batch_loads import BatchLoads
     from astra.optimize.passes.coarsen import Coarsen
     from astra.optimize.passes.fast_math import FastMath
     from astra.optimize.passes.fastdiv import FastDiv
@@ -40,7 +41,8 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
     from astra.optimize.passes.vectorize import Vectorize
     from astra.optimize.passes.warp_reduce import WarpReduce
 
-    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen, Split, Parallelize, LaunchBounds, FastDiv, PdlChain]
+    every = [Vectorize, Reuse, WarpReduce, FastMath, Coarsen, Split, Parallelize, LaunchBounds, FastDiv, PdlChain,
+             BatchLoads]
     return {cls.name: cls(headers) for cls in every if names is None or cls.name in names}
 
 

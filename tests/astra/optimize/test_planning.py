@@ -23,7 +23,7 @@ from tests.astra.optimize.test_profiling import SERIAL, verdict
 from tests.verdicts import make_verdict
 
 KNOWN_PASSES = {"vectorize", "reuse", "warp_reduce", "fast_math", "coarsen", "split", "parallelize", "launch_bounds",
-                "fastdiv", "pdl_chain"}
+                "fastdiv", "pdl_chain", "batch_loads"}
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,31 @@ __global__ void rope(float* q, const float* table, int64_t n, int64_t pairs, int
     assert "index_division" not in {s.id for s in profile.symptoms}
 
 
+def test_an_unrolled_loop_that_loads_then_stores_plans_batch_loads_where_a_band_is_far():
+    source = """
+struct Params { float* out; const float* x; };
+__global__ void scale(const Params p) {
+#pragma unroll
+  for (int it = 0; it < 8; ++it) {
+    const int i = blockIdx.x * 1024 + it * 128 + threadIdx.x;
+    const float v = *reinterpret_cast<const float*>(p.x + i);
+    p.out[i] = 2.f * v;
+  }
+}
+"""
+    profile = ProfilingAgent().profile(source, verdict(resources=[{"name": "scale", "registers": 32}]))
+    found = {(s.id, s.band): s for s in profile.symptoms}
+    assert found[("loads_behind_stores", "prefill")].evidence.startswith("line 5: an unrolled loop loads, then stores")
+    assert found[("loads_behind_stores", "prefill")].facts["line"] == 5
+    assert ("loads_behind_stores", "decode") not in found  # launch-bound, not far from its floor
+    plans, _ = planning.make_plan(profile, planning.load_rules())
+    assert plans[0].step == "pass:batch_loads" and plans[0].band == "prefill"
+    stored_first = source.replace("    const float v = *reinterpret_cast<const float*>(p.x + i);\n    p.out[i] = 2.f * v;",
+                                  "    p.out[i] = 2.f;")
+    profile = ProfilingAgent().profile(stored_first, verdict(resources=[{"name": "scale", "registers": 32}]))
+    assert "loads_behind_stores" not in {s.id for s in profile.symptoms}
+
+
 def test_band_facts_pick_the_shape_furthest_above_its_floor():
     result = verdict()
     extra = timed_case("prefill1", "prefill", 1.0, orig_us=400.0)

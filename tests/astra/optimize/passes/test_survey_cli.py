@@ -14,7 +14,8 @@ def test_passes_without_builds_on_real_modules(sglang_0523, tmp_path):
     data = json.loads(out.read_text())
     assert data["sglang"] == "0.5.23" and data["built"] is False and data["modules"] == 2
     assert set(data["passes"]) == {"vectorize", "reuse", "warp_reduce", "fast_math", "coarsen", "split",
-                                  "parallelize", "launch_bounds", "fastdiv", "pdl_chain"}
+                                  "parallelize", "launch_bounds", "fastdiv", "pdl_chain",
+                                  "batch_loads"}
     for name, outcome in data["passes"].items():
         assert sorted(outcome["applies"] + list(outcome["refused"])) == ["clamp_position", "rmsnorm"], name
         assert outcome["builds"] == [] and outcome["build_failed"] == {}
