@@ -74,16 +74,28 @@ def restrict_pointers(text: str, kernels: list) -> list[Proposal]:
     source = text
     changed = []
     for kernel in kernels:
-        for param in kernel.params:
-            if "*" in param.type and "__restrict__" not in param.type and param.name:
+        for param in kernel.params:  # clang spells `__restrict__` as `__restrict`
+            if "*" in param.type and "__restrict" not in param.type and param.name:
+                begin, end = _signature(source, kernel)
                 pattern = re.compile(r"(\*)(\s*)(" + re.escape(param.name) + r")\b(?=\s*[,)])")
-                source, n = pattern.subn(r"\1 __restrict__ \3", source, count=1)
+                head, n = pattern.subn(r"\1 __restrict__ \3", source[begin:end], count=1)
                 if n:
+                    source = source[:begin] + head + source[end:]
                     changed.append(f"{kernel.name}.{param.name}")
     if not changed:
         return []
     return [Proposal("restrict:all", "restrict", f"__restrict__ on {', '.join(changed[:6])}"
                      + (" ..." if len(changed) > 6 else ""), source)]
+
+
+def _signature(text: str, kernel) -> tuple[int, int]:
+    """The offsets of a kernel's declaration up to its body's `{` (from its first line), where its parameters
+    are named; nothing of its body (`(*scale)` there is an expression, not a parameter)."""
+    lines = text.splitlines(keepends=True)
+    begin = sum(len(line) for line in lines[:max(kernel.start_line - 1, 0)])
+    named = text.find(kernel.name, begin)
+    brace = text.find("{", named if named >= 0 else begin)
+    return begin, brace if brace >= 0 else len(text)
 
 
 def launch_bounds(text: str, kernels: list) -> list[Proposal]:

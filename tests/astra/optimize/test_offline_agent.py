@@ -73,6 +73,22 @@ def test_catalog_is_deduplicated_and_never_returns_the_input():
     assert all(p.source != KERNEL for p in props)
 
 
+def test_restrict_marks_parameters_only_in_the_signature():
+    """A parameter clang already spells `__restrict` is left alone, and a body's `(*scale)` is no parameter."""
+    from astra.optimize.transforms import restrict_pointers
+    from astra.sglang.cuda_parse import KernelDecl, Param
+
+    text = KERNEL.replace("float alpha, int n) {", "const float* __restrict__ scale, int n) {").replace(
+        "* alpha;", "/ (*scale);")
+    kernel = KernelDecl(name="scale", qualified_name="scale", template_params=[], start_line=6, end_line=11,
+                        params=[Param("out", "float *"), Param("in", "const float *"),
+                                Param("scale", "const float *__restrict"), Param("n", "int")])
+    props = restrict_pointers(text, [kernel])
+    assert len(props) == 1 and props[0].description == "__restrict__ on scale.out, scale.in"
+    assert "/ (*scale);" in props[0].source and "const float* __restrict__ scale, int n)" in props[0].source
+    assert "float* __restrict__ out, const float* __restrict__ in," in props[0].source
+
+
 def test_plan_follows_the_gap():
     v = make_verdict({"decode": 1.0, "prefill": 1.0})
     v.cases[0].roofline["graph"]["cand_fraction"] = 0.1
