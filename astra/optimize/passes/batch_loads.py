@@ -27,19 +27,27 @@ Those opening loads go to a loop of their own (with the indices they use); in th
 loaded variable is a reference to its slot of the array, so the code after reads and writes it as
 before.
 
-Refused: a loop with a barrier, fence, atomic or PDL wait (another thread's stores may land between two
-iterations), inline assembly, a lambda, `break`, `continue`, `return` or `goto` (a later iteration may
-not run, and its loads would read what the original never read); a call given a pointer that is not a
-load or a store (it may write what a later iteration loads); a load whose address reads a variable the
-loop writes, or another loaded value; no store after the loads (nothing holds them back); an array type
-libclang cannot name (`auto`, a dependent type it leaves unresolved); more than `BUDGET` bytes of
-batched values per thread where their size is known (they live in registers).
+Refused: a loop that is not a statement of a block (the body of an unbraced `for` or `if`); a loop with a
+barrier, fence, atomic or PDL wait (another thread's stores may land between two iterations), inline
+assembly that touches memory or synchronises (`rcp.approx` computes and is taken), a lambda, `break`,
+`continue`, `return` or `goto` (a later iteration may not run, and its loads would read what the original
+never read); a call that may store or synchronise: a function of this file that stores, writes a variable
+outside it or a member, or calls such a function (read three calls deep), one defined elsewhere given a
+pointer, a reference or a class holding pointers, or any call named like a barrier or an atomic (`sync`,
+`arrive`, `wait`, `barrier`, `fence`, `atomic`); a load whose address, or an index declaration it reads,
+reads a loaded value or a variable the loop changes (assigned, incremented, a member assigned, handed to
+a call, a method called on it), a member through `this` in a member function, or a `volatile` pointer;
+no store through a pointer or into shared memory after the loads (nothing holds them back); a type
+libclang cannot name (`auto`, a dependent type it leaves unresolved); more than `BUDGET` bytes of batched
+values per thread where the trip count is a number (a literal, `constexpr` arithmetic); a statement that
+shares its line (a trailing `//` comment is kept); a load written other than as `x.load(...)` (a macro).
 
 What the move assumes, as the kernel's interface does: a store and a load through different pointers
 (different names, as written) write and read different buffers, or the same buffer at the same element
 (an op run in place). An op whose output overlaps its input at an offset would read, in the original,
 values an earlier iteration wrote, and here the values before. A store and a load through the same
-pointer must use the same address expression (an element updated in place), else the loop is refused.
+pointer must use the same address expression, one that reads the counter through sums and products only
+(each iteration's own element), else the loop is refused.
 """
 
 from __future__ import annotations
@@ -61,14 +69,16 @@ from astra.optimize.passes.reuse import (
 from astra.optimize.passes.syntax import (
     BARRIERS,
     Unit,
+    assignment,
     bare,
     body,
     callee,
     fresh_name,
-    has_asm,
     operator,
+    parents,
     pragmas_above,
     refers_to,
+    statement_parent,
     stores,
     walk,
     written,
@@ -93,15 +103,28 @@ class BatchLoads(ParsedPass):
             if body(function) is None:
                 continue
             taken = {t.spelling for t in function.get_tokens() if t.kind.name == "IDENTIFIER"}
+            up = parents(function)
             for loop in walk(body(function)):
                 if loop.kind.name == "FOR_STMT" and unit.in_main(loop):
                     where = f"{function.spelling} line {unit.line_of(unit.span(loop)[0])}"
-                    sites.append((where, loop, lambda loop=loop, taken=taken: _batch(unit, loop, taken)))
+                    sites.append((where, loop, lambda loop=loop, taken=taken, up=up, function=function:
+                                  _guarded_batch(unit, function, loop, up, taken)))
         return self.rewrite_each(unit, sites, "loads of every iteration issued before the stores",
                                  "no for loop in device code")
 
 
-def _batch(unit: Unit, loop, taken: set) -> tuple[int, int, str, str]:
+def _guarded_batch(unit: Unit, function, loop, up: dict, taken: set) -> tuple[int, int, str, str]:
+    """`_batch`, a shape the pass's reading of the tree does not expect refused rather than raised (one loop must
+    not stop a survey of every module)."""
+    try:
+        return _batch(unit, function, loop, up, taken)
+    except (StopIteration, AssertionError, IndexError, AttributeError) as err:
+        raise Refusal(f"a shape this pass does not read ({type(err).__name__})") from err
+
+
+def _batch(unit: Unit, function, loop, up: dict, taken: set) -> tuple[int, int, str, str]:
+    if statement_parent(loop, up) is None:
+        raise Refusal("the loop is not a statement of a block (the body of an unbraced `for` or `if`)")
     header, loop_body = _parts(unit, loop)
     counter, count = header
     pragmas = _pragmas(unit, loop)
@@ -111,9 +134,9 @@ def _batch(unit: Unit, loop, taken: set) -> tuple[int, int, str, str]:
     if not loaded:
         raise Refusal("the body does not open with loads (`Vec x; x.load(p + i)` or `T x = p[i];`)")
     rest = stmts[end:]
-    _check_rest(unit, loop, rest, loaded, counter)
+    _check_rest(unit, function, loop, rest, loaded, indices, counter)
     size = sum(v.size for v in loaded)
-    trips = _value(count)
+    trips = _trips(unit, loop)
     if trips is not None and size > 0 and size * trips > BUDGET:
         raise Refusal(f"{size * trips} bytes of batched values per thread ({trips} iterations of {size} B), more "
                       f"than {BUDGET}")
@@ -142,8 +165,8 @@ def _batch(unit: Unit, loop, taken: set) -> tuple[int, int, str, str]:
     for stmt in stmts[:end]:
         v = next((v for v in loaded if stmt in (v.decl_stmt, v.load_stmt)), None)
         if v is not None and stmt == v.decl_stmt:
-            const = "const " if v.const else ""
-            edits.append(_line_edit(unit, stmt, f"{const}{v.type_text}& {v.decl.spelling} = "
+            const = " const" if v.const else ""
+            edits.append(_line_edit(unit, stmt, f"{v.type_text}{const}& {v.decl.spelling} = "
                                                 f"{names[v.decl.spelling]}[{counter}];"))
         elif v is not None:
             edits.append(_line_edit(unit, stmt, None))
@@ -163,7 +186,8 @@ class _Loaded:
     def __init__(self, decl, decl_stmt, load_stmt, type_text: str, const: bool, size: int):
         self.decl, self.decl_stmt, self.load_stmt = decl, decl_stmt, load_stmt
         self.type_text, self.const, self.size = type_text, const, size
-        self.address = None  # the address expression's node (for the alias check)
+        self.address = None  # the pointer argument, or the load expression (for the alias check)
+        self.args: list = []  # every node the address is made of: a load call's arguments (`load(p, i)`)
 
 
 def _parts(unit: Unit, loop):
@@ -215,9 +239,38 @@ def _initialised_by_constant(decl) -> bool:
     return bool(init) and _constant(init[-1])
 
 
-def _value(count: str) -> int | None:
-    """The trip count where it is a plain integer literal (else unknown: the budget is not checked)."""
-    return int(count) if re.fullmatch(r"\d+", count) else None
+def _trips(unit: Unit, loop) -> int | None:
+    """The trip count where it is a number: a literal, or `constexpr`/`const` integers and arithmetic of them
+    (`kHidden / (kThreads * 4)`); None for a template's value (the budget is not checked then)."""
+    cond = next((c for c in loop.get_children() if c.kind.name == "BINARY_OPERATOR"), None)
+    return _number(unit, list(cond.get_children())[1]) if cond is not None else None
+
+
+def _number(unit: Unit, node, depth: int = 0) -> int | None:
+    if depth > 16:
+        return None
+    node = bare(node)
+    kind = node.kind.name
+    kids = list(node.get_children())
+    if kind == "INTEGER_LITERAL":
+        text = "".join(t.spelling for t in node.get_tokens()).rstrip("uUlL")
+        return int(text, 0) if re.fullmatch(r"(0[xX])?[0-9a-fA-F]+", text) else None
+    if kind in ("CSTYLE_CAST_EXPR", "CXX_STATIC_CAST_EXPR", "CXX_FUNCTIONAL_CAST_EXPR") and kids:
+        return _number(unit, kids[-1], depth + 1)
+    if kind == "DECL_REF_EXPR" and node.referenced is not None and node.referenced.kind.name == "VAR_DECL":
+        init = [c for c in node.referenced.get_children() if c.kind.name not in ("TYPE_REF", "NAMESPACE_REF")]
+        return _number(unit, init[-1], depth + 1) if init else None
+    if kind == "BINARY_OPERATOR" and len(kids) == 2:
+        a, b = _number(unit, kids[0], depth + 1), _number(unit, kids[1], depth + 1)
+        op = operator(unit, node)
+        if a is None or b is None or op not in ("+", "-", "*", "/", "%", "<<", ">>"):
+            return None
+        try:
+            return {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else None, "%": a % b if b else None,
+                    "<<": a << b, ">>": a >> b}[op]
+        except (ValueError, OverflowError):
+            return None
+    return None
 
 
 def _pragmas(unit: Unit, loop) -> list[str]:
@@ -235,8 +288,8 @@ def _check_hazards(unit: Unit, loop) -> None:
     if kinds & _JUMPS:
         raise Refusal("the loop jumps (`break`, `continue`, `return`, `goto`) or holds a lambda: a later "
                       "iteration may not run")
-    if has_asm(unit, loop):
-        raise Refusal("the loop holds inline assembly")
+    if _memory_asm(unit, loop):
+        raise Refusal("the loop holds inline assembly that touches memory or synchronises")
     for n in walk(loop):
         if n.kind.name != "CALL_EXPR":
             continue
@@ -267,6 +320,7 @@ def _opening(unit: Unit, stmts: list, counter: str):
                     break
                 v = _Loaded(decl, stmt, stmt, type_text, decl.type.is_const_qualified(), _size(decl))
                 v.address = init
+                v.args = [init]
                 loaded.append(v)
             elif _pure(unit, init):
                 indices.append(stmt)
@@ -282,7 +336,8 @@ def _opening(unit: Unit, stmts: list, counter: str):
             if target in pending:
                 decl_stmt = pending.pop(target)
                 v = _Loaded(target, decl_stmt, stmt, _type_text(unit, target, decl_stmt), False, _size(target))
-                v.address = next(call.get_arguments(), None)
+                v.args = list(call.get_arguments())
+                v.address = v.args[0] if v.args else None
                 loaded.append(v)
                 end = k + 1
                 continue
@@ -327,12 +382,17 @@ def _type_text(unit: Unit, decl, stmt) -> str | None:
 
 
 def _resolved_type(decl) -> str | None:
-    """The type of `T x = <load>;` without `const`, as clang names it; None where it cannot (`auto` in a
-    template, a reference, an array)."""
+    """The type of `T x = <load>;` as clang names it, its own `const` dropped (a pointer's pointee keeps
+    its `const`: `const float *`); None where clang cannot name it (`auto` in a template, a reference, an
+    array)."""
     spelled = decl.type.spelling
     if not spelled or "auto" in spelled or "&" in spelled or "[" in spelled or "type-parameter" in spelled:
         return None
-    return re.sub(r"\bconst\s+", "", spelled).strip()
+    if not decl.type.is_const_qualified():
+        return spelled.strip()
+    if "*" in spelled:
+        return re.sub(r"\s*\bconst\s*$", "", spelled).strip()  # `const float *const` -> `const float *`
+    return re.sub(r"^\s*const\s+", "", spelled).strip()
 
 
 def _size(decl) -> int:
@@ -379,48 +439,208 @@ def _pure(unit: Unit, init) -> bool:
     return True
 
 
-def _check_rest(unit: Unit, loop, rest: list, loaded: list, counter: str) -> None:
-    """What follows the loads: at least one store, none through a loaded pointer at another address, no call
-    given a pointer other than a load or a store; the loads' addresses read nothing the loop writes."""
-    assigned, made = written(unit, loop)
+def _check_rest(unit: Unit, function, loop, rest: list, loaded: list, indices: list, counter: str) -> None:
+    """The loads may move: what their addresses read (through the index declarations too) is neither a loaded
+    value nor anything the loop writes, assigns a member of, hands to a call or calls a method on; nothing the
+    loop calls may store or synchronise; a store follows them; a pointer loaded and stored in the loop is stored
+    at the element it was read from, an element that moves with the counter."""
+    by_decl = {_single_decl(s): s for s in indices}
     names = {v.decl for v in loaded}
+    _check_calls(unit, loop)
+    changed = _changed(unit, loop)
     for v in loaded:
-        for n in walk(v.address):
-            target = refers_to(n)
-            if target is None:
-                continue
-            if target in names:
-                raise Refusal(f"the address of `{v.decl.spelling}` reads another loaded value")
-            if target in assigned and target.spelling != counter:
-                raise Refusal(f"the address of `{v.decl.spelling}` reads `{target.spelling}`, which the loop writes")
+        reads, via_this = set(), False
+        for arg in v.args:
+            more, this = _reads(unit, arg, by_decl)
+            reads, via_this = reads | more, via_this or this
+        if names & reads:
+            raise Refusal(f"the address of `{v.decl.spelling}` reads another loaded value")
+        moved = {d for d in reads & changed if d.spelling != counter}
+        if moved:
+            raise Refusal(f"the address of `{v.decl.spelling}` reads `{sorted(d.spelling for d in moved)[0]}`, which "
+                          "the loop changes")
+        if via_this and function.kind.name == "CXX_METHOD":
+            raise Refusal(f"the address of `{v.decl.spelling}` reads a member of `this`, which the loop may change")
+        if any("volatile" in n.type.spelling for arg in v.args for n in walk(arg)):
+            raise Refusal(f"`{v.decl.spelling}` is loaded through a `volatile` pointer")
     targets: list[tuple[str, str]] = []  # (pointer as written, address as written) of each store after the loads
+    holds = False  # a store the compiler may take to alias a load: through a pointer or into shared memory
     for stmt in rest:
         for node in walk(stmt):
-            if node.kind.name != "CALL_EXPR":
-                continue
-            if _is_store_call(node):
-                address = next(node.get_arguments())
-                targets.append((_root_text(unit, address), _address_key(unit, address)))
-            elif callee(node) not in _LOADS + _STORES + _PURE and _passes_pointer(node) and callee(node) != "operator[]":
-                raise Refusal(f"the loop calls `{callee(node) or unit.code(node)[:30]}` with a pointer: it may write "
-                              "what a later iteration loads")
+            if node.kind.name == "CALL_EXPR" and _is_store_call(node):
+                address, *index = list(node.get_arguments())
+                targets.append((_root_text(unit, address), _address_key(unit, address, index[:1])))
+                holds = True
         for store in stores(unit, stmt):
             target = bare(next(store.get_children()))
             ref, base = _written_root(unit, target)
-            if base is None or "[" in base.type.spelling:
-                continue  # a variable or an element of a local array: no memory a load reads
+            if base is None:
+                continue  # a variable of the thread's own
             targets.append((_root_text(unit, base), _address_key(unit, target)))
-        for target in _write_targets(unit, stmt):
-            ref, base = _written_root(unit, target)
-            if ref is not None and "&" in ref.type.spelling and ref not in names:
-                raise Refusal(f"the loop writes through the reference `{ref.spelling}`")
-    if not targets:
-        raise Refusal("no store follows the loads: nothing holds them back")
+            holds = holds or "[" not in base.type.spelling or _shared(base)
+    if not holds:
+        raise Refusal("no store through a pointer follows the loads: nothing holds them back")
     for v in loaded:
-        root, address = _root_text(unit, v.address), _address_key(unit, v.address)
+        root, address = _root_text(unit, v.address), _address_key(unit, v.address, v.args[1:])
         for stored_root, stored_address in targets:
-            if stored_root == root and stored_address != address:
+            if stored_root != root:
+                continue
+            if stored_address != address:
                 raise Refusal(f"`{root}` is loaded and stored in the loop at different addresses")
+            if not all(_moves_with(unit, arg, by_decl, counter) for arg in v.args[:2]):
+                raise Refusal(f"`{root}` is loaded and stored in the loop at an element that does not move with "
+                              f"`{counter}` alone (a later iteration would read what an earlier one wrote)")
+
+
+def _reads(unit: Unit, address, by_decl: dict) -> tuple[set, bool]:
+    """The declarations an address reads, through the index declarations it names (their initialisers too),
+    and whether it reads a member through an implicit or explicit `this`."""
+    out: set = set()
+    via_this = False
+    work, seen = [address], set()
+    while work:
+        node = work.pop()
+        for n in walk(node):
+            if n.kind.name == "CXX_THIS_EXPR" or (n.kind.name == "MEMBER_REF_EXPR" and not list(n.get_children())):
+                via_this = True
+            target = refers_to(n)
+            if target is None:
+                continue
+            out.add(target)
+            stmt = by_decl.get(target)
+            if stmt is not None and stmt not in seen:
+                seen.add(stmt)
+                work.append(stmt)
+    return out, via_this
+
+
+def _changed(unit: Unit, loop) -> set:
+    """The declarations the loop may change: assigned, incremented, their address taken, a member assigned
+    (`p.x += 4` changes `p`), handed to a call other than a value computation, or a method called on them
+    (`it.next()`, `advance(off)` taking a reference)."""
+    assigned, _ = written(unit, loop)
+    out = set(assigned)
+    for target in _write_targets(unit, loop):
+        node = bare(target)
+        while node.kind.name == "MEMBER_REF_EXPR" and list(node.get_children()):
+            node = bare(next(node.get_children()))
+        if refers_to(node) is not None:
+            out.add(refers_to(node))
+    for node in walk(loop):
+        if node.kind.name != "CALL_EXPR" or _value_call(unit, node):
+            continue
+        for n in walk(node):
+            if refers_to(n) is not None and refers_to(n).kind.name in ("VAR_DECL", "PARM_DECL", "FIELD_DECL"):
+                out.add(refers_to(n))
+    return out
+
+
+def _value_call(unit: Unit, call) -> bool:
+    """A call that computes a value from its arguments and changes none of them: a cast, a math function, a
+    template's value operator, an element access, or a load or store call (which writes memory, not the
+    variables naming it)."""
+    name = callee(call)
+    if assignment(unit, call):
+        return True  # `a = b` on a class: its target is a write (`_write_targets`, `stores`), its operands values
+    return (name in _PURE or name in _LOADS or name in _STORES or name == "operator[]" or _computes(unit, call)
+            or name.startswith(("__f", "__d", "__float", "__half", "__bfloat", "__int2", "__uint2", "make_"))
+            or (call.referenced is not None and call.referenced.kind.name == "CONSTRUCTOR"))
+
+
+_SYNC_WORDS = ("sync", "arrive", "wait", "barrier", "fence", "atomic")
+
+
+def _check_calls(unit: Unit, loop) -> None:
+    """Nothing the loop calls may store or synchronise: a function of this file is read (three calls deep);
+    one defined elsewhere may take only values (no pointer, reference, array or class of pointers); a name
+    that reads like a barrier or an atomic is refused wherever it is defined."""
+    for node in walk(loop):
+        if node.kind.name != "CALL_EXPR" or _value_call(unit, node):
+            continue
+        name = callee(node) or unit.code(node)[:30]
+        if any(word in name.lower() for word in _SYNC_WORDS):
+            raise Refusal(f"the loop calls `{name}`, which reads like a barrier or an atomic")
+        definition = node.referenced.get_definition() if node.referenced is not None else None
+        if definition is not None and unit.in_main(definition):
+            why = _writes_memory(unit, definition, 3)
+            if why:
+                raise Refusal(f"the loop calls `{name}`, which {why}")
+            continue
+        if _passes_pointer(node) or any(_holds_pointers(a.type) for a in node.get_arguments()):
+            raise Refusal(f"the loop calls `{name}` with a pointer: it may write what a later iteration loads")
+
+
+def _holds_pointers(t) -> bool:
+    """A class argument whose fields hold pointers (a struct of buffers handed to a call may be written through)."""
+    decl = t.get_canonical().get_declaration()
+    if decl is None or decl.kind.name not in ("STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE"):
+        return "&" in t.spelling
+    return any("*" in f.type.spelling for f in decl.get_children() if f.kind.name == "FIELD_DECL")
+
+
+def _writes_memory(unit: Unit, function, depth: int) -> str:
+    """Why a function of this file may write memory or synchronise ("" when it only computes)."""
+    if body(function) is None:
+        return ""
+    if _memory_asm(unit, function):
+        return "holds inline assembly that touches memory or synchronises"
+    if stores(unit, body(function)) or any(n.kind.name == "CALL_EXPR" and _is_store_call(n) for n in walk(function)):
+        return "stores to memory"
+    for target in _write_targets(unit, body(function)):
+        ref = refers_to(bare(target))
+        if ref is not None and ref.kind.name == "VAR_DECL" and ref.semantic_parent is not None and (
+                ref.semantic_parent.kind.name not in ("FUNCTION_DECL", "FUNCTION_TEMPLATE", "CXX_METHOD")):
+            return f"writes `{ref.spelling}`, a variable outside it"
+        if bare(target).kind.name == "MEMBER_REF_EXPR":
+            return "writes a member"
+    for n in walk(body(function)):
+        if n.kind.name != "CALL_EXPR" or _value_call(unit, n):
+            continue
+        name = callee(n)
+        if name in BARRIERS or any(word in name.lower() for word in _SYNC_WORDS):
+            return f"calls `{name}`"
+        inner = n.referenced.get_definition() if n.referenced is not None else None
+        if inner is not None and unit.in_main(inner) and depth > 1:
+            why = _writes_memory(unit, inner, depth - 1)
+            if why:
+                return why
+        elif inner is None or not unit.in_main(inner):
+            if _passes_pointer(n):
+                return f"hands a pointer to `{name}`"
+    return ""
+
+
+_ASM_MEMORY = re.compile(r"\b(?:ld|st|atom|red|bar|barrier|fence|membar|griddepcontrol|cp|mbarrier|prefetch|"
+                         r"discard|applypriority|createpolicy|tex|suld|sust|sured|vote|shfl|match|activemask)\b|\"memory\"")
+
+
+def _memory_asm(unit: Unit, root) -> bool:
+    """Inline assembly under `root` that may read or write memory, synchronise or exchange values between
+    threads (`rcp.approx.f32` computes; `st.global`, `bar.sync`, a `"memory"` clobber do not)."""
+    return any(n.kind.name in ("ASM_STMT", "MS_ASM_STMT") and _ASM_MEMORY.search(unit.code(n)) for n in walk(root))
+
+
+def _shared(base) -> bool:
+    target = refers_to(bare(base))
+    return target is not None and "__shared__" in {t.spelling for t in target.get_tokens()}
+
+
+def _moves_with(unit: Unit, address, by_decl: dict, counter: str) -> bool:
+    """Whether an address reads the counter, through sums and products only (`row + i * 512`), so each iteration
+    reads and writes an element of its own."""
+    text = []
+    work, seen = [address], set()
+    while work:
+        node = work.pop()
+        text.append(unit.code(node))
+        for n in walk(node):
+            stmt = by_decl.get(refers_to(n)) if refers_to(n) is not None else None
+            if stmt is not None and stmt not in seen:
+                seen.add(stmt)
+                work.append(stmt)
+    joined = " ".join(text)
+    return bool(re.search(rf"\b{re.escape(counter)}\b", joined)) and not re.search(
+        r"%|/|>>|&(?!&)|\?|\b(?:min|max|clamp)\s*\(", joined)
 
 
 def _root_text(unit: Unit, address) -> str:
@@ -448,9 +668,11 @@ def _root(unit: Unit, address):
         return outer, node
 
 
-def _address_key(unit: Unit, address) -> str:
-    """The address as written, the casts around its pointer dropped and `p[e]`, `&p[e]` written `p+e`, to
-    compare a store's address with a load's."""
+def _address_key(unit: Unit, address, index: list = ()) -> str:
+    """The address as written, the casts around its pointer dropped and `p[e]`, `&p[e]`, `load(p, e)` written
+    `p+e`, to compare a store's address with a load's."""
+    if index:
+        return f"{_address_key(unit, address)}+{_flat(unit.code(index[0]))}"
     node = _unwrapped(address)
     if node.kind.name == "UNARY_OPERATOR" and operator(unit, node) in ("*", "&"):
         node = bare(next(node.get_children()))
@@ -479,7 +701,7 @@ def _needed(unit: Unit, loaded: list, indices: list) -> set:
     """The index declarations the loads' addresses read, directly or through other indices."""
     by_decl = {_single_decl(s): s for s in indices}
     need: set = set()
-    work = [v.address for v in loaded]
+    work = [arg for v in loaded for arg in v.args]
     while work:
         node = work.pop()
         for n in walk(node):
@@ -513,21 +735,27 @@ def _into_slot(unit: Unit, v: _Loaded, name: str, counter: str) -> str:
         return f"{name}[{counter}] = {unit.code(_initialiser(v.decl)).strip()};"
     call = unit.code(v.load_stmt).strip().rstrip(";")
     obj = v.decl.spelling
-    assert call.startswith(obj)
+    if not re.match(rf"{re.escape(obj)}\s*\.", call):
+        raise Refusal(f"the load of `{obj}` is not written `{obj}.load(...)` (a macro?)")
     return f"{name}[{counter}]{call[len(obj):]};"
 
 
 def _line_edit(unit: Unit, stmt, new: str | None) -> tuple[int, int, str]:
-    """Replace a statement alone on its line (with its `;`), or drop the line."""
+    """Replace a statement alone on its line (with its `;`; a `//` comment after it stays with a replacement),
+    or drop the line."""
     start, end = unit.span(stmt)
     line_begin = unit.line_start(start)
     line_end = unit.data.find(b"\n", end)
     line_end = len(unit.data) if line_end < 0 else line_end
-    if unit.data[line_begin:start].strip() or unit.data[end:line_end].strip(b" \t;"):
+    tail = unit.data[end:line_end].strip(b" \t\r")
+    semicolon = tail.startswith(b";")
+    tail = tail[1:].strip(b" \t\r") if semicolon else tail
+    if unit.data[line_begin:start].strip() or (tail and not tail.startswith(b"//")):
         raise Refusal(f"line {unit.line_of(start)}: the statement shares its line")
     if new is None:
         return line_begin, line_end + 1, ""
-    return start, line_end, new
+    stop = unit.data.find(b";", end, line_end) + 1 if semicolon else end
+    return start, stop, new
 
 
 def _splice_within(unit: Unit, start: int, end: int, edits: list[tuple[int, int, str]]) -> str:
