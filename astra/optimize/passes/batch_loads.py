@@ -628,17 +628,7 @@ def _shared(base) -> bool:
 def _moves_with(unit: Unit, address, by_decl: dict, counter: str) -> bool:
     """Whether an address reads the counter, through sums and products only (`row + i * 512`), so each iteration
     reads and writes an element of its own."""
-    text = []
-    work, seen = [address], set()
-    while work:
-        node = work.pop()
-        text.append(unit.code(node))
-        for n in walk(node):
-            stmt = by_decl.get(refers_to(n)) if refers_to(n) is not None else None
-            if stmt is not None and stmt not in seen:
-                seen.add(stmt)
-                work.append(stmt)
-    joined = " ".join(text)
+    joined = " ".join(unit.code(n) for n in [address, *_indices_read([address], by_decl)])
     return bool(re.search(rf"\b{re.escape(counter)}\b", joined)) and not re.search(
         r"%|/|>>|&(?!&)|\?|\b(?:min|max|clamp)\s*\(", joined)
 
@@ -699,34 +689,29 @@ def _flat(text: str) -> str:
 
 def _needed(unit: Unit, loaded: list, indices: list) -> set:
     """The index declarations the loads' addresses read, directly or through other indices."""
-    by_decl = {_single_decl(s): s for s in indices}
-    need: set = set()
-    work = [arg for v in loaded for arg in v.args]
-    while work:
-        node = work.pop()
-        for n in walk(node):
-            stmt = by_decl.get(refers_to(n)) if refers_to(n) is not None else None
-            if stmt is not None and stmt not in need:
-                need.add(stmt)
-                work.append(_initialiser(_single_decl(stmt)))
-    return need
+    return _indices_read([arg for v in loaded for arg in v.args], {_single_decl(s): s for s in indices})
 
 
 def _read_after(unit: Unit, stmts: list, end: int, loaded: list, indices: list) -> set:
     """The index declarations something left in the loop still reads (the code after the opening, or
     another index still read)."""
-    by_decl = {_single_decl(s): s for s in indices}
-    keep: set = set()
-    work = list(stmts[end:]) + [s for s in stmts[:end] if s not in indices and not any(
+    left = list(stmts[end:]) + [s for s in stmts[:end] if s not in indices and not any(
         s in (v.decl_stmt, v.load_stmt) for v in loaded)]
+    return _indices_read(left, {_single_decl(s): s for s in indices})
+
+
+def _indices_read(roots: list, by_decl: dict) -> set:
+    """The index declarations (of `by_decl`: declaration -> its statement) that `roots` read, directly or
+    through other index declarations."""
+    reached: set = set()
+    work = list(roots)
     while work:
-        node = work.pop()
-        for n in walk(node):
+        for n in walk(work.pop()):
             stmt = by_decl.get(refers_to(n)) if refers_to(n) is not None else None
-            if stmt is not None and stmt not in keep:
-                keep.add(stmt)
+            if stmt is not None and stmt not in reached:
+                reached.add(stmt)
                 work.append(stmt)
-    return keep
+    return reached
 
 
 def _into_slot(unit: Unit, v: _Loaded, name: str, counter: str) -> str:
