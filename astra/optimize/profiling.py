@@ -54,7 +54,10 @@ _BLOCK_REDUCE = re.compile(r"\b(?:block_?[Rr]educe|BlockReduce|blockReduce\w*|bl
 _LAUNCH = re.compile(r"\bLaunchKernel\s*\(")
 _UNROLLED_FOR = re.compile(r"#pragma\s+unroll[ \t]*\n\s*for\s*\(")
 _LOAD_CALL = re.compile(r"\.\s*load\s*\(|::load\s*\(|\b__ldg\s*\(|\bload_as\s*<|=\s*\*\s*reinterpret_cast\s*<")
-_STORE = re.compile(r"\.\s*store\s*\(|\bstore_as\s*<|\w\s*\[[^\]\n]*\]\s*=(?!=)")
+_STORE = re.compile(r"\.\s*store\s*\(|\bstore_as\s*<|\b(?!auto\b)(\w+)\s*\[[^\]\n,]*\]\s*=(?!=)")  # not `auto [a, b] =`
+# a thread's own array (`float acc[kCount];`, not `__shared__`): a store into it holds no load back
+_LOCAL_ARRAY = re.compile(r"^(?![^\n]*__shared__)[ \t]*(?:const\s+)?[\w:<>, ]+?\s+(\w+)\s*\[[^\]\n]+\](?:\s*\[[^\]\n]+\])*\s*;",
+                          re.M)
 _THREAD0 = re.compile(r"if\s*\(\s*threadIdx\.x\s*==\s*0\s*\)\s*")
 # a remainder (integers only) by a run-time value: a name or a member, not a literal, a `kConstant` or a call
 _REMAINDER = re.compile(r"[\w)\]]\s*%\s*\(?\s*(?!k[A-Z])([a-z_][\w.]*)\b(?!\s*[(<])")
@@ -436,16 +439,15 @@ def _launch_after_launch(source: str, code: str) -> tuple[int, int] | None:
 def _loads_then_stores(code: str) -> int | None:
     """The line of the first `#pragma unroll` loop whose body loads global memory before it stores (batch_loads'
     pattern; the pass reads the loop's tree and its aliasing, this reads the text)."""
+    local = set(_LOCAL_ARRAY.findall(code))
     for m in _UNROLLED_FOR.finditer(code):
         depth, at = 1, m.end()
         while at < len(code) and depth:
             depth += {"(": 1, ")": -1}.get(code[at], 0)
             at += 1
         loop = _guarded(code, at + len(code[at:]) - len(code[at:].lstrip()))
-        load, store = _LOAD_CALL.search(loop), None
-        if load is not None:
-            store = _STORE.search(loop, load.end())
-        if store is not None:
+        load = _LOAD_CALL.search(loop)
+        if load is not None and any(store.group(1) not in local for store in _STORE.finditer(loop, load.end())):
             return code.count("\n", 0, m.start()) + 2
     return None
 

@@ -143,6 +143,14 @@ __global__ void scale(const Params p) {
                                   "    p.out[i] = 2.f;")
     profile = ProfilingAgent().profile(stored_first, verdict(resources=[{"name": "scale", "registers": 32}]))
     assert "loads_behind_stores" not in {s.id for s in profile.symptoms}
+    # a store into a thread's own array holds no load back; the loop after it, through a pointer, does
+    local = source.replace("__global__ void scale", "__device__ float sums(const Params p) {\n  float acc[4];\n"
+                           "#pragma unroll\n  for (int c = 0; c < 4; ++c) {\n"
+                           "    const float v = *reinterpret_cast<const float*>(p.x + c);\n    acc[c] = v;\n  }\n"
+                           "  return acc[0];\n}\n__global__ void scale", 1)
+    profile = ProfilingAgent().profile(local, verdict(resources=[{"name": "scale", "registers": 32}]))
+    found = {(s.id, s.band): s for s in profile.symptoms}
+    assert found[("loads_behind_stores", "prefill")].facts["line"] == local[:local.index("for (int it")].count("\n") + 1
 
 
 def test_band_facts_pick_the_shape_furthest_above_its_floor():
