@@ -8,7 +8,8 @@ thread-strided loops over several CTAs (`split`), a loop
 one thread runs spread over its CTA or warp (`parallelize`), the block size every launch uses
 given to ptxas as `__launch_bounds__` (`launch_bounds`), an index's division by launch arguments as a
 multiply-high and a shift (`fastdiv`), a launch after another launch of the op started under programmatic
-dependent launch (`pdl_chain`). One pass
+dependent launch (`pdl_chain`), an unrolled loop's loads of every iteration issued before its first store
+(`batch_loads`). One pass
 per module of this package; each checks its preconditions on the parsed source and refuses with a
 one-line reason when they do not hold. None is assumed to be faster or even correct: every output is
 built and verified like any other candidate. Passes compose: each reads whatever source it is given.
@@ -55,6 +56,8 @@ def catalog(headers: Headers | None = None, names: tuple[str, ...] | None = None
 # fastdiv builds for ten: kernels that split a flat index into coordinates by run-time sizes (rotary embeddings
 # of diffusion models, channel norms, MLA concatenations, MoE routing maps, n-gram and Mamba state tables).
 # pdl_chain builds for seven: most ops launch one kernel, and SGLang chains its own multi-kernel ops by hand.
+# batch_loads builds for four: most of SGLang's unrolled loops either load into register arrays first already or
+# are not counted to a constant.
 DEFAULT = ("fast_math", "coarsen", "launch_bounds", "vectorize", "reuse", "split", "fastdiv")
 
 

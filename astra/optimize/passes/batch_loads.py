@@ -59,6 +59,7 @@ from astra.optimize.passes.reuse import (
     _LOADS,
     _PURE,
     _STORES,
+    _WAITS,
     _computes,
     _is_store_call,
     _passes_pointer,
@@ -85,7 +86,6 @@ from astra.optimize.passes.syntax import (
 )
 
 BUDGET = 512  # bytes of batched values per thread (128 registers) where their size is known
-_WAITS = ("PDLWaitPrimary", "cudaGridDependencySynchronize", "griddepcontrol_wait")
 _JUMPS = {"LAMBDA_EXPR", "CONTINUE_STMT", "BREAK_STMT", "RETURN_STMT", "GOTO_STMT"}
 _HEADER = re.compile(r"^\s*(?:const\s+)?(?:unsigned\s+int|unsigned|int|uint32_t|int32_t|int64_t|uint64_t|size_t|"
                      r"long|auto)\s+(?P<i>\w+)\s*=\s*0\s*;\s*(?P=i)\s*<\s*(?P<n>[^;]+?)\s*;\s*"
@@ -290,13 +290,6 @@ def _check_hazards(unit: Unit, loop) -> None:
                       "iteration may not run")
     if _memory_asm(unit, loop):
         raise Refusal("the loop holds inline assembly that touches memory or synchronises")
-    for n in walk(loop):
-        if n.kind.name != "CALL_EXPR":
-            continue
-        name = callee(n)
-        if name in BARRIERS or name in _WAITS or name.startswith(("__sync", "__threadfence", "atomic", "__barrier")):
-            raise Refusal(f"the loop synchronises or waits (`{name}`): another thread's stores may land between "
-                          "iterations")
 
 
 def _opening(unit: Unit, stmts: list, counter: str):
@@ -550,16 +543,23 @@ def _value_call(unit: Unit, call) -> bool:
 _SYNC_WORDS = ("sync", "arrive", "wait", "barrier", "fence", "atomic")
 
 
+def _synchronises(name: str) -> bool:
+    """A call named as a barrier, fence, atomic or PDL wait (`__syncthreads`, `atomicAdd`, `PDLWaitPrimary`), or
+    one that reads like one wherever it is defined (`block_sync`, `bar.arrive_and_wait`)."""
+    return name in BARRIERS or name in _WAITS or any(word in name.lower() for word in _SYNC_WORDS)
+
+
 def _check_calls(unit: Unit, loop) -> None:
-    """Nothing the loop calls may store or synchronise: a function of this file is read (three calls deep);
-    one defined elsewhere may take only values (no pointer, reference, array or class of pointers); a name
-    that reads like a barrier or an atomic is refused wherever it is defined."""
+    """Nothing the loop calls may store or synchronise (another thread's stores may land between two
+    iterations): a function of this file is read (three calls deep); one defined elsewhere may take only
+    values (no pointer, reference, array or class of pointers); see `_synchronises`."""
     for node in walk(loop):
         if node.kind.name != "CALL_EXPR" or _value_call(unit, node):
             continue
         name = callee(node) or unit.code(node)[:30]
-        if any(word in name.lower() for word in _SYNC_WORDS):
-            raise Refusal(f"the loop calls `{name}`, which reads like a barrier or an atomic")
+        if _synchronises(name):
+            raise Refusal(f"the loop synchronises or waits (`{name}`): another thread's stores may land between "
+                          "iterations")
         definition = node.referenced.get_definition() if node.referenced is not None else None
         if definition is not None and unit.in_main(definition):
             why = _writes_memory(unit, definition, 3)
@@ -597,8 +597,8 @@ def _writes_memory(unit: Unit, function, depth: int) -> str:
         if n.kind.name != "CALL_EXPR" or _value_call(unit, n):
             continue
         name = callee(n)
-        if name in BARRIERS or any(word in name.lower() for word in _SYNC_WORDS):
-            return f"calls `{name}`"
+        if _synchronises(name):
+            return f"synchronises or waits (`{name}`)"
         inner = n.referenced.get_definition() if n.referenced is not None else None
         if inner is not None and unit.in_main(inner) and depth > 1:
             why = _writes_memory(unit, inner, depth - 1)
@@ -639,16 +639,24 @@ def _root_text(unit: Unit, address) -> str:
     return _flat(unit.code(_root(unit, address)[1]))
 
 
+_CASTS = ("CSTYLE_CAST_EXPR", "CXX_STATIC_CAST_EXPR", "CXX_REINTERPRET_CAST_EXPR", "CXX_CONST_CAST_EXPR")
+
+
+def _uncast(unit: Unit, node):
+    """The pointer a cast pointer expression starts from (`params.x` of `static_cast<const T*>(params.x)`)."""
+    node = bare(node)
+    while node.kind.name in _CASTS and list(node.get_children()):
+        node = bare(_pointer_root(unit, list(node.get_children())[-1]))
+    return node
+
+
 def _root(unit: Unit, address):
-    """(the expression the address starts from, casts and all; the pointer inside it)."""
+    """(the expression the address starts from, casts and all; the pointer inside it, also through `p[e]`
+    and `&p[e]`)."""
     outer = _pointer_root(unit, address)
     node = outer
     while True:
-        node = bare(node)
-        if node.kind.name in ("CSTYLE_CAST_EXPR", "CXX_STATIC_CAST_EXPR", "CXX_REINTERPRET_CAST_EXPR",
-                              "CXX_CONST_CAST_EXPR") and list(node.get_children()):
-            node = _pointer_root(unit, list(node.get_children())[-1])
-            continue
+        node = _uncast(unit, node)
         if node.kind.name == "ARRAY_SUBSCRIPT_EXPR":
             node = next(node.get_children())
             continue
@@ -675,10 +683,7 @@ def _address_key(unit: Unit, address, index: list = ()) -> str:
 def _cast_free(unit: Unit, node) -> str:
     """A pointer expression's text, the casts around the pointer it starts from dropped."""
     outer = _pointer_root(unit, node)
-    inner = bare(outer)
-    while inner.kind.name in ("CSTYLE_CAST_EXPR", "CXX_STATIC_CAST_EXPR", "CXX_REINTERPRET_CAST_EXPR",
-                              "CXX_CONST_CAST_EXPR") and list(inner.get_children()):
-        inner = bare(_pointer_root(unit, list(inner.get_children())[-1]))
+    inner = _uncast(unit, outer)
     return _flat(unit.data[unit.span(node)[0]:unit.span(outer)[0]].decode() + unit.code(inner)
                  + unit.data[unit.span(outer)[1]:unit.span(node)[1]].decode())
 

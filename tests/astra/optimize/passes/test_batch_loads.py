@@ -226,6 +226,8 @@ __device__ float* g_p;
 __device__ void advance(int& off) { off += 512; }
 __device__ void bump(int i) { g_p += i; }
 __device__ void block_sync() { __syncthreads(); }
+__device__ int g_count;
+__device__ void guarded_add(int i) { if (i > 2) atomicAdd(&g_count, i); }
 struct Cursor {
   const float* p;
   __device__ const float* get() const { return p; }
@@ -267,7 +269,10 @@ BODY
     ("    const float v = in[off + i * 128];\n    out[off + i * 128] = v;\n    put(bufs, i, v);",
      "calls `put` with a pointer"),
     ("    const float v = in[off + i * 128];\n    out[off + i * 128] = v;\n    bump(i);", "writes `g_p`, a variable outside it"),
-    ("    const float v = in[off + i * 128];\n    out[off + i * 128] = v;\n    block_sync();", "reads like a barrier"),
+    ("    const float v = in[off + i * 128];\n    out[off + i * 128] = v;\n    block_sync();",
+     "synchronises or waits (`block_sync`)"),
+    ("    const float v = in[off + i * 128];\n    out[off + i * 128] = v;\n    guarded_add(i);",
+     "calls `guarded_add`, which synchronises or waits (`atomicAdd`)"),
 ])
 def test_review_cases_are_refused(body, reason):
     result = _apply(LOOP.replace("BODY", body))

@@ -52,6 +52,11 @@ void run(T* y, const float* x, float* scale, int n, cudaStream_t stream) {
 """
 
 
+# the op's two launches as KERNEL writes them: the first under `if constexpr`, the second after it
+FIRST = "  if constexpr (!kStatic) {\n    LaunchKernel(132, 256, stream)(absmax, scale, x, n);\n  }\n"
+SECOND = "  LaunchKernel((n + 255) / 256, 256, stream)(quant<T>, y, x, scale, n);"
+
+
 def _apply(source: str):
     return all_passes()["pdl_chain"].apply(source)
 
@@ -73,8 +78,7 @@ def test_the_later_launch_waits_and_the_earlier_releases(tmp_path):
 
 def test_alternatives_are_not_a_chain():
     """Two launches in the branches of one `if` never run one after the other."""
-    branches = KERNEL.replace("  if constexpr (!kStatic) {\n    LaunchKernel(132, 256, stream)(absmax, scale, x, n);\n  }\n"
-                              "  LaunchKernel((n + 255) / 256, 256, stream)(quant<T>, y, x, scale, n);",
+    branches = KERNEL.replace(FIRST + SECOND,
                               "  if (n > 4096) {\n    LaunchKernel(132, 256, stream)(absmax, scale, x, n);\n  } else {\n"
                               "    LaunchKernel((n + 255) / 256, 256, stream)(quant<T>, y, x, scale, n);\n  }")
     assert branches != KERNEL
@@ -135,15 +139,14 @@ def test_code_on_the_brace_line_a_macro_kernel_and_an_author_placed_release(tmp_
 
 def test_switch_cases_and_a_lambda_defined_earlier_are_not_a_chain():
     cases = KERNEL.replace(
-        "  if constexpr (!kStatic) {\n    LaunchKernel(132, 256, stream)(absmax, scale, x, n);\n  }\n"
-        "  LaunchKernel((n + 255) / 256, 256, stream)(quant<T>, y, x, scale, n);",
+        FIRST + SECOND,
         "  switch (n % 2) {\n    case 0:\n      LaunchKernel(132, 256, stream)(absmax, scale, x, n);\n      break;\n"
         "    default:\n      LaunchKernel((n + 255) / 256, 256, stream)(quant<T>, y, x, scale, n);\n  }")
     assert cases != KERNEL
     result = _apply(cases)
     assert not result.applies and "comes after another launch of its function" in result.reason
     deferred = KERNEL.replace(
-        "  if constexpr (!kStatic) {\n    LaunchKernel(132, 256, stream)(absmax, scale, x, n);\n  }\n",
+        FIRST,
         "  auto later = [&] { LaunchKernel(132, 256, stream)(absmax, scale, x, n); };\n")
     result = _apply(deferred)
     assert deferred != KERNEL
